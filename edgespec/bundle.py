@@ -1,0 +1,221 @@
+"""The edgespec bundle: a folder whose `manifest.json` says what is inside.
+
+Takes a bundle folder; guarantees that what `load_manifest` returns was checked against the
+schema (version, required keys, files present, graph roles well formed), so the runtime can
+trust it. Every problem is a `BundleError` naming the file, what is wrong and what to do.
+Imports only the standard library: apps embed this.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+SCHEMA_VERSION = 1
+MANIFEST = "manifest.json"
+FORMAT = "edgespec-bundle"
+ROLE_PATTERN = re.compile(r"^(full|draft|head@(\d+)|tail@(\d+))$")
+
+
+class BundleError(ValueError):
+    """A bundle is missing, malformed or incompatible; the message says what to do."""
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    dtype: str  # "float32" | "float16" | "int64" | "int32"
+    shape: list[int | str]  # ints are fixed, strings are named dynamic axes
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """The dimensions of one transformer (the target, or a separate draft)."""
+
+    architecture: str  # family in edgespec.export: "llama" | "gpt2"
+    model_type: str  # transformers' config.model_type
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+
+
+@dataclass(frozen=True)
+class GraphInfo:
+    """One ONNX graph of the bundle and its I/O contract.
+
+    `kv_layers` are the global indices of the layers whose KV cache the graph reads and
+    writes: inputs `past_key.{i}` / `past_value.{i}` and outputs `present_key.{i}` /
+    `present_value.{i}`, shape [batch, kv_heads, capacity, head_dim], meant to be bound to
+    the same preallocated buffer (the graph writes the new positions in place).
+    """
+
+    role: str  # full | draft | head@k | tail@k
+    file: str
+    model: str  # "target" or "draft": whose dimensions apply
+    kv_layers: list[int]
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+
+    @property
+    def exit_layer(self) -> int | None:
+        m = ROLE_PATTERN.match(self.role)
+        if m and (m.group(2) or m.group(3)):
+            return int(m.group(2) or m.group(3))
+        return None
+
+
+@dataclass
+class Manifest:
+    source: dict[str, Any]  # {"model": id or path, "revision": str | None}
+    target: ModelInfo
+    dtype: str  # fp32 | fp16
+    quantization: str | None  # None | "int8"
+    tokenizer_files: list[str]
+    bos_token_id: int | None
+    eos_token_ids: list[int]
+    weights_file: str
+    graphs: list[GraphInfo]
+    backbone_fingerprint: str
+    draft: ModelInfo | None = None
+    draft_source: dict[str, Any] | None = None
+    created_by: str = ""
+    schema_version: int = SCHEMA_VERSION
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def graph(self, role: str) -> GraphInfo:
+        for g in self.graphs:
+            if g.role == role:
+                return g
+        raise BundleError(
+            f"this bundle has no '{role}' graph (it has: {', '.join(self.roles)}); "
+            + _how_to_add(role)
+        )
+
+    @property
+    def roles(self) -> list[str]:
+        return [g.role for g in self.graphs]
+
+    @property
+    def exit_layers(self) -> list[int]:
+        return sorted({g.exit_layer for g in self.graphs if g.role.startswith("head@")})
+
+    def model_info(self, graph: GraphInfo) -> ModelInfo:
+        if graph.model == "draft":
+            if self.draft is None:
+                raise BundleError("manifest lists a draft graph but no draft model info")
+            return self.draft
+        return self.target
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        return {"format": FORMAT, **d}
+
+
+def _how_to_add(role: str) -> str:
+    if role == "draft":
+        return "re-export with `edgespec export MODEL --draft DRAFT_MODEL`."
+    if role.startswith(("head@", "tail@")):
+        return f"re-export with `edgespec export MODEL --exit-layers {role.split('@')[1]}`."
+    return "re-export the bundle with `edgespec export`."
+
+
+def save_manifest(manifest: Manifest, folder: str | os.PathLike) -> Path:
+    path = Path(folder) / MANIFEST
+    path.write_text(json.dumps(manifest.to_json(), indent=2) + "\n")
+    return path
+
+
+def load_manifest(folder: str | os.PathLike) -> Manifest:
+    """Read and validate `folder/manifest.json`; raise BundleError with the fix on any problem."""
+    folder = Path(folder)
+    if not folder.exists():
+        raise BundleError(f"bundle folder {folder} does not exist; create one with `edgespec export`")
+    if not folder.is_dir():
+        raise BundleError(f"{folder} is a file, not a bundle folder made by `edgespec export`")
+    path = folder / MANIFEST
+    if not path.exists():
+        raise BundleError(
+            f"{folder} has no {MANIFEST}: it is not an edgespec bundle "
+            "(make one with `edgespec export MODEL --out FOLDER`)"
+        )
+    try:
+        raw = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise BundleError(f"{path} is not valid JSON ({e}); re-export the bundle") from None
+    if not isinstance(raw, dict) or raw.get("format") != FORMAT:
+        raise BundleError(f"{path} is not an edgespec manifest (no \"format\": \"{FORMAT}\")")
+    version = raw.get("schema_version")
+    if not isinstance(version, int):
+        raise BundleError(f"{path} has no integer schema_version; re-export the bundle")
+    if version > SCHEMA_VERSION:
+        raise BundleError(
+            f"{path} uses bundle schema {version}, newer than this edgespec understands "
+            f"({SCHEMA_VERSION}); upgrade edgespec (`pip install -U edgespec`) or re-export "
+            "the bundle with this version"
+        )
+    if version < 1:
+        raise BundleError(f"{path} has an invalid schema_version {version}")
+    try:
+        manifest = _from_json(raw)
+    except (KeyError, TypeError, ValueError) as e:
+        raise BundleError(f"{path} is malformed ({type(e).__name__}: {e}); re-export the bundle")
+    _check_files(manifest, folder)
+    return manifest
+
+
+def _from_json(raw: dict[str, Any]) -> Manifest:
+    graphs = []
+    for g in raw["graphs"]:
+        if not ROLE_PATTERN.match(g["role"]):
+            raise ValueError(f"unknown graph role {g['role']!r}")
+        graphs.append(
+            GraphInfo(
+                role=g["role"],
+                file=g["file"],
+                model=g["model"],
+                kv_layers=[int(i) for i in g["kv_layers"]],
+                inputs=[TensorSpec(**t) for t in g["inputs"]],
+                outputs=[TensorSpec(**t) for t in g["outputs"]],
+            )
+        )
+    if not any(g.role == "full" for g in graphs) and not any(
+        g.role.startswith("tail@") for g in graphs
+    ):
+        raise ValueError("no 'full' or 'tail@k' graph: nothing can verify")
+    draft = raw.get("draft")
+    return Manifest(
+        source=raw["source"],
+        target=ModelInfo(**raw["target"]),
+        dtype=raw["dtype"],
+        quantization=raw.get("quantization"),
+        tokenizer_files=list(raw["tokenizer_files"]),
+        bos_token_id=raw.get("bos_token_id"),
+        eos_token_ids=[int(i) for i in raw.get("eos_token_ids", [])],
+        weights_file=raw["weights_file"],
+        graphs=graphs,
+        backbone_fingerprint=raw["backbone_fingerprint"],
+        draft=ModelInfo(**draft) if draft else None,
+        draft_source=raw.get("draft_source"),
+        created_by=raw.get("created_by", ""),
+        schema_version=raw["schema_version"],
+        extra=raw.get("extra", {}),
+    )
+
+
+def _check_files(manifest: Manifest, folder: Path) -> None:
+    needed = [manifest.weights_file, *manifest.tokenizer_files, *(g.file for g in manifest.graphs)]
+    missing = [f for f in needed if not (folder / f).exists()]
+    if missing:
+        raise BundleError(
+            f"bundle {folder} is incomplete: missing {', '.join(missing)}; "
+            "copy the whole folder again or re-export it"
+        )

@@ -1,0 +1,318 @@
+"""Hugging Face checkpoint -> edgespec bundle (build time: needs torch and transformers).
+
+`export_bundle(model, out, ...)` takes a local checkpoint folder or a hub id (plus an
+optional separate draft model and early-exit layers), writes the ONNX graphs of each role,
+the tokenizer files, one shared weights file and `manifest.json`, and checks the exported
+`full` graph against the transformers model before it returns. Every user mistake is an
+`ExportError` saying what is wrong and what to do.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+import onnx
+
+from edgespec import __version__
+from edgespec.bundle import GraphInfo, Manifest, ModelInfo, TensorSpec, save_manifest
+from edgespec.export import gpt2, llama
+from edgespec.export.builder import GraphBuilder, WeightStore, io_specs
+from edgespec.export.decoder import DecoderWeights, build_graph
+
+# model_type (transformers config) -> the family module that extracts its weights.
+FAMILIES: dict[str, ModuleType] = {"llama": llama, "qwen2": llama, "gpt2": gpt2}
+DTYPES = {"fp32": np.float32, "fp16": np.float16}
+WEIGHTS_FILE = "weights.bin"
+
+
+class ExportError(ValueError):
+    """The checkpoint or the options cannot be exported; the message says why and what to do."""
+
+
+def export_bundle(
+    model: str | Path,
+    out: str | Path,
+    *,
+    draft: str | Path | None = None,
+    exit_layers: Sequence[int] = (),
+    dtype: str = "fp32",
+    quantize: str | None = None,
+    revision: str | None = None,
+    verify: bool = True,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> Manifest:
+    """Export `model` (and `draft`) to an edgespec bundle in `out`; return its manifest."""
+    if dtype not in DTYPES:
+        raise ExportError(f"--dtype {dtype!r} is not supported; choose one of {', '.join(DTYPES)}")
+    if quantize not in (None, "int8"):
+        raise ExportError(f"--quantize {quantize!r} is not supported; choose int8 (or leave it out)")
+    out = _prepare_out(Path(out), overwrite)
+    steps = _Progress(progress)
+    steps("loading " + str(model))
+    target, tokenizer = load_checkpoint(model, revision)
+    info = model_info(target)
+    for k in exit_layers:
+        if not 0 < k < info.num_layers:
+            raise ExportError(
+                f"--exit-layers {k} is out of range: the model has {info.num_layers} layers, "
+                f"so an exit layer must be between 1 and {info.num_layers - 1}"
+            )
+    draft_model = draft_info = None
+    if draft is not None:
+        steps("loading draft " + str(draft))
+        draft_model, draft_tok = load_checkpoint(draft, None)
+        check_same_tokenizer(tokenizer, draft_tok, model, draft)
+        draft_info = model_info(draft_model)
+
+    store = WeightStore(out / WEIGHTS_FILE)
+    graphs: list[GraphInfo] = []
+    try:
+        steps("extracting weights")
+        weights = extract(target)
+        roles = ["full"] + [f"{kind}@{k}" for k in sorted(set(exit_layers)) for kind in ("head", "tail")]
+        for role in roles:
+            steps(f"building {role} graph")
+            graphs.append(_write_graph(weights, role, "target", out, store, dtype, quantize))
+        if draft_model is not None:
+            steps("building draft graph")
+            draft_weights = extract(draft_model, prefix="draft.")
+            graphs.append(_write_graph(draft_weights, "draft", "draft", out, store, dtype, quantize))
+    finally:
+        store.close()
+
+    steps("saving tokenizer")
+    tokenizer_files = save_tokenizer(tokenizer, out)
+    bos, eos = special_ids(target, tokenizer)
+    manifest = Manifest(
+        source={"model": str(model), "revision": revision},
+        target=info,
+        dtype=dtype,
+        quantization=quantize,
+        tokenizer_files=tokenizer_files,
+        bos_token_id=bos,
+        eos_token_ids=eos,
+        weights_file=WEIGHTS_FILE,
+        graphs=graphs,
+        backbone_fingerprint=backbone_fingerprint(tokenizer, weights),
+        draft=draft_info,
+        draft_source={"model": str(draft)} if draft is not None else None,
+        created_by=f"edgespec {__version__}",
+    )
+    if verify:
+        steps("checking the exported graph against transformers")
+        manifest.extra["export_check"] = verify_export(target, out / "full.onnx", info, dtype, quantize)
+    save_manifest(manifest, out)
+    steps.close()
+    return manifest
+
+
+def _prepare_out(out: Path, overwrite: bool) -> Path:
+    if out.exists() and not out.is_dir():
+        raise ExportError(f"--out {out} is a file; give a folder path")
+    if out.exists() and any(out.iterdir()):
+        if not overwrite:
+            raise ExportError(f"--out {out} is not empty; choose a new folder or pass --overwrite")
+        if not (out / "manifest.json").exists():
+            raise ExportError(f"--out {out} is not empty and is not a bundle; refusing to overwrite it")
+        shutil.rmtree(out)
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+class _Progress:
+    """A progress line per export step (tqdm when installed and wanted, silent otherwise)."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.bar: Any = None
+        if enabled:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=0, bar_format="{desc} [{elapsed}]", leave=True)
+
+    def __call__(self, what: str) -> None:
+        if self.bar is not None:
+            self.bar.set_description_str(f"export: {what}")
+            self.bar.refresh()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.set_description_str("export: done")
+            self.bar.close()
+
+
+def load_checkpoint(model: str | Path, revision: str | None) -> tuple[Any, Any]:
+    """A transformers causal LM and its fast tokenizer, from a local folder or a hub id."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from edgespec.export.builtin import BUILTIN_PREFIX, builtin_checkpoint
+
+    source = str(model)
+    if source.startswith(BUILTIN_PREFIX):
+        source = str(builtin_checkpoint(source))
+    local = Path(source).expanduser()
+    if local.exists():
+        if not (local / "config.json").exists():
+            raise ExportError(f"{local} has no config.json: not a Hugging Face checkpoint folder")
+        source = str(local)
+    elif source.startswith((".", "/", "~")) or source.count("/") > 1:
+        raise ExportError(f"model folder {source} does not exist")
+    try:
+        config = AutoConfig.from_pretrained(source, revision=revision)
+    except (OSError, ValueError) as e:
+        raise ExportError(
+            f"cannot load a config for {source!r}: {e}\n"
+            "Pass a local checkpoint folder, or a hub id with network access (or a warm HF cache)."
+        ) from None
+    family_of(config)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, revision=revision)
+    except (OSError, ValueError) as e:
+        raise ExportError(f"cannot load the tokenizer of {source!r}: {e}") from None
+    if not getattr(tokenizer, "is_fast", False):
+        raise ExportError(f"{source!r} has no fast tokenizer (tokenizer.json), which edgespec needs")
+    hf = AutoModelForCausalLM.from_pretrained(source, revision=revision, dtype=torch.float32)
+    return hf.eval(), tokenizer
+
+
+def family_of(config: Any) -> ModuleType:
+    family = FAMILIES.get(config.model_type)
+    if family is None:
+        raise ExportError(
+            f"architecture {config.model_type!r} is not supported; supported: "
+            + ", ".join(sorted(FAMILIES))
+        )
+    try:
+        family.check(config)
+    except ValueError as e:
+        raise ExportError(str(e)) from None
+    return family
+
+
+def extract(hf_model: Any, prefix: str = "") -> DecoderWeights:
+    weights = family_of(hf_model.config).extract(hf_model, prefix=prefix)
+    if weights.attn.head_dim % 16:
+        raise ExportError(
+            f"head_dim {weights.attn.head_dim} is not a multiple of 16, which onnxruntime's "
+            "GroupQueryAttention kernel requires"
+        )
+    return weights
+
+
+def model_info(hf_model: Any) -> ModelInfo:
+    cfg = hf_model.config
+    family = family_of(cfg)
+    heads = cfg.num_attention_heads
+    return ModelInfo(
+        architecture=family.__name__.rsplit(".", 1)[-1],
+        model_type=cfg.model_type,
+        num_layers=cfg.num_hidden_layers,
+        hidden_size=cfg.hidden_size,
+        num_heads=heads,
+        num_kv_heads=getattr(cfg, "num_key_value_heads", None) or heads,
+        head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
+        vocab_size=cfg.vocab_size,
+        max_position_embeddings=cfg.max_position_embeddings,
+        tie_word_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)),
+    )
+
+
+def check_same_tokenizer(target_tok: Any, draft_tok: Any, target: Any, draft: Any) -> None:
+    t, d = target_tok.get_vocab(), draft_tok.get_vocab()
+    if t != d:
+        only_t = len(set(t.items()) - set(d.items()))
+        raise ExportError(
+            f"draft {draft} does not share the tokenizer of {target} ({len(t)} vs {len(d)} "
+            f"tokens, {only_t} differ): speculative decoding needs the same token ids. Pick a "
+            "draft from the same model family (same tokenizer)."
+        )
+
+
+def _write_graph(
+    weights: DecoderWeights, role: str, model: str, out: Path, store: WeightStore,
+    dtype: str, quantize: str | None,
+) -> GraphInfo:
+    gb = GraphBuilder(store=store, dtype=np.dtype(DTYPES[dtype]), quantize=quantize)
+    build_graph(weights, role, gb)
+    file = role.replace("@", "_at_") + ".onnx"
+    onnx.save(gb.model(f"edgespec_{role}"), str(out / file))
+    kinds, _, k = role.partition("@")
+    n = len(weights.layers)
+    first, last = (int(k), n) if kinds == "tail" else (0, int(k) if kinds == "head" else n)
+    return GraphInfo(
+        role=role,
+        file=file,
+        model=model,
+        kv_layers=list(range(first, last)),
+        inputs=[TensorSpec(**s) for s in io_specs(gb.inputs)],
+        outputs=[TensorSpec(**s) for s in io_specs(gb.outputs)],
+    )
+
+
+def save_tokenizer(tokenizer: Any, out: Path) -> list[str]:
+    tokenizer.save_pretrained(str(out))
+    files = [f for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+             if (out / f).exists()]
+    if "tokenizer.json" not in files:
+        raise ExportError("the tokenizer did not save a tokenizer.json; edgespec needs a fast tokenizer")
+    return files
+
+
+def special_ids(hf_model: Any, tokenizer: Any) -> tuple[int | None, list[int]]:
+    gen = getattr(hf_model, "generation_config", None)
+    eos: Any = getattr(gen, "eos_token_id", None)
+    if eos is None:
+        eos = tokenizer.eos_token_id
+    eos_ids = [] if eos is None else [int(e) for e in (eos if isinstance(eos, list) else [eos])]
+    bos = tokenizer.bos_token_id
+    return (None if bos is None else int(bos)), eos_ids
+
+
+def backbone_fingerprint(tokenizer: Any, weights: DecoderWeights) -> str:
+    """sha256 of the tokenizer vocabulary and the embedding table: what a draft must share."""
+    h = hashlib.sha256()
+    h.update(json.dumps(sorted(tokenizer.get_vocab().items())).encode())
+    h.update(np.ascontiguousarray(weights.embed, dtype=np.float32).tobytes())
+    return "sha256:" + h.hexdigest()
+
+
+def verify_export(
+    hf_model: Any, path: Path, info: ModelInfo, dtype: str, quantize: str | None
+) -> dict[str, float]:
+    """Run the exported full graph and transformers on one short random prompt; compare logits."""
+    import onnxruntime as ort
+    import torch
+
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, info.vocab_size, size=(1, 8), dtype=np.int64)
+    with torch.no_grad():
+        ref = hf_model(torch.from_numpy(ids)).logits.float().numpy()
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    kv_dtype = np.float16 if dtype == "fp16" else np.float32
+    feeds: dict[str, np.ndarray] = {
+        "input_ids": ids,
+        "seqlens_k": np.array([ids.shape[1] - 1], np.int32),
+        "total_seq_len": np.array(ids.shape[1], np.int32),
+        "num_logits_to_keep": np.array(ids.shape[1], np.int64),
+    }
+    for i in range(info.num_layers):
+        for kind in ("key", "value"):
+            feeds[f"past_{kind}.{i}"] = np.zeros((1, info.num_kv_heads, 0, info.head_dim), kv_dtype)
+    got = sess.run(["logits"], feeds)[0]
+    diff = float(np.abs(got - ref).max())
+    scale = float(np.abs(ref).max()) or 1.0
+    same_argmax = float((got.argmax(-1) == ref.argmax(-1)).mean())
+    if dtype == "fp32" and quantize is None and diff > 1e-3 * max(scale, 1.0):
+        raise ExportError(
+            f"the exported graph disagrees with transformers (max logit difference {diff:.3g}); "
+            "this is a bug in edgespec's export of this architecture, please report it"
+        )
+    return {"max_abs_logit_diff": diff, "argmax_agreement": same_argmax}

@@ -1,0 +1,246 @@
+"""A small ONNX graph builder for decoder-only transformers.
+
+Takes numpy weights and emits the graph ops onnxruntime runs fastest on a CPU:
+`GroupQueryAttention` (rotary, causal mask and an in-place KV buffer in one op),
+`SkipSimplifiedLayerNormalization` / `SkipLayerNormalization` (residual add fused into the
+norm), packed QKV and gate/up projections, and `DynamicQuantizeMatMul` for int8 weights.
+Guarantees: the graph it returns computes what the transformers model computes, in fp32
+(or fp16 compute with fp32 logits), with weights kept out of the protobuf (`WeightStore`
+writes them once to the bundle's shared weights file, so head@k, tail@k and full share
+them on disk).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+OPSET = 21
+MS_DOMAIN = "com.microsoft"
+IR_VERSION = 10  # onnxruntime 1.20+ reads IR 10
+ALIGN = 4096  # page-aligned external data lets onnxruntime map it
+
+NP_TO_ONNX = {
+    np.dtype(np.float32): TensorProto.FLOAT,
+    np.dtype(np.float16): TensorProto.FLOAT16,
+    np.dtype(np.int64): TensorProto.INT64,
+    np.dtype(np.int32): TensorProto.INT32,
+    np.dtype(np.int8): TensorProto.INT8,
+    np.dtype(np.uint8): TensorProto.UINT8,
+}
+ONNX_TO_NAME = {
+    TensorProto.FLOAT: "float32",
+    TensorProto.FLOAT16: "float16",
+    TensorProto.INT64: "int64",
+    TensorProto.INT32: "int32",
+}
+
+
+class WeightStore:
+    """Writes each distinct tensor once into one file and hands out external-data protos."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._file: BinaryIO = open(path, "wb")  # noqa: SIM115 - closed by close()
+        self._seen: dict[tuple[str, str], tuple[int, int]] = {}
+
+    def tensor(self, name: str, array: np.ndarray) -> TensorProto:
+        array = np.ascontiguousarray(array)
+        data = array.tobytes()
+        key = (name, hashlib.sha1(data).hexdigest())
+        if key not in self._seen:
+            pad = (-self._file.tell()) % ALIGN
+            self._file.write(b"\0" * pad)
+            self._seen[key] = (self._file.tell(), len(data))
+            self._file.write(data)
+        offset, length = self._seen[key]
+        t = TensorProto(name=name, data_type=NP_TO_ONNX[array.dtype], dims=list(array.shape))
+        t.data_location = TensorProto.EXTERNAL
+        for k, v in (("location", self.path.name), ("offset", str(offset)), ("length", str(length))):
+            entry = t.external_data.add()
+            entry.key, entry.value = k, v
+        return t
+
+    def close(self) -> None:
+        self._file.close()
+
+
+@dataclass
+class AttentionShape:
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rotary: bool
+    scale: float | None = None
+
+
+@dataclass
+class GraphBuilder:
+    """Accumulates nodes, inputs, outputs and initializers for one graph."""
+
+    store: WeightStore
+    dtype: np.dtype  # compute dtype of activations and float weights
+    quantize: str | None = None  # None | "int8"
+    nodes: list[onnx.NodeProto] = field(default_factory=list)
+    inputs: list[onnx.ValueInfoProto] = field(default_factory=list)
+    outputs: list[onnx.ValueInfoProto] = field(default_factory=list)
+    initializers: list[TensorProto] = field(default_factory=list)
+    _names: set[str] = field(default_factory=set)
+    _counter: int = 0
+
+    @property
+    def onnx_dtype(self) -> int:
+        return NP_TO_ONNX[np.dtype(self.dtype)]
+
+    # -- plumbing ---------------------------------------------------------------------------
+    def fresh(self, hint: str) -> str:
+        self._counter += 1
+        return f"{hint}_{self._counter}"
+
+    def op(self, op_type: str, inputs: list[str], n_out: int = 1, domain: str = "", **attrs) -> list[str]:
+        outs = [self.fresh(op_type.lower()) for _ in range(n_out)]
+        node = helper.make_node(op_type, inputs, outs, name=self.fresh(op_type), domain=domain, **attrs)
+        self.nodes.append(node)
+        return outs
+
+    def op1(self, op_type: str, inputs: list[str], domain: str = "", **attrs) -> str:
+        return self.op(op_type, inputs, 1, domain, **attrs)[0]
+
+    def weight(self, name: str, array: np.ndarray, cast: bool = True) -> str:
+        """A named initializer (float weights are stored in the compute dtype)."""
+        if name in self._names:
+            return name
+        if cast and array.dtype.kind == "f":
+            array = array.astype(self.dtype)
+        self.initializers.append(self.store.tensor(name, array))
+        self._names.add(name)
+        return name
+
+    def const(self, array: np.ndarray) -> str:
+        name = self.fresh("const")
+        self.initializers.append(onnx.numpy_helper.from_array(np.asarray(array), name))
+        return name
+
+    def add_input(self, name: str, elem: int, shape: list[int | str]) -> str:
+        self.inputs.append(helper.make_tensor_value_info(name, elem, shape))
+        return name
+
+    def add_output(self, value: str, name: str, elem: int, shape: list[int | str]) -> None:
+        self.nodes.append(helper.make_node("Identity", [value], [name], name=self.fresh("out")))
+        self.outputs.append(helper.make_tensor_value_info(name, elem, shape))
+
+    def model(self, name: str) -> onnx.ModelProto:
+        graph = helper.make_graph(self.nodes, name, self.inputs, self.outputs, self.initializers)
+        opsets = [helper.make_opsetid("", OPSET), helper.make_opsetid(MS_DOMAIN, 1)]
+        model = helper.make_model(graph, opset_imports=opsets, producer_name="edgespec")
+        model.ir_version = IR_VERSION
+        return model
+
+    # -- layers -----------------------------------------------------------------------------
+    def linear(self, x: str, name: str, w: np.ndarray, b: np.ndarray | None = None) -> str:
+        """y = x @ w + b, with w stored [in, out]; int8 weights use DynamicQuantizeMatMul."""
+        if self.quantize == "int8":
+            w32 = w.astype(np.float32)
+            scale = np.maximum(np.abs(w32).max(axis=0), 1e-8) / 127.0
+            q = np.clip(np.round(w32 / scale), -127, 127).astype(np.int8)
+            zero = np.zeros_like(scale, dtype=np.int8)
+            ins = [
+                x,
+                self.weight(f"{name}.qweight", q),
+                self.weight(f"{name}.scale", scale.astype(np.float32), cast=False),
+                self.weight(f"{name}.zero", zero),
+            ]
+            if b is not None:
+                ins.append(self.weight(f"{name}.bias", b.astype(np.float32), cast=False))
+            return self.op1("DynamicQuantizeMatMul", ins, domain=MS_DOMAIN)
+        y = self.op1("MatMul", [x, self.weight(f"{name}.weight", w)])
+        if b is not None:
+            y = self.op1("Add", [y, self.weight(f"{name}.bias", b)])
+        return y
+
+    def norm(self, x: str, name: str, gamma: np.ndarray, beta: np.ndarray | None, eps: float) -> str:
+        """RMSNorm when beta is None, else LayerNorm."""
+        g = self.weight(f"{name}.weight", gamma)
+        if beta is None:
+            return self.op1("SimplifiedLayerNormalization", [x, g], axis=-1, epsilon=eps)
+        bb = self.weight(f"{name}.bias", beta)
+        return self.op1("LayerNormalization", [x, g, bb], axis=-1, epsilon=eps)
+
+    def skip_norm(
+        self, x: str, skip: str, name: str, gamma: np.ndarray, beta: np.ndarray | None, eps: float
+    ) -> tuple[str, str]:
+        """(norm(x + skip), x + skip) in one fused op."""
+        g = self.weight(f"{name}.weight", gamma)
+        if beta is None:
+            outs = self.op(
+                "SkipSimplifiedLayerNormalization", [x, skip, g], 4, MS_DOMAIN, epsilon=eps
+            )
+        else:
+            bb = self.weight(f"{name}.bias", beta)
+            outs = self.op("SkipLayerNormalization", [x, skip, g, bb], 4, MS_DOMAIN, epsilon=eps)
+        return outs[0], outs[3]
+
+    def attention(
+        self,
+        qkv: str,
+        layer: int,
+        shape: AttentionShape,
+        seqlens_k: str,
+        total_len: str,
+        rotary: tuple[str, str] | None,
+    ) -> str:
+        """GroupQueryAttention over a packed QKV projection, KV written in place."""
+        past_k = self.add_input(f"past_key.{layer}", self.onnx_dtype, kv_shape(shape))
+        past_v = self.add_input(f"past_value.{layer}", self.onnx_dtype, kv_shape(shape))
+        ins = [qkv, "", "", past_k, past_v, seqlens_k, total_len]
+        attrs = {"num_heads": shape.num_heads, "kv_num_heads": shape.num_kv_heads}
+        if rotary is not None:
+            ins += list(rotary)
+            attrs |= {"do_rotary": 1, "rotary_interleaved": 0}
+        if shape.scale is not None:
+            attrs["scale"] = float(shape.scale)
+        out, pk, pv = self.op("GroupQueryAttention", ins, 3, MS_DOMAIN, **attrs)
+        for src, dst in ((pk, f"present_key.{layer}"), (pv, f"present_value.{layer}")):
+            self.add_output(src, dst, self.onnx_dtype, kv_shape(shape))
+        return out
+
+    def rotary_cache(self, cos: np.ndarray, sin: np.ndarray) -> tuple[str, str]:
+        """cos/sin tables [max_positions, rotary_dim / 2] shared by every layer."""
+        return self.weight("rotary.cos", cos), self.weight("rotary.sin", sin)
+
+    def last_positions(self, hidden: str, keep: str) -> str:
+        """hidden[:, -keep:] (keep = 0 gives an empty slice: no LM head work)."""
+        seq = self.op1("Gather", [self.op1("Shape", [hidden]), self.const(np.array(1))], axis=0)
+        start = self.op1("Sub", [seq, keep])
+        starts = self.op1("Unsqueeze", [start, self.const(np.array([0]))])
+        return self.op1(
+            "Slice", [hidden, starts, self.const(np.array([2**62])), self.const(np.array([1]))]
+        )
+
+    def positions(self, seqlens_k: str, input_ids: str) -> str:
+        """Absolute positions [B, S] of the new tokens: seqlens_k + 1 - S + arange(S)."""
+        seq = self.op1("Gather", [self.op1("Shape", [input_ids]), self.const(np.array(1))], axis=0)
+        steps = self.op1("Range", [self.const(np.array(0)), seq, self.const(np.array(1))])
+        first = self.op1("Sub", [self.op1("Cast", [seqlens_k], to=TensorProto.INT64), seq])
+        first = self.op1("Add", [first, self.const(np.array(1))])
+        first = self.op1("Unsqueeze", [first, self.const(np.array([1]))])
+        return self.op1("Add", [first, steps])
+
+
+def kv_shape(shape: AttentionShape) -> list[int | str]:
+    return ["batch", shape.num_kv_heads, "capacity", shape.head_dim]
+
+
+def io_specs(values: list[onnx.ValueInfoProto]) -> list[dict]:
+    specs = []
+    for v in values:
+        t = v.type.tensor_type
+        dims = [d.dim_param if d.dim_param else d.dim_value for d in t.shape.dim]
+        specs.append({"name": v.name, "dtype": ONNX_TO_NAME[t.elem_type], "shape": dims})
+    return specs

@@ -1,0 +1,154 @@
+"""One decoder-only transformer, any family, as ONNX graphs of each bundle role.
+
+Takes `DecoderWeights` (numpy arrays in a family-neutral layout, produced by the family
+modules `llama.py`, `gpt2.py`) and builds the graph for a role:
+
+  full     input_ids -> embeddings -> layers 0..N-1 -> norm -> LM head -> logits
+  head@k   input_ids -> embeddings -> layers 0..k-1 -> hidden (residual stream at k)
+                                                    -> norm -> LM head -> exit logits
+  tail@k   hidden    -> layers k..N-1 -> norm -> LM head -> logits
+
+Common inputs: `seqlens_k` [batch] int32 (cache length after this call, minus one — the
+GroupQueryAttention convention), `total_seq_len` [] int32, `num_logits_to_keep` [] int64
+(logits only for the last n positions; 0 skips the LM head), and per layer the KV buffers.
+Guarantees: head@k followed by tail@k computes exactly what full computes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from onnx import TensorProto
+
+from edgespec.export.builder import AttentionShape, GraphBuilder
+
+
+@dataclass
+class Norm:
+    gamma: np.ndarray
+    beta: np.ndarray | None  # None: RMSNorm
+    eps: float
+
+
+@dataclass
+class LayerWeights:
+    attn_norm: Norm
+    qkv_w: np.ndarray  # [hidden, (heads + 2 * kv_heads) * head_dim], q|k|v packed
+    qkv_b: np.ndarray | None
+    o_w: np.ndarray  # [heads * head_dim, hidden]
+    o_b: np.ndarray | None
+    mlp_norm: Norm
+    up_w: np.ndarray  # gated: [hidden, 2 * inter] packed gate|up; plain: [hidden, inter]
+    up_b: np.ndarray | None
+    down_w: np.ndarray  # [inter, hidden]
+    down_b: np.ndarray | None
+
+
+@dataclass
+class DecoderWeights:
+    embed: np.ndarray  # [vocab, hidden]
+    pos_embed: np.ndarray | None  # learned absolute positions [max_pos, hidden] (GPT-2)
+    layers: list[LayerWeights]
+    final_norm: Norm
+    lm_head: np.ndarray  # [vocab, hidden]; the same array as `embed` when tied
+    lm_head_b: np.ndarray | None
+    rotary: tuple[np.ndarray, np.ndarray] | None  # cos, sin [max_pos, rotary_dim / 2]
+    attn: AttentionShape
+    activation: str  # "silu" (gated MLP) | "gelu_tanh" (plain MLP)
+    prefix: str = ""  # weight-name prefix, "draft." for a draft model
+
+    @property
+    def tied(self) -> bool:
+        return self.lm_head is self.embed
+
+
+def build_graph(w: DecoderWeights, role: str, gb: GraphBuilder) -> None:
+    """Populate `gb` with the graph for `role` (full | draft | head@k | tail@k)."""
+    n = len(w.layers)
+    kind, _, k = role.partition("@")
+    first, last = {"full": (0, n), "draft": (0, n), "head": (0, int(k or 0)), "tail": (int(k or 0), n)}[kind]
+    dt = gb.onnx_dtype
+    p = w.prefix
+
+    seqlens = gb.add_input("seqlens_k", TensorProto.INT32, ["batch"])
+    total = gb.add_input("total_seq_len", TensorProto.INT32, [])
+    keep = gb.add_input("num_logits_to_keep", TensorProto.INT64, [])
+    if kind == "tail":
+        x = gb.add_input("hidden", dt, ["batch", "sequence", w.embed.shape[1]])
+    else:
+        ids = gb.add_input("input_ids", TensorProto.INT64, ["batch", "sequence"])
+        x = gb.op1("Gather", [gb.weight(f"{p}embed.weight", w.embed), ids], axis=0)
+        if w.pos_embed is not None:
+            pos = gb.op1("Gather", [gb.weight(f"{p}pos_embed.weight", w.pos_embed), gb.positions(seqlens, ids)])
+            x = gb.op1("Add", [x, pos])
+    rotary = gb.rotary_cache(*w.rotary) if w.rotary is not None else None
+
+    delta: str | None = None  # the MLP output not yet added to the residual stream x
+    for i in range(first, last):
+        lw = w.layers[i]
+        if delta is None:
+            h = _norm(gb, x, f"{p}layers.{i}.attn_norm", lw.attn_norm)
+        else:
+            h, x = _skip_norm(gb, delta, x, f"{p}layers.{i}.attn_norm", lw.attn_norm)
+        qkv = gb.linear(h, f"{p}layers.{i}.qkv", lw.qkv_w, lw.qkv_b)
+        a = gb.attention(qkv, i, w.attn, seqlens, total, rotary)
+        a = gb.linear(a, f"{p}layers.{i}.o", lw.o_w, lw.o_b)
+        h, x = _skip_norm(gb, a, x, f"{p}layers.{i}.mlp_norm", lw.mlp_norm)
+        delta = _mlp(gb, h, f"{p}layers.{i}", lw, w.activation)
+
+    if kind == "head":
+        hidden = gb.op1("Add", [x, delta]) if delta is not None else x
+        gb.add_output(hidden, "hidden", dt, ["batch", "sequence", w.embed.shape[1]])
+        x, delta = hidden, None
+    x = gb.last_positions(x, keep)
+    if delta is None:
+        h = _norm(gb, x, f"{p}final_norm", w.final_norm)
+    else:
+        h, _ = _skip_norm(gb, gb.last_positions(delta, keep), x, f"{p}final_norm", w.final_norm)
+    logits = _lm_head(gb, h, w)
+    if dt != TensorProto.FLOAT:
+        logits = gb.op1("Cast", [logits], to=TensorProto.FLOAT)
+    name = "exit_logits" if kind == "head" else "logits"
+    gb.add_output(logits, name, TensorProto.FLOAT, ["batch", "kept", w.embed.shape[0]])
+
+
+def _norm(gb: GraphBuilder, x: str, name: str, norm: Norm) -> str:
+    return gb.norm(x, name, norm.gamma, norm.beta, norm.eps)
+
+
+def _skip_norm(gb: GraphBuilder, x: str, skip: str, name: str, norm: Norm) -> tuple[str, str]:
+    return gb.skip_norm(x, skip, name, norm.gamma, norm.beta, norm.eps)
+
+
+def _mlp(gb: GraphBuilder, h: str, name: str, lw: LayerWeights, activation: str) -> str:
+    up = gb.linear(h, f"{name}.up", lw.up_w, lw.up_b)
+    if activation == "silu":
+        gate, up = gb.op("Split", [up], 2, axis=-1, num_outputs=2)
+        act = gb.op1("Mul", [gate, gb.op1("Sigmoid", [gate])])
+        inner = gb.op1("Mul", [act, up])
+    elif activation == "gelu_tanh":
+        inner = gb.op1("FastGelu", [up], domain="com.microsoft")
+    else:
+        raise ValueError(f"unknown activation {activation}")
+    return gb.linear(inner, f"{name}.down", lw.down_w, lw.down_b)
+
+
+def _lm_head(gb: GraphBuilder, h: str, w: DecoderWeights) -> str:
+    """Logits; a tied head reuses the embedding table (Gemm with transB, no transposed copy)."""
+    if gb.quantize == "int8":
+        return gb.linear(h, f"{w.prefix}lm_head", w.lm_head.T, w.lm_head_b)
+    name = f"{w.prefix}embed.weight" if w.tied else f"{w.prefix}lm_head.weight"
+    table = gb.weight(name, w.lm_head)
+    hidden_size = w.embed.shape[1]
+    shape = gb.op1("Shape", [h])
+    flat = gb.op1("Reshape", [h, gb.const(np.array([-1, hidden_size]))])
+    ins = [flat, table] + ([gb.weight(f"{w.prefix}lm_head.bias", w.lm_head_b)] if w.lm_head_b is not None else [])
+    logits = gb.op1("Gemm", ins, transB=1)
+    out_shape = gb.op1(
+        "Concat",
+        [gb.op1("Slice", [shape, gb.const(np.array([0])), gb.const(np.array([2]))]),
+         gb.const(np.array([w.embed.shape[0]]))],
+        axis=0,
+    )
+    return gb.op1("Reshape", [logits, out_shape], allowzero=1)  # 0 kept positions stays 0

@@ -1,0 +1,130 @@
+"""The decode loop: a generator of steps, each with the tokens it accepted and its stats.
+
+`decode_ar` is plain autoregressive decoding on a `Target`: one prefill call for the whole
+prompt, then one call per token. It yields a `Step` per forward pass; the caller streams the
+tokens and folds the stats. Stats are data (`RoundStats`, `GenerationStats`), never prints.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from time import perf_counter
+
+import numpy as np
+
+from edgespec.runtime.sampling import SamplingParams, next_token
+from edgespec.runtime.target import Target
+
+
+@dataclass
+class RoundStats:
+    """One forward round: what was drafted and accepted, and where the time went."""
+
+    phase: str  # "prefill" | "decode"
+    new_tokens: int  # tokens this round added to the output
+    input_tokens: int  # positions the verifier processed (prompt length on prefill)
+    seconds: float
+    drafted: int = 0
+    accepted: int = 0
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
+
+
+@dataclass
+class Step:
+    tokens: list[int]
+    stats: RoundStats
+    finish_reason: str | None = None  # set on the last step: "length" | "eos" | "context"
+
+
+@dataclass
+class GenerationStats:
+    prompt_tokens: int = 0
+    prefill_seconds: float = 0.0
+    decode_tokens: int = 0  # tokens produced after the first (the first comes from prefill)
+    decode_seconds: float = 0.0
+    rounds: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    accepted_lengths: Counter[int] = field(default_factory=Counter)
+
+    def add(self, r: RoundStats) -> None:
+        if r.phase == "prefill":
+            self.prompt_tokens += r.input_tokens
+            self.prefill_seconds += r.seconds
+            return
+        self.decode_tokens += r.new_tokens
+        self.decode_seconds += r.seconds
+        self.rounds += 1
+        self.drafted += r.drafted
+        self.accepted += r.accepted
+        self.draft_seconds += r.draft_seconds
+        self.verify_seconds += r.verify_seconds
+        self.accepted_lengths[r.accepted] += 1
+
+    @property
+    def prefill_tokens(self) -> int:
+        return self.prompt_tokens
+
+    @property
+    def prefill_tokens_per_s(self) -> float:
+        return self.prompt_tokens / self.prefill_seconds if self.prefill_seconds else 0.0
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        return self.decode_tokens / self.decode_seconds if self.decode_seconds else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def mean_accepted(self) -> float:
+        return self.accepted / self.rounds if self.rounds else 0.0
+
+
+def decode_ar(
+    target: Target,
+    prompt: list[int],
+    params: SamplingParams,
+    max_new_tokens: int,
+    stop_ids: frozenset[int],
+) -> Iterator[Step]:
+    """Plain autoregressive decoding; yields one Step per forward pass."""
+    rng = np.random.default_rng(params.seed)
+    capacity = min(len(prompt) + max_new_tokens, target.max_positions)
+    target.reset(capacity)
+
+    start = perf_counter()
+    logits = target.forward(np.asarray(prompt, dtype=np.int64), keep=1)[-1]
+    token = next_token(logits, params, rng)
+    produced = 1
+    seconds = perf_counter() - start
+    stats = RoundStats("prefill", 1, len(prompt), seconds, verify_seconds=seconds)
+    while True:
+        finish = _finish_reason(token, produced, max_new_tokens, stop_ids, target.length, capacity)
+        yield Step([token], stats, finish)
+        if finish:
+            return
+        start = perf_counter()
+        logits = target.forward(np.array([token], dtype=np.int64), keep=1)[-1]
+        token = next_token(logits, params, rng)
+        produced += 1
+        seconds = perf_counter() - start
+        stats = RoundStats("decode", 1, 1, seconds, verify_seconds=seconds)
+
+
+def _finish_reason(
+    token: int, produced: int, max_new: int, stop_ids: frozenset[int], length: int, capacity: int
+) -> str | None:
+    if token in stop_ids:
+        return "eos"
+    if produced >= max_new:
+        return "length"
+    if length >= capacity:
+        return "context"
+    return None

@@ -1,0 +1,116 @@
+"""One bundle graph in an onnxruntime session, driven through IO binding.
+
+Takes a `GraphInfo` from the manifest, checks the ONNX file's real inputs and outputs against
+it (a mismatch is a `BundleError`), and runs calls of S new positions against a `KVCache`:
+the cache's buffers are bound as both past and present, so onnxruntime writes the new
+keys/values in place; the cache length moves only after a successful run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from edgespec.bundle import BundleError, GraphInfo, ModelInfo
+from edgespec.runtime.kv_cache import KVCache
+
+ORT_TYPES = {
+    "tensor(float)": "float32",
+    "tensor(float16)": "float16",
+    "tensor(int64)": "int64",
+    "tensor(int32)": "int32",
+}
+
+
+def session_options(threads: int | None) -> ort.SessionOptions:
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    opts.inter_op_num_threads = 1
+    if threads:
+        opts.intra_op_num_threads = threads
+    opts.log_severity_level = 3
+    return opts
+
+
+class GraphSession:
+    """An onnxruntime session for one graph role, plus the metadata to call it."""
+
+    def __init__(
+        self,
+        folder: Path,
+        graph: GraphInfo,
+        model: ModelInfo,
+        providers: list[str],
+        options: ort.SessionOptions,
+        kv_dtype: np.dtype,
+    ) -> None:
+        self.graph, self.model, self.kv_dtype = graph, model, kv_dtype
+        path = folder / graph.file
+        try:
+            self.session = ort.InferenceSession(str(path), options, providers=providers)
+        except Exception as e:  # onnxruntime raises its own untyped Fail/InvalidGraph errors
+            raise BundleError(f"onnxruntime cannot load {path}: {e}; re-export the bundle") from None
+        check_io(self.session, graph, path)
+        self.output_names = [o.name for o in graph.outputs if not o.name.startswith("present_")]
+        self.takes_hidden = any(i.name == "hidden" for i in graph.inputs)
+
+    def new_cache(self, capacity: int) -> KVCache:
+        m = self.model
+        return KVCache.allocate(self.graph.kv_layers, m.num_kv_heads, m.head_dim, capacity, self.kv_dtype)
+
+    def run(
+        self,
+        cache: KVCache,
+        *,
+        input_ids: np.ndarray | None = None,
+        hidden: np.ndarray | None = None,
+        keep: int = 1,
+    ) -> dict[str, np.ndarray]:
+        """Process S new positions ([1, S] ids, or [1, S, H] hidden states); keep the last
+        `keep` positions' logits. Advances `cache.length` by S on success only."""
+        new = input_ids if input_ids is not None else hidden
+        assert new is not None
+        n_new = new.shape[1]
+        total = cache.length + n_new
+        if total > cache.capacity:
+            raise ValueError(f"KV cache full: {total} positions > capacity {cache.capacity}")
+        if not 0 <= keep <= n_new:
+            raise ValueError(f"keep={keep} must be between 0 and the {n_new} new positions")
+        io = self.session.io_binding()
+        if self.takes_hidden:
+            io.bind_cpu_input("hidden", np.ascontiguousarray(hidden, dtype=self.kv_dtype))
+        else:
+            io.bind_cpu_input("input_ids", np.ascontiguousarray(input_ids, dtype=np.int64))
+        io.bind_cpu_input("seqlens_k", np.array([total - 1], np.int32))
+        io.bind_cpu_input("total_seq_len", np.array(total, np.int32))
+        io.bind_cpu_input("num_logits_to_keep", np.array(keep, np.int64))
+        for name in self.output_names:  # bound first: get_outputs() keeps binding order
+            io.bind_output(name, "cpu")
+        for i in self.graph.kv_layers:
+            for kind in ("key", "value"):
+                buffer = cache.bound[f"{kind}.{i}"]
+                io.bind_ortvalue_input(f"past_{kind}.{i}", buffer)
+                io.bind_ortvalue_output(f"present_{kind}.{i}", buffer)
+        self.session.run_with_iobinding(io)
+        cache.length = total
+        outputs = io.get_outputs()
+        return {name: outputs[j].numpy() for j, name in enumerate(self.output_names)}
+
+
+def check_io(session: ort.InferenceSession, graph: GraphInfo, path: Path) -> None:
+    """The ONNX file must have exactly the inputs/outputs (names, dtypes, ranks) the manifest says."""
+    for kind, real, declared in (
+        ("inputs", session.get_inputs(), graph.inputs),
+        ("outputs", session.get_outputs(), graph.outputs),
+    ):
+        got = {a.name: (ORT_TYPES.get(a.type, a.type), len(a.shape)) for a in real}
+        want = {t.name: (t.dtype, len(t.shape)) for t in declared}
+        if got != want:
+            diff = sorted(set(got.items()) ^ set(want.items()))
+            raise BundleError(
+                f"{path.name}'s {kind} do not match manifest.json (differences: {diff[:6]}); "
+                "the graph file and the manifest come from different exports — re-export the bundle"
+            )
