@@ -138,7 +138,9 @@ def load_manifest(folder: str | os.PathLike) -> Manifest:
     """Read and validate `folder/manifest.json`; raise BundleError with the fix on any problem."""
     folder = Path(folder)
     if not folder.exists():
-        raise BundleError(f"bundle folder {folder} does not exist; create one with `edgespec export`")
+        raise BundleError(
+            f"bundle folder {folder} does not exist; create one with `edgespec export`"
+        )
     if not folder.is_dir():
         raise BundleError(f"{folder} is a file, not a bundle folder made by `edgespec export`")
     path = folder / MANIFEST
@@ -152,7 +154,7 @@ def load_manifest(folder: str | os.PathLike) -> Manifest:
     except json.JSONDecodeError as e:
         raise BundleError(f"{path} is not valid JSON ({e}); re-export the bundle") from None
     if not isinstance(raw, dict) or raw.get("format") != FORMAT:
-        raise BundleError(f"{path} is not an edgespec manifest (no \"format\": \"{FORMAT}\")")
+        raise BundleError(f'{path} is not an edgespec manifest (no "format": "{FORMAT}")')
     version = raw.get("schema_version")
     if not isinstance(version, int):
         raise BundleError(f"{path} has no integer schema_version; re-export the bundle")
@@ -167,7 +169,9 @@ def load_manifest(folder: str | os.PathLike) -> Manifest:
     try:
         manifest = _from_json(raw)
     except (KeyError, TypeError, ValueError) as e:
-        raise BundleError(f"{path} is malformed ({type(e).__name__}: {e}); re-export the bundle")
+        raise BundleError(
+            f"{path} is malformed ({type(e).__name__}: {e}); re-export the bundle"
+        ) from None
     _check_files(manifest, folder)
     return manifest
 

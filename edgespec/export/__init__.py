@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -53,7 +53,9 @@ def export_bundle(
     if dtype not in DTYPES:
         raise ExportError(f"--dtype {dtype!r} is not supported; choose one of {', '.join(DTYPES)}")
     if quantize not in (None, "int8"):
-        raise ExportError(f"--quantize {quantize!r} is not supported; choose int8 (or leave it out)")
+        raise ExportError(
+            f"--quantize {quantize!r} is not supported; choose int8 (or leave it out)"
+        )
     out = _prepare_out(Path(out), overwrite)
     steps = _Progress(progress)
     steps("loading " + str(model))
@@ -77,14 +79,18 @@ def export_bundle(
     try:
         steps("extracting weights")
         weights = extract(target)
-        roles = ["full"] + [f"{kind}@{k}" for k in sorted(set(exit_layers)) for kind in ("head", "tail")]
+        roles = ["full"] + [
+            f"{kind}@{k}" for k in sorted(set(exit_layers)) for kind in ("head", "tail")
+        ]
         for role in roles:
             steps(f"building {role} graph")
             graphs.append(_write_graph(weights, role, "target", out, store, dtype, quantize))
         if draft_model is not None:
             steps("building draft graph")
             draft_weights = extract(draft_model, prefix="draft.")
-            graphs.append(_write_graph(draft_weights, "draft", "draft", out, store, dtype, quantize))
+            graphs.append(
+                _write_graph(draft_weights, "draft", "draft", out, store, dtype, quantize)
+            )
     finally:
         store.close()
 
@@ -108,7 +114,9 @@ def export_bundle(
     )
     if verify:
         steps("checking the exported graph against transformers")
-        manifest.extra["export_check"] = verify_export(target, out / "full.onnx", info, dtype, quantize)
+        manifest.extra["export_check"] = verify_export(
+            target, out / "full.onnx", info, dtype, quantize
+        )
     save_manifest(manifest, out)
     steps.close()
     return manifest
@@ -121,7 +129,9 @@ def _prepare_out(out: Path, overwrite: bool) -> Path:
         if not overwrite:
             raise ExportError(f"--out {out} is not empty; choose a new folder or pass --overwrite")
         if not (out / "manifest.json").exists():
-            raise ExportError(f"--out {out} is not empty and is not a bundle; refusing to overwrite it")
+            raise ExportError(
+                f"--out {out} is not empty and is not a bundle; refusing to overwrite it"
+            )
         shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
     return out
@@ -178,7 +188,9 @@ def load_checkpoint(model: str | Path, revision: str | None) -> tuple[Any, Any]:
     except (OSError, ValueError) as e:
         raise ExportError(f"cannot load the tokenizer of {source!r}: {e}") from None
     if not getattr(tokenizer, "is_fast", False):
-        raise ExportError(f"{source!r} has no fast tokenizer (tokenizer.json), which edgespec needs")
+        raise ExportError(
+            f"{source!r} has no fast tokenizer (tokenizer.json), which edgespec needs"
+        )
     hf = AutoModelForCausalLM.from_pretrained(source, revision=revision, dtype=torch.float32)
     return hf.eval(), tokenizer
 
@@ -237,8 +249,13 @@ def check_same_tokenizer(target_tok: Any, draft_tok: Any, target: Any, draft: An
 
 
 def _write_graph(
-    weights: DecoderWeights, role: str, model: str, out: Path, store: WeightStore,
-    dtype: str, quantize: str | None,
+    weights: DecoderWeights,
+    role: str,
+    model: str,
+    out: Path,
+    store: WeightStore,
+    dtype: str,
+    quantize: str | None,
 ) -> GraphInfo:
     gb = GraphBuilder(store=store, dtype=np.dtype(DTYPES[dtype]), quantize=quantize)
     build_graph(weights, role, gb)
@@ -259,10 +276,15 @@ def _write_graph(
 
 def save_tokenizer(tokenizer: Any, out: Path) -> list[str]:
     tokenizer.save_pretrained(str(out))
-    files = [f for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
-             if (out / f).exists()]
+    files = [
+        f
+        for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+        if (out / f).exists()
+    ]
     if "tokenizer.json" not in files:
-        raise ExportError("the tokenizer did not save a tokenizer.json; edgespec needs a fast tokenizer")
+        raise ExportError(
+            "the tokenizer did not save a tokenizer.json; edgespec needs a fast tokenizer"
+        )
     return files
 
 

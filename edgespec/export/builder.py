@@ -24,7 +24,8 @@ from onnx import TensorProto, helper
 OPSET = 21
 MS_DOMAIN = "com.microsoft"
 IR_VERSION = 10  # onnxruntime 1.20+ reads IR 10
-ALIGN = 4096  # page-aligned external data lets onnxruntime map it
+ALIGN = 4096  # page-aligned large tensors let onnxruntime map them
+SMALL_ALIGN = 64  # small tensors (norm gains, biases, scales) only need cache-line alignment
 
 NP_TO_ONNX = {
     np.dtype(np.float32): TensorProto.FLOAT,
@@ -55,14 +56,19 @@ class WeightStore:
         data = array.tobytes()
         key = (name, hashlib.sha1(data).hexdigest())
         if key not in self._seen:
-            pad = (-self._file.tell()) % ALIGN
+            align = ALIGN if len(data) >= ALIGN else SMALL_ALIGN
+            pad = (-self._file.tell()) % align
             self._file.write(b"\0" * pad)
             self._seen[key] = (self._file.tell(), len(data))
             self._file.write(data)
         offset, length = self._seen[key]
         t = TensorProto(name=name, data_type=NP_TO_ONNX[array.dtype], dims=list(array.shape))
         t.data_location = TensorProto.EXTERNAL
-        for k, v in (("location", self.path.name), ("offset", str(offset)), ("length", str(length))):
+        for k, v in (
+            ("location", self.path.name),
+            ("offset", str(offset)),
+            ("length", str(length)),
+        ):
             entry = t.external_data.add()
             entry.key, entry.value = k, v
         return t
@@ -103,9 +109,13 @@ class GraphBuilder:
         self._counter += 1
         return f"{hint}_{self._counter}"
 
-    def op(self, op_type: str, inputs: list[str], n_out: int = 1, domain: str = "", **attrs) -> list[str]:
+    def op(
+        self, op_type: str, inputs: list[str], n_out: int = 1, domain: str = "", **attrs
+    ) -> list[str]:
         outs = [self.fresh(op_type.lower()) for _ in range(n_out)]
-        node = helper.make_node(op_type, inputs, outs, name=self.fresh(op_type), domain=domain, **attrs)
+        node = helper.make_node(
+            op_type, inputs, outs, name=self.fresh(op_type), domain=domain, **attrs
+        )
         self.nodes.append(node)
         return outs
 
@@ -164,7 +174,9 @@ class GraphBuilder:
             y = self.op1("Add", [y, self.weight(f"{name}.bias", b)])
         return y
 
-    def norm(self, x: str, name: str, gamma: np.ndarray, beta: np.ndarray | None, eps: float) -> str:
+    def norm(
+        self, x: str, name: str, gamma: np.ndarray, beta: np.ndarray | None, eps: float
+    ) -> str:
         """RMSNorm when beta is None, else LayerNorm."""
         g = self.weight(f"{name}.weight", gamma)
         if beta is None:

@@ -15,10 +15,24 @@ from pathlib import Path
 BUILTIN_PREFIX = "builtin:"
 VOCAB = 2048
 CONFIGS = {
-    "tiny-llama": dict(model_type="llama", hidden_size=256, intermediate_size=688, num_hidden_layers=6,
-                       num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=2048),
-    "tiny-qwen2": dict(model_type="qwen2", hidden_size=256, intermediate_size=688, num_hidden_layers=6,
-                       num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=2048),
+    "tiny-llama": dict(
+        model_type="llama",
+        hidden_size=256,
+        intermediate_size=688,
+        num_hidden_layers=6,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+    ),
+    "tiny-qwen2": dict(
+        model_type="qwen2",
+        hidden_size=256,
+        intermediate_size=688,
+        num_hidden_layers=6,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+    ),
     "tiny-gpt2": dict(model_type="gpt2", n_embd=256, n_layer=6, n_head=8, n_positions=1024),
 }
 
@@ -33,8 +47,10 @@ def builtin_checkpoint(name: str) -> Path:
     if key not in CONFIGS:
         from edgespec.export import ExportError
 
-        raise ExportError(f"unknown built-in model {name!r}; built-ins: "
-                          + ", ".join(BUILTIN_PREFIX + k for k in CONFIGS))
+        raise ExportError(
+            f"unknown built-in model {name!r}; built-ins: "
+            + ", ".join(BUILTIN_PREFIX + k for k in CONFIGS)
+        )
     folder = cache_dir() / key
     if not (folder / "config.json").exists():
         write_checkpoint(folder, **CONFIGS[key])
@@ -52,23 +68,34 @@ def train_tokenizer(folder: Path, vocab_size: int = VOCAB) -> None:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=["<|endoftext|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+        vocab_size=vocab_size,
+        special_tokens=["<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
     )
     tok.train_from_iterator(texts, trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|endoftext|>",
-                                   eos_token="<|endoftext|>")
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<|endoftext|>", eos_token="<|endoftext|>"
+    )
     fast.save_pretrained(str(folder))
 
 
-def write_checkpoint(folder: Path, model_type: str, seed: int = 0, **dims: int) -> Path:
+def write_checkpoint(
+    folder: Path, model_type: str, seed: int = 0, tie: bool = True, **dims: int
+) -> Path:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
     folder.mkdir(parents=True, exist_ok=True)
     train_tokenizer(folder)
-    config = AutoConfig.for_model(model_type, vocab_size=VOCAB, bos_token_id=0, eos_token_id=0,
-                                  tie_word_embeddings=True, **dims)
+    config = AutoConfig.for_model(
+        model_type,
+        vocab_size=VOCAB,
+        bos_token_id=0,
+        eos_token_id=0,
+        tie_word_embeddings=tie,
+        **dims,
+    )
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config)
     randomize(model, seed)

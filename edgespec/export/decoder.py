@@ -67,7 +67,12 @@ def build_graph(w: DecoderWeights, role: str, gb: GraphBuilder) -> None:
     """Populate `gb` with the graph for `role` (full | draft | head@k | tail@k)."""
     n = len(w.layers)
     kind, _, k = role.partition("@")
-    first, last = {"full": (0, n), "draft": (0, n), "head": (0, int(k or 0)), "tail": (int(k or 0), n)}[kind]
+    first, last = {
+        "full": (0, n),
+        "draft": (0, n),
+        "head": (0, int(k or 0)),
+        "tail": (int(k or 0), n),
+    }[kind]
     dt = gb.onnx_dtype
     p = w.prefix
 
@@ -80,7 +85,10 @@ def build_graph(w: DecoderWeights, role: str, gb: GraphBuilder) -> None:
         ids = gb.add_input("input_ids", TensorProto.INT64, ["batch", "sequence"])
         x = gb.op1("Gather", [gb.weight(f"{p}embed.weight", w.embed), ids], axis=0)
         if w.pos_embed is not None:
-            pos = gb.op1("Gather", [gb.weight(f"{p}pos_embed.weight", w.pos_embed), gb.positions(seqlens, ids)])
+            pos = gb.op1(
+                "Gather",
+                [gb.weight(f"{p}pos_embed.weight", w.pos_embed), gb.positions(seqlens, ids)],
+            )
             x = gb.op1("Add", [x, pos])
     rotary = gb.rotary_cache(*w.rotary) if w.rotary is not None else None
 
@@ -143,12 +151,16 @@ def _lm_head(gb: GraphBuilder, h: str, w: DecoderWeights) -> str:
     hidden_size = w.embed.shape[1]
     shape = gb.op1("Shape", [h])
     flat = gb.op1("Reshape", [h, gb.const(np.array([-1, hidden_size]))])
-    ins = [flat, table] + ([gb.weight(f"{w.prefix}lm_head.bias", w.lm_head_b)] if w.lm_head_b is not None else [])
+    ins = [flat, table] + (
+        [gb.weight(f"{w.prefix}lm_head.bias", w.lm_head_b)] if w.lm_head_b is not None else []
+    )
     logits = gb.op1("Gemm", ins, transB=1)
     out_shape = gb.op1(
         "Concat",
-        [gb.op1("Slice", [shape, gb.const(np.array([0])), gb.const(np.array([2]))]),
-         gb.const(np.array([w.embed.shape[0]]))],
+        [
+            gb.op1("Slice", [shape, gb.const(np.array([0])), gb.const(np.array([2]))]),
+            gb.const(np.array([w.embed.shape[0]])),
+        ],
         axis=0,
     )
     return gb.op1("Reshape", [logits, out_shape], allowzero=1)  # 0 kept positions stays 0

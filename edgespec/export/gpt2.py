@@ -20,8 +20,12 @@ def _np(t: torch.Tensor | None) -> np.ndarray | None:
 def check(config) -> None:
     if config.activation_function not in ("gelu_new", "gelu_pytorch_tanh"):
         raise ValueError(f"GPT-2 with activation {config.activation_function} is not supported yet")
-    if getattr(config, "scale_attn_by_inverse_layer_idx", False) or getattr(config, "reorder_and_upcast_attn", False):
-        raise ValueError("GPT-2 with scale_attn_by_inverse_layer_idx/reorder_and_upcast_attn is not supported")
+    if getattr(config, "scale_attn_by_inverse_layer_idx", False) or getattr(
+        config, "reorder_and_upcast_attn", False
+    ):
+        raise ValueError(
+            "GPT-2 with scale_attn_by_inverse_layer_idx/reorder_and_upcast_attn is not supported"
+        )
     if not getattr(config, "scale_attn_weights", True):
         raise ValueError("GPT-2 with scale_attn_weights=False is not supported")
 
@@ -33,14 +37,20 @@ def extract(model, prefix: str = "") -> DecoderWeights:
     eps = cfg.layer_norm_epsilon
     layers = []
     for block in tr.h:
-        layers.append(LayerWeights(
-            attn_norm=Norm(_np(block.ln_1.weight), _np(block.ln_1.bias), eps),
-            qkv_w=_np(block.attn.c_attn.weight), qkv_b=_np(block.attn.c_attn.bias),
-            o_w=_np(block.attn.c_proj.weight), o_b=_np(block.attn.c_proj.bias),
-            mlp_norm=Norm(_np(block.ln_2.weight), _np(block.ln_2.bias), eps),
-            up_w=_np(block.mlp.c_fc.weight), up_b=_np(block.mlp.c_fc.bias),
-            down_w=_np(block.mlp.c_proj.weight), down_b=_np(block.mlp.c_proj.bias),
-        ))
+        layers.append(
+            LayerWeights(
+                attn_norm=Norm(_np(block.ln_1.weight), _np(block.ln_1.bias), eps),
+                qkv_w=_np(block.attn.c_attn.weight),
+                qkv_b=_np(block.attn.c_attn.bias),
+                o_w=_np(block.attn.c_proj.weight),
+                o_b=_np(block.attn.c_proj.bias),
+                mlp_norm=Norm(_np(block.ln_2.weight), _np(block.ln_2.bias), eps),
+                up_w=_np(block.mlp.c_fc.weight),
+                up_b=_np(block.mlp.c_fc.bias),
+                down_w=_np(block.mlp.c_proj.weight),
+                down_b=_np(block.mlp.c_proj.bias),
+            )
+        )
     embed = _np(tr.wte.weight)
     tied = model.lm_head.weight.data_ptr() == tr.wte.weight.data_ptr()
     heads = cfg.n_head

@@ -22,7 +22,9 @@ def check(config) -> None:
     if getattr(config, "use_sliding_window", False):
         raise ValueError(f"{config.model_type} with sliding-window attention is not supported yet")
     if getattr(config, "hidden_act", "silu") != "silu":
-        raise ValueError(f"{config.model_type} with hidden_act={config.hidden_act} is not supported (silu only)")
+        raise ValueError(
+            f"{config.model_type} with hidden_act={config.hidden_act} is not supported (silu only)"
+        )
     if getattr(config, "mlp_bias", False):
         raise ValueError("Llama with mlp_bias=True is not supported yet")
 
@@ -42,23 +44,34 @@ def rotary_tables(model, max_pos: int, head_dim: int) -> tuple[np.ndarray, np.nd
 def extract(model, prefix: str = "") -> DecoderWeights:
     cfg = model.config
     check(cfg)
-    heads, kv_heads = cfg.num_attention_heads, getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+    heads, kv_heads = (
+        cfg.num_attention_heads,
+        getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads,
+    )
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
     layers = []
     for layer in model.model.layers:
         at, mlp = layer.self_attn, layer.mlp
-        qkv_w = np.concatenate([_np(at.q_proj.weight).T, _np(at.k_proj.weight).T, _np(at.v_proj.weight).T], 1)
+        qkv_w = np.concatenate(
+            [_np(at.q_proj.weight).T, _np(at.k_proj.weight).T, _np(at.v_proj.weight).T], 1
+        )
         qkv_b = None
         if at.q_proj.bias is not None:
             qkv_b = np.concatenate([_np(at.q_proj.bias), _np(at.k_proj.bias), _np(at.v_proj.bias)])
-        layers.append(LayerWeights(
-            attn_norm=Norm(_np(layer.input_layernorm.weight), None, cfg.rms_norm_eps),
-            qkv_w=qkv_w, qkv_b=qkv_b,
-            o_w=_np(at.o_proj.weight).T, o_b=_np(at.o_proj.bias),
-            mlp_norm=Norm(_np(layer.post_attention_layernorm.weight), None, cfg.rms_norm_eps),
-            up_w=np.concatenate([_np(mlp.gate_proj.weight).T, _np(mlp.up_proj.weight).T], 1), up_b=None,
-            down_w=_np(mlp.down_proj.weight).T, down_b=None,
-        ))
+        layers.append(
+            LayerWeights(
+                attn_norm=Norm(_np(layer.input_layernorm.weight), None, cfg.rms_norm_eps),
+                qkv_w=qkv_w,
+                qkv_b=qkv_b,
+                o_w=_np(at.o_proj.weight).T,
+                o_b=_np(at.o_proj.bias),
+                mlp_norm=Norm(_np(layer.post_attention_layernorm.weight), None, cfg.rms_norm_eps),
+                up_w=np.concatenate([_np(mlp.gate_proj.weight).T, _np(mlp.up_proj.weight).T], 1),
+                up_b=None,
+                down_w=_np(mlp.down_proj.weight).T,
+                down_b=None,
+            )
+        )
     embed = _np(model.model.embed_tokens.weight)
     tied = model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
     return DecoderWeights(

@@ -52,14 +52,18 @@ class GraphSession:
         try:
             self.session = ort.InferenceSession(str(path), options, providers=providers)
         except Exception as e:  # onnxruntime raises its own untyped Fail/InvalidGraph errors
-            raise BundleError(f"onnxruntime cannot load {path}: {e}; re-export the bundle") from None
+            raise BundleError(
+                f"onnxruntime cannot load {path}: {e}; re-export the bundle"
+            ) from None
         check_io(self.session, graph, path)
         self.output_names = [o.name for o in graph.outputs if not o.name.startswith("present_")]
         self.takes_hidden = any(i.name == "hidden" for i in graph.inputs)
 
     def new_cache(self, capacity: int) -> KVCache:
         m = self.model
-        return KVCache.allocate(self.graph.kv_layers, m.num_kv_heads, m.head_dim, capacity, self.kv_dtype)
+        return KVCache.allocate(
+            self.graph.kv_layers, m.num_kv_heads, m.head_dim, capacity, self.kv_dtype
+        )
 
     def run(
         self,
@@ -101,7 +105,7 @@ class GraphSession:
 
 
 def check_io(session: ort.InferenceSession, graph: GraphInfo, path: Path) -> None:
-    """The ONNX file must have exactly the inputs/outputs (names, dtypes, ranks) the manifest says."""
+    """The ONNX file must have the inputs/outputs (names, dtypes, ranks) the manifest says."""
     for kind, real, declared in (
         ("inputs", session.get_inputs(), graph.inputs),
         ("outputs", session.get_outputs(), graph.outputs),

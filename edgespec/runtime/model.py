@@ -51,7 +51,12 @@ class Generation:
 
 class Model:
     def __init__(self, folder: Path, manifest: Manifest, target: Target, tokenizer: Tokenizer):
-        self.folder, self.manifest, self.target, self.tokenizer = folder, manifest, target, tokenizer
+        self.folder, self.manifest, self.target, self.tokenizer = (
+            folder,
+            manifest,
+            target,
+            tokenizer,
+        )
 
     @classmethod
     def load(
@@ -79,7 +84,9 @@ class Model:
         for role in roles:
             graph = manifest.graph(role)
             stages.append(
-                GraphSession(folder, graph, manifest.model_info(graph), providers, options, kv_dtype)
+                GraphSession(
+                    folder, graph, manifest.model_info(graph), providers, options, kv_dtype
+                )
             )
         tokenizer = Tokenizer.from_dir(folder)
         return cls(folder, manifest, Target(stages), tokenizer)

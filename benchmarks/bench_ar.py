@@ -1,0 +1,791 @@
+"""Plain autoregressive (greedy) decoding speed: edgespec `ar` vs transformers vs onnxruntime-genai.
+
+What it measures, for random-weight models with the shapes of two real small LLMs
+(SmolLM2-135M: Llama, 30 layers, hidden 576; Qwen2.5-0.5B: Qwen2, 24 layers, hidden 896), all
+fp32 on the CPU, with the same prompt ids, the same thread count and the same number of new
+tokens in one run:
+
+* prefill tokens/s: prompt tokens / time from the start of the prompt forward pass to the
+  first new token (the prompt pass plus choosing token 1);
+* decode tokens/s: (N - 1) / time from the first new token to the N-th one, so the prefill is
+  never part of it. How each engine is timed:
+    - edgespec: its own `res.stats` (`prefill_seconds` covers the prompt pass and token 1,
+      `decode_seconds` the remaining `decode_tokens` one-token passes);
+    - transformers: `generate(do_sample=False)` with a streamer that timestamps every `put`:
+      the first `put` is the prompt (just before the prefill), the second is token 1 (end of
+      prefill), the last is token N; decode = last - second;
+    - onnxruntime-genai: `append_tokens(prompt)` + the first `generate_next_token()` are the
+      prefill (append_tokens runs the prompt pass, the first call only picks token 1), the
+      other N - 1 `generate_next_token()` calls are the decode;
+* the memory-bandwidth bound: bytes of weights read per decoded token (every weight tensor
+  except the embedding table, whose one-row gather is free, plus the LM head, which for
+  tied embeddings is that same table) divided by the machine's copy bandwidth (best of a few
+  `np.copyto` of a 1 GiB buffer, counted STREAM-style as bytes read + bytes written, i.e.
+  an optimistic figure) -> an upper bound on decode tokens/s. KV-cache reads are ignored.
+* "same tokens": how many leading new tokens of each engine equal transformers' greedy
+  tokens (random weights: tiny numeric differences may flip a late token, so it is
+  reported, not asserted).
+
+Every engine produces exactly N tokens: transformers with EOS stopping disabled (generation
+config `eos_token_id=None`), edgespec with `ignore_eos=True`, genai with
+`min_length = max_length = prompt + N` (genai has no "ignore EOS"; its min_length masks the
+EOS logit, which changes a token only where EOS would have been the argmax).
+
+Checkpoints (config + random weights from a fixed torch seed + a byte-level BPE tokenizer
+trained on Python's stdlib source; the model keeps its real vocab size, ids above the trained
+vocab are simply unused), the genai export (its model builder, run offline on the local
+folder) and the edgespec bundle are cached under `--cache` (default ~/.cache/edgespec-bench).
+
+Run (in the project venv; genai lives in its own venv, so it runs in a subprocess there):
+
+    python benchmarks/bench_ar.py --genai-python /work/venv-genai/bin/python \\
+        --threads 2 --new-tokens 64 --repeats 3 --json /tmp/bench_ar.json
+
+If `onnxruntime_genai` is importable in the running interpreter, everything runs in one
+process (leave out --genai-python). `--engines transformers,edgespec` picks a subset,
+`--shapes smollm2-135m` one shape, `--rebuild edgespec` re-exports cached artifacts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import hashlib
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+ENGINES = ("edgespec", "transformers", "genai")
+TOKENIZER_VOCAB = 8192  # trained BPE vocab; prompt ids are drawn below it
+EOS_TOKEN = "<|endoftext|>"  # id 0 of the trained tokenizer; also the models' bos/eos/pad
+
+# name -> (transformers config class, config kwargs). Shapes copied from the real models.
+SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
+    "smollm2-135m": (
+        "LlamaConfig",
+        dict(
+            hidden_size=576,
+            num_hidden_layers=30,
+            num_attention_heads=9,
+            num_key_value_heads=3,
+            intermediate_size=1536,
+            vocab_size=49152,
+            tie_word_embeddings=True,
+            max_position_embeddings=2048,
+            rope_theta=100000.0,
+        ),
+    ),
+    "qwen2.5-0.5b": (
+        "Qwen2Config",
+        dict(
+            hidden_size=896,
+            num_hidden_layers=24,
+            num_attention_heads=14,
+            num_key_value_heads=2,
+            intermediate_size=4864,
+            vocab_size=151936,
+            tie_word_embeddings=True,
+            max_position_embeddings=32768,
+            rope_theta=1000000.0,
+        ),
+    ),
+}
+SHAPE_TITLES = {"smollm2-135m": "SmolLM2-135M shape", "qwen2.5-0.5b": "Qwen2.5-0.5B shape"}
+
+
+# --------------------------------------------------------------------------- measurements
+@dataclass
+class Run:
+    """One timed generation."""
+
+    prefill_s: float
+    decode_s: float
+    prompt_tokens: int
+    decode_tokens: int  # tokens after the first one
+    tokens: list[int]
+    wall_s: float = 0.0  # the whole call, setup included, for sanity checks
+
+    @property
+    def prefill_tps(self) -> float:
+        return self.prompt_tokens / self.prefill_s if self.prefill_s > 0 else 0.0
+
+    @property
+    def decode_tps(self) -> float:
+        return self.decode_tokens / self.decode_s if self.decode_s > 0 else 0.0
+
+
+@dataclass
+class EngineResult:
+    engine: str
+    status: str = "ok"  # "ok" | "skipped" | "error"
+    message: str = ""
+    prefill_tps: float = 0.0
+    decode_tps: float = 0.0
+    same_tokens: int | None = None  # leading new tokens equal to transformers'
+    tokens: list[int] = field(default_factory=list)
+    runs: list[dict[str, Any]] = field(default_factory=list)
+    elapsed_s: float = 0.0  # export (if not cached) + load + warm-up + repeats
+
+
+def measure(once: Callable[[], Run], warmup: int, repeats: int) -> list[Run]:
+    for _ in range(warmup):
+        once()
+    runs = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run = once()
+        run.wall_s = time.perf_counter() - start
+        runs.append(run)
+    return runs
+
+
+def summarize(result: EngineResult, runs: list[Run], stat: str, n_new: int) -> None:
+    pick: Callable[[list[float]], float] = max if stat == "best" else statistics.median
+    result.prefill_tps = pick([r.prefill_tps for r in runs])
+    result.decode_tps = pick([r.decode_tps for r in runs])
+    result.tokens = runs[0].tokens
+    result.runs = [
+        {
+            "prefill_s": r.prefill_s,
+            "decode_s": r.decode_s,
+            "prompt_tokens": r.prompt_tokens,
+            "decode_tokens": r.decode_tokens,
+            "wall_s": r.wall_s,
+            "prefill_tps": r.prefill_tps,
+            "decode_tps": r.decode_tps,
+        }
+        for r in runs
+    ]
+    counts = {len(r.tokens) for r in runs}
+    notes = []
+    if counts != {n_new}:
+        notes.append(f"produced {sorted(counts)} tokens, not {n_new}")
+    if any(r.tokens != runs[0].tokens for r in runs):
+        notes.append("tokens differ between repeats")
+    if notes:
+        result.message = "; ".join(notes)
+
+
+def leading_match(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+# --------------------------------------------------------------------------- checkpoints
+def _digest(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:10]
+
+
+def _stdlib_texts() -> Iterator[str]:
+    import sysconfig
+
+    for path in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py")):
+        yield path.read_text(encoding="utf-8", errors="replace")
+
+
+def train_tokenizer(cache: Path) -> Path:
+    """A byte-level BPE trained on the stdlib's top-level modules (cached tokenizer.json)."""
+    folder = cache / f"tokenizer-bpe{TOKENIZER_VOCAB}"
+    path = folder / "tokenizer.json"
+    if path.exists():
+        return path
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=TOKENIZER_VOCAB,
+        special_tokens=[EOS_TOKEN],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_stdlib_texts(), trainer)
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tok.save(str(tmp))
+    tmp.replace(path)
+    return path
+
+
+def shape_slug(shape: str, seed: int) -> str:
+    cls, kwargs = SHAPES[shape]
+    return f"{shape}-seed{seed}-{_digest([cls, kwargs, TOKENIZER_VOCAB, 'v1'])}"
+
+
+def build_checkpoint(shape: str, seed: int, cache: Path, rebuild: bool) -> Path:
+    """Write a complete HF checkpoint folder (config, random weights, tokenizer) once."""
+    folder = cache / shape_slug(shape, seed) / "hf"
+    stamp = folder / ".complete"
+    if stamp.exists() and not rebuild:
+        return folder
+    import torch
+    import transformers
+    from tokenizers import Tokenizer
+
+    tok_path = train_tokenizer(cache)
+    shutil.rmtree(folder, ignore_errors=True)
+    cls_name, kwargs = SHAPES[shape]
+    config = getattr(transformers, cls_name)(
+        **kwargs, bos_token_id=0, eos_token_id=0, pad_token_id=0
+    )
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.save_pretrained(folder)
+    del model
+    gc.collect()
+    fast = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer.from_file(str(tok_path)),
+        bos_token=EOS_TOKEN,
+        eos_token=EOS_TOKEN,
+        pad_token=EOS_TOKEN,
+    )
+    fast.save_pretrained(folder)
+    stamp.write_text(json.dumps({"shape": shape, "seed": seed}))
+    return folder
+
+
+def weight_bytes_per_token(folder: Path) -> tuple[int, int]:
+    """(total parameters, bytes of weights read per decoded token) from safetensors headers.
+
+    Every tensor is read once per token except the embedding table (one row gathered); the
+    LM head is read in full, and for tied embeddings it *is* the embedding table.
+    """
+    sizes = {"F32": 4, "F16": 2, "BF16": 2, "F64": 8}
+    tensors: dict[str, tuple[int, int]] = {}
+    for path in sorted(folder.glob("*.safetensors")):
+        with path.open("rb") as f:
+            header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+        for name, info in header.items():
+            if name != "__metadata__":
+                tensors[name] = (int(np.prod(info["shape"])), sizes[info["dtype"]])
+    embed = next(n for n in tensors if n.endswith("embed_tokens.weight"))
+    params = sum(n for n, _ in tensors.values())
+    read = sum(n * b for name, (n, b) in tensors.items() if name != embed)
+    if not any(name.startswith("lm_head") for name in tensors):  # tied: head = embedding
+        read += tensors[embed][0] * tensors[embed][1]
+    return params, read
+
+
+def prompt_ids(seed: int, length: int) -> list[int]:
+    """Random ids from the trained part of the vocab (id 0, the EOS, excluded)."""
+    rng = np.random.default_rng(seed)
+    return [int(i) for i in rng.integers(1, TOKENIZER_VOCAB, size=length)]
+
+
+# --------------------------------------------------------------------------- bandwidth
+def copy_bandwidth(nbytes: int, repeats: int = 5) -> float:
+    """Best-of-`repeats` copy bandwidth in bytes/s, counting read + write (STREAM 'copy')."""
+    src = np.ones(nbytes // 8, dtype=np.float64)
+    dst = np.empty_like(src)
+    np.copyto(dst, src)  # touch every page first
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        np.copyto(dst, src)
+        best = min(best, time.perf_counter() - start)
+    del src, dst
+    return 2 * nbytes / best
+
+
+# --------------------------------------------------------------------------- engines
+@contextmanager
+def transformers_engine(
+    folder: Path, prompt: list[int], n_new: int, threads: int
+) -> Iterator[Callable[[], Run]]:
+    import torch
+    from transformers import AutoModelForCausalLM, GenerationConfig
+    from transformers.generation.streamers import BaseStreamer
+
+    torch.set_num_threads(threads)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    model.generation_config.eos_token_id = None  # never stop early: always N tokens
+    config = GenerationConfig(
+        do_sample=False,
+        max_new_tokens=n_new,
+        min_new_tokens=0,
+        eos_token_id=None,
+        pad_token_id=0,
+        num_beams=1,
+    )
+    input_ids = torch.tensor([prompt], dtype=torch.long)
+    attention_mask = torch.ones_like(input_ids)
+
+    class Clock(BaseStreamer):
+        """Timestamps each streamer.put: the prompt, then every new token as it is chosen."""
+
+        def __init__(self) -> None:
+            self.times: list[float] = []
+
+        def put(self, value: Any) -> None:
+            self.times.append(time.perf_counter())
+
+        def end(self) -> None:
+            pass
+
+    def once() -> Run:
+        clock = Clock()
+        with torch.inference_mode():
+            out = model.generate(
+                input_ids,
+                attention_mask=attention_mask,
+                generation_config=config,
+                streamer=clock,
+            )
+        tokens = [int(t) for t in out[0, len(prompt) :]]
+        t = clock.times  # [prompt, token 1, ..., token N]
+        return Run(
+            prefill_s=t[1] - t[0],
+            decode_s=t[-1] - t[1],
+            prompt_tokens=len(prompt),
+            decode_tokens=len(t) - 2,
+            tokens=tokens,
+        )
+
+    yield once  # the model is freed with this generator's frame; run_engine then collects
+
+
+def export_edgespec(folder: Path, bundle: Path) -> None:
+    import inspect
+
+    from edgespec.export import export_bundle
+
+    shutil.rmtree(bundle, ignore_errors=True)
+    options: dict[str, Any] = {"dtype": "fp32"}
+    accepted = inspect.signature(export_bundle).parameters
+    if "progress" in accepted:
+        options["progress"] = False
+    export_bundle(model=str(folder), out=str(bundle), **options)
+
+
+def load_edgespec(bundle: Path, threads: int) -> Any:
+    import edgespec
+
+    return edgespec.load(str(bundle), threads=threads)
+
+
+def edgespec_runner(model: Any, prompt: list[int], n_new: int) -> Callable[[], Run]:
+    def once() -> Run:
+        res = model.generate(list(prompt), max_new_tokens=n_new, ignore_eos=True)
+        s = res.stats
+        return Run(
+            prefill_s=s.prefill_seconds,
+            decode_s=s.decode_seconds,
+            prompt_tokens=s.prefill_tokens,
+            decode_tokens=s.decode_tokens,
+            tokens=[int(t) for t in res.tokens],
+        )
+
+    return once
+
+
+def export_genai(folder: Path, out: Path, python: str) -> None:
+    """Run genai's model builder on the local folder, offline, fp32 for the CPU."""
+    shutil.rmtree(out, ignore_errors=True)
+    scratch = out.parent / "genai-builder-cache"
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+    cmd = [
+        python, "-m", "onnxruntime_genai.models.builder",
+        "-i", str(folder), "-o", str(out), "-p", "fp32", "-e", "cpu", "-c", str(scratch),
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    shutil.rmtree(scratch, ignore_errors=True)
+    if proc.returncode != 0 or not (out / "genai_config.json").exists():
+        shutil.rmtree(out, ignore_errors=True)
+        tail = (proc.stdout + proc.stderr)[-3000:]
+        raise RuntimeError(f"genai model builder failed ({' '.join(cmd)}):\n{tail}")
+
+
+def set_genai_threads(out: Path, threads: int) -> None:
+    """Threads are a genai_config.json setting: decoder.session_options.intra_op_num_threads."""
+    path = out / "genai_config.json"
+    config = json.loads(path.read_text())
+    options = config["model"]["decoder"].setdefault("session_options", {})
+    options["intra_op_num_threads"] = threads
+    options["inter_op_num_threads"] = 1
+    path.write_text(json.dumps(config, indent=4))
+
+
+@contextmanager
+def genai_engine(
+    model_dir: Path, prompt: list[int], n_new: int, threads: int
+) -> Iterator[Callable[[], Run]]:
+    import onnxruntime_genai as og
+
+    set_genai_threads(model_dir, threads)
+    model = og.Model(str(model_dir))
+    total = len(prompt) + n_new
+    ids = np.asarray([prompt], dtype=np.int32)
+
+    def once() -> Run:
+        params = og.GeneratorParams(model)
+        # min_length = max_length: exactly N new tokens, EOS cannot end the run early.
+        params.set_search_options(do_sample=False, max_length=total, min_length=total)
+        generator = og.Generator(model, params)
+        start = time.perf_counter()
+        generator.append_tokens(ids)  # the prompt pass
+        generator.generate_next_token()  # picks token 1 from the prompt's logits
+        first = time.perf_counter()
+        for _ in range(n_new - 1):
+            generator.generate_next_token()  # one-token pass + pick
+        end = time.perf_counter()
+        tokens = [int(t) for t in generator.get_sequence(0)[len(prompt) :]]
+        del generator
+        return Run(
+            prefill_s=first - start,
+            decode_s=end - first,
+            prompt_tokens=len(prompt),
+            decode_tokens=n_new - 1,
+            tokens=tokens,
+        )
+
+    yield once  # the model is freed with this generator's frame; run_engine then collects
+
+
+def genai_worker(spec_path: str) -> None:
+    """Subprocess entry (--genai-worker SPEC): measure genai, write runs as JSON."""
+    spec = json.loads(Path(spec_path).read_text())
+    with genai_engine(Path(spec["model_dir"]), spec["prompt"], spec["n_new"], spec["threads"]) as f:
+        runs = measure(f, spec["warmup"], spec["repeats"])
+    out = [asdict(r) for r in runs]
+    Path(spec["out"]).write_text(json.dumps(out))
+
+
+def genai_in_subprocess(
+    python: str, model_dir: Path, prompt: list[int], args: argparse.Namespace
+) -> list[Run]:
+    with tempfile.TemporaryDirectory(prefix="bench_ar_") as tmp:
+        spec = {
+            "model_dir": str(model_dir),
+            "prompt": prompt,
+            "n_new": args.new_tokens,
+            "threads": args.threads,
+            "warmup": args.warmup,
+            "repeats": args.repeats,
+            "out": str(Path(tmp) / "runs.json"),
+        }
+        spec_path = Path(tmp) / "spec.json"
+        spec_path.write_text(json.dumps(spec))
+        cmd = [python, str(Path(__file__).resolve()), "--genai-worker", str(spec_path)]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"genai worker failed:\n{(proc.stdout + proc.stderr)[-3000:]}")
+        return [Run(**r) for r in json.loads(Path(spec["out"]).read_text())]
+
+
+def genai_in_process() -> bool:
+    try:
+        import onnxruntime_genai  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def edgespec_importable() -> str | None:
+    """None if edgespec (runtime and export) imports, else why not."""
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))  # run from a checkout without installing it
+    try:
+        import edgespec  # noqa: F401
+        from edgespec.export import export_bundle  # noqa: F401
+    except Exception as e:  # noqa: BLE001 - any failure means "not usable yet"
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+# --------------------------------------------------------------------------- one shape
+def bench_shape(shape: str, args: argparse.Namespace, bandwidth: float) -> dict[str, Any]:
+    cache: Path = args.cache
+    seed: int = args.seed
+    rebuild = set(args.rebuild)
+    log(f"[{shape}] checkpoint")
+    folder = build_checkpoint(shape, seed, cache, "checkpoint" in rebuild)
+    params, read_bytes = weight_bytes_per_token(folder)
+    prompt = prompt_ids(seed, args.prompt_len)
+    n_new: int = args.new_tokens
+    results: dict[str, EngineResult] = {}
+
+    for engine in [e for e in ("transformers", "edgespec", "genai") if e in args.engines]:
+        result = results[engine] = EngineResult(engine)
+        start = time.perf_counter()
+        try:
+            runs = run_engine(engine, folder, prompt, args, rebuild)
+        except EngineSkipped as e:
+            result.status, result.message = "skipped", str(e)
+            log(f"[{shape}] {engine}: skipped: {e}")
+            continue
+        except Exception as e:  # noqa: BLE001 - report the row, keep benchmarking
+            result.status, result.message = "error", f"{type(e).__name__}: {e}"
+            log(f"[{shape}] {engine}: error\n{traceback.format_exc()}")
+            continue
+        result.elapsed_s = time.perf_counter() - start
+        summarize(result, runs, args.stat, n_new)
+        log(
+            f"[{shape}] {engine}: prefill {result.prefill_tps:.1f} tok/s, "
+            f"decode {result.decode_tps:.2f} tok/s"
+        )
+
+    reference = results.get("transformers")
+    if reference is not None and reference.status == "ok":
+        for r in results.values():
+            if r.status == "ok":
+                r.same_tokens = leading_match(r.tokens, reference.tokens)
+    return {
+        "shape": shape,
+        "title": SHAPE_TITLES[shape],
+        "config": SHAPES[shape][1],
+        "checkpoint": str(folder),
+        "parameters": params,
+        "weight_bytes_per_token": read_bytes,
+        "bound_decode_tps": bandwidth / read_bytes,
+        "prompt": prompt,
+        "engines": [asdict(r) for r in results.values()],
+    }
+
+
+class EngineSkipped(Exception):
+    """The engine cannot run here (not installed / not importable yet)."""
+
+
+def run_engine(
+    engine: str, folder: Path, prompt: list[int], args: argparse.Namespace, rebuild: set[str]
+) -> list[Run]:
+    n_new, threads = args.new_tokens, args.threads
+    if engine == "transformers":
+        try:
+            with transformers_engine(folder, prompt, n_new, threads) as once:
+                return measure(once, args.warmup, args.repeats)
+        finally:
+            gc.collect()
+    if engine == "edgespec":
+        why = edgespec_importable()
+        if why is not None:
+            raise EngineSkipped(f"edgespec not importable yet ({why})")
+        bundle = folder.parent / "edgespec-fp32"
+        stamp = bundle / ".complete"
+        fresh = not stamp.exists() or "edgespec" in rebuild
+        if fresh:
+            log("  exporting edgespec bundle")
+            export_edgespec(folder, bundle)
+            stamp.write_text("ok")
+        try:
+            model = load_edgespec(bundle, threads)
+        except Exception:
+            if fresh:
+                raise
+            log("  the cached edgespec bundle does not load; re-exporting it")
+            export_edgespec(folder, bundle)
+            model = load_edgespec(bundle, threads)
+        try:
+            return measure(edgespec_runner(model, prompt, n_new), args.warmup, args.repeats)
+        finally:
+            del model
+            gc.collect()
+    # genai
+    python = args.genai_python or (sys.executable if genai_in_process() else None)
+    if python is None:
+        raise EngineSkipped(
+            "onnxruntime_genai is not importable here; install it (plus onnx-ir for its "
+            "builder) or pass --genai-python PYTHON of a venv that has it"
+        )
+    out = folder.parent / "genai-fp32"
+    if not (out / ".complete").exists() or "genai" in rebuild:
+        log("  exporting with the genai model builder")
+        export_genai(folder, out, python)
+        (out / ".complete").write_text("ok")
+    if args.genai_python:
+        return genai_in_subprocess(args.genai_python, out, prompt, args)
+    try:
+        with genai_engine(out, prompt, n_new, threads) as once:
+            return measure(once, args.warmup, args.repeats)
+    finally:
+        gc.collect()
+
+
+# --------------------------------------------------------------------------- report
+def format_table(shape: dict[str, Any], n_new: int) -> str:
+    rows = {r["engine"]: r for r in shape["engines"]}
+    base_hf = rows.get("transformers", {}).get("decode_tps") or 0.0
+    base_genai = rows.get("genai", {}).get("decode_tps") or 0.0
+    bound = shape["bound_decode_tps"]
+    head = (
+        f"{'engine':<13}{'prefill tok/s':>14}{'decode tok/s':>14}{'x HF':>7}{'x genai':>9}"
+        f"{'% bound':>9}{'same tokens':>13}  note"
+    )
+    lines = [
+        f"{shape['title']} ({shape['parameters'] / 1e6:.1f}M params, "
+        f"{shape['weight_bytes_per_token'] / 2**20:.0f} MiB of fp32 weights read per token)",
+        head,
+        "-" * len(head),
+    ]
+    for name in ("edgespec", "transformers", "genai"):
+        r = rows.get(name)
+        if r is None:
+            continue
+        if r["status"] != "ok":
+            lines.append(f"{name:<13}{'-':>14}{'-':>14}{'':>7}{'':>9}{'':>9}{'':>13}  "
+                         f"{r['status']}: {r['message'][:160]}")  # fmt: skip
+            continue
+        d = r["decode_tps"]
+        x_hf = f"{d / base_hf:.2f}" if base_hf else "-"
+        x_genai = f"{d / base_genai:.2f}" if base_genai else "-"
+        same = f"{r['same_tokens']}/{n_new}" if r["same_tokens"] is not None else "n/a"
+        lines.append(
+            f"{name:<13}{r['prefill_tps']:>14.1f}{d:>14.2f}{x_hf:>7}{x_genai:>9}"
+            f"{100 * d / bound:>8.0f}%{same:>13}  {r['message']}"
+        )
+    lines.append(
+        f"{'bound':<13}{'':>14}{bound:>14.2f}{'':>7}{'':>9}{'100%':>9}{'':>13}  "
+        f"weights / copy bandwidth"
+    )
+    return "\n".join(lines)
+
+
+def versions() -> dict[str, str]:
+    from importlib import metadata
+
+    out = {"python": platform.python_version()}
+    for dist in ("numpy", "torch", "transformers", "onnxruntime", "onnxruntime-genai", "edgespec"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[dist] = "-"
+    return out
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--shapes", default=",".join(SHAPES), help="comma list of: " + ", ".join(SHAPES))
+    p.add_argument(
+        "--engines", default=",".join(ENGINES), help="comma list of: " + ", ".join(ENGINES)
+    )
+    p.add_argument("--threads", type=int, default=2, help="intra-op threads for every engine")
+    p.add_argument("--new-tokens", type=int, default=64, help="N new tokens per generation")
+    p.add_argument("--prompt-len", type=int, default=64, help="prompt length in tokens")
+    p.add_argument("--warmup", type=int, default=1, help="untimed generations first")
+    p.add_argument("--repeats", type=int, default=3, help="timed generations")
+    p.add_argument("--stat", choices=("median", "best"), default="median")
+    p.add_argument("--seed", type=int, default=0, help="torch seed for weights; numpy for prompt")
+    p.add_argument(
+        "--cache",
+        type=Path,
+        default=Path(os.environ.get("EDGESPEC_BENCH_CACHE", "~/.cache/edgespec-bench")),
+        help="where checkpoints and exported models are kept (default ~/.cache/edgespec-bench)",
+    )
+    p.add_argument(
+        "--rebuild",
+        default="",
+        help="comma list of cached artifacts to rebuild: checkpoint, edgespec, genai",
+    )
+    p.add_argument(
+        "--genai-python",
+        default=None,
+        help="interpreter of a venv with onnxruntime-genai (+ onnx-ir, torch, transformers); "
+        "genai is then exported and measured in a subprocess of it",
+    )
+    p.add_argument("--bw-bytes", type=int, default=1 << 30, help="buffer size for the copy test")
+    p.add_argument("--json", type=Path, default=None, help="also write all results here")
+    p.add_argument("--genai-worker", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.genai_worker:
+        return args
+    args.cache = args.cache.expanduser()
+    args.shapes = [s for s in args.shapes.split(",") if s]
+    args.engines = [e for e in args.engines.split(",") if e]
+    args.rebuild = [r for r in args.rebuild.split(",") if r]
+    for s in args.shapes:
+        if s not in SHAPES:
+            p.error(f"unknown shape {s!r}; choose from {', '.join(SHAPES)}")
+    for e in args.engines:
+        if e not in ENGINES:
+            p.error(f"unknown engine {e!r}; choose from {', '.join(ENGINES)}")
+    for r in args.rebuild:
+        if r not in ("checkpoint", "edgespec", "genai"):
+            p.error(f"unknown --rebuild item {r!r}; choose from checkpoint, edgespec, genai")
+    if args.new_tokens < 2:
+        p.error("--new-tokens must be at least 2 (one prefill token + decode)")
+    if args.repeats < 1:
+        p.error("--repeats must be at least 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.genai_worker:
+        genai_worker(args.genai_worker)
+        return 0
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing here may touch the network
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    args.cache.mkdir(parents=True, exist_ok=True)
+    log("measuring copy bandwidth")
+    bandwidth = copy_bandwidth(args.bw_bytes)
+    meta = {
+        "threads": args.threads,
+        "new_tokens": args.new_tokens,
+        "prompt_len": args.prompt_len,
+        "warmup": args.warmup,
+        "repeats": args.repeats,
+        "stat": args.stat,
+        "seed": args.seed,
+        "copy_bandwidth_bytes_per_s": bandwidth,
+        "cpu": cpu_name(),
+        "cpu_count": os.cpu_count(),
+        "versions": versions(),
+        "genai_mode": (
+            f"subprocess: {args.genai_python}"
+            if args.genai_python
+            else ("in-process" if genai_in_process() else "unavailable")
+        ),
+    }
+    shapes = [bench_shape(s, args, bandwidth) for s in args.shapes]
+    print(
+        f"\ngreedy fp32 CPU, {args.threads} threads, prompt {args.prompt_len} tokens, "
+        f"{args.new_tokens} new tokens, {args.stat} of {args.repeats} (+{args.warmup} warm-up); "
+        f"copy bandwidth {bandwidth / 1e9:.1f} GB/s (read+write); {meta['cpu']}"
+    )
+    for shape in shapes:
+        print()
+        print(format_table(shape, args.new_tokens))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"meta": meta, "shapes": shapes}, indent=2))
+        print(f"\nwrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

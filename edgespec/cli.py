@@ -1,0 +1,286 @@
+"""`edgespec` command line: a thin layer over `edgespec.export` and `edgespec.load`.
+
+Every expected failure (bad bundle, bad option, bad prompt, missing device) is printed as
+one `Error:` line with the fix, exit status 1; never a traceback.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from functools import wraps
+from pathlib import Path
+from typing import Any
+
+import click
+
+from edgespec import __version__
+
+DEMO_MODEL = "builtin:tiny-llama"
+
+
+def _friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Turn edgespec's own errors into a one-line message instead of a traceback."""
+
+    @wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        from edgespec.bundle import BundleError
+        from edgespec.devices import DeviceError
+        from edgespec.runtime.tokenizer import TokenizerError
+
+        expected: tuple[type[Exception], ...] = (BundleError, DeviceError, TokenizerError)
+        try:
+            from edgespec.runtime.model import InputError
+
+            expected += (InputError,)
+        except ImportError:
+            pass
+        try:
+            return fn(*args, **kwargs)
+        except expected as e:
+            raise click.ClickException(str(e)) from None
+        except KeyboardInterrupt:
+            click.echo("\ninterrupted", err=True)
+            sys.exit(130)
+
+    return run
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="edgespec")
+def main() -> None:
+    """Fast, lossless on-device LLM decoding on onnxruntime."""
+
+
+@main.command()
+@click.argument("model")
+@click.option("--out", "-o", required=True, type=click.Path(file_okay=False), help="Bundle folder.")
+@click.option("--draft", help="A separate draft model (same tokenizer) exported into the bundle.")
+@click.option(
+    "--exit-layers", default="", help="Early-exit layers for head@k/tail@k pairs, e.g. 2,4."
+)
+@click.option("--dtype", type=click.Choice(["fp32", "fp16"]), default="fp32", show_default=True)
+@click.option("--quantize", type=click.Choice(["int8"]), default=None, help="Weight-only int8.")
+@click.option("--revision", default=None, help="Hub revision (branch, tag or commit).")
+@click.option("--no-verify", is_flag=True, help="Skip the check against transformers.")
+@click.option("--overwrite", is_flag=True, help="Replace an existing bundle in --out.")
+@_friendly
+def export(
+    model: str,
+    out: str,
+    draft: str | None,
+    exit_layers: str,
+    dtype: str,
+    quantize: str | None,
+    revision: str | None,
+    no_verify: bool,
+    overwrite: bool,
+) -> None:
+    """Export MODEL (a local checkpoint folder, a hub id, or builtin:tiny-llama) to a bundle."""
+    try:
+        from edgespec.export import ExportError, export_bundle
+    except ImportError as e:
+        raise click.ClickException(
+            f"export needs the [export] extra ({e.name} is missing): pip install 'edgespec[export]'"
+        ) from None
+    try:
+        layers = [int(k) for k in exit_layers.split(",") if k.strip()]
+    except ValueError:
+        raise click.BadParameter(
+            f"{exit_layers!r} is not a comma-separated list of layer numbers",
+            param_hint="--exit-layers",
+        ) from None
+    try:
+        manifest = export_bundle(
+            model,
+            out,
+            draft=draft,
+            exit_layers=layers,
+            dtype=dtype,
+            quantize=quantize,
+            revision=revision,
+            verify=not no_verify,
+            overwrite=overwrite,
+        )
+    except ExportError as e:
+        raise click.ClickException(str(e)) from None
+    click.echo(f"wrote {out}: {', '.join(manifest.roles)}")
+
+
+@main.command()
+@click.argument("bundle", type=click.Path())
+@click.option("--prompt", "-p", required=True, help="Prompt text.")
+@click.option("--max-new-tokens", "-n", default=128, show_default=True, type=int)
+@click.option("--temperature", "-t", default=0.0, show_default=True, type=float, help="0 = greedy.")
+@click.option("--top-p", default=1.0, show_default=True, type=float)
+@click.option("--top-k", default=0, show_default=True, type=int, help="0 = off.")
+@click.option("--seed", default=None, type=int, help="Seed for sampling.")
+@click.option("--stream/--no-stream", default=True, show_default=True, help="Print as produced.")
+@click.option("--stats", is_flag=True, help="Print prefill/decode speed to stderr.")
+@click.option(
+    "--device", default="cpu", show_default=True, help="cpu, cuda, dml, coreml, ... or auto."
+)
+@click.option("--threads", default=None, type=int, help="Intra-op threads (default: all cores).")
+@click.option("--ignore-eos", is_flag=True, help="Keep going past end-of-sequence tokens.")
+@_friendly
+def generate(
+    bundle: str,
+    prompt: str,
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float,
+    top_k: int,
+    seed: int | None,
+    stream: bool,
+    stats: bool,
+    device: str,
+    threads: int | None,
+    ignore_eos: bool,
+) -> None:
+    """Generate text from BUNDLE."""
+    _generate(
+        bundle,
+        prompt,
+        max_new_tokens,
+        dict(
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            seed=seed,
+            ignore_eos=ignore_eos,
+        ),
+        stream,
+        stats,
+        device,
+        threads,
+    )
+
+
+def _generate(
+    bundle: str,
+    prompt: str,
+    max_new_tokens: int,
+    sampling: dict[str, Any],
+    stream: bool,
+    stats: bool,
+    device: str,
+    threads: int | None,
+) -> None:
+    import edgespec
+    from edgespec.runtime.generate import GenerationStats
+
+    model = edgespec.load(bundle, device=device, threads=threads)
+    totals = GenerationStats()
+    pieces: list[str] = []
+    finish = "length"
+    for chunk in model.stream(prompt, max_new_tokens=max_new_tokens, **sampling):
+        totals.add(chunk.stats)
+        finish = chunk.finish_reason or finish
+        if stream:
+            click.echo(chunk.text, nl=False)
+        else:
+            pieces.append(chunk.text)
+    click.echo("" if stream else "".join(pieces))
+    if stats:
+        click.echo(
+            f"prefill: {totals.prompt_tokens} tokens, {totals.prefill_tokens_per_s:.1f} tok/s | "
+            f"decode: {totals.decode_tokens} tokens, {totals.decode_tokens_per_s:.1f} tok/s | "
+            f"finish: {finish}",
+            err=True,
+        )
+
+
+@main.command()
+@click.option("--prompt", "-p", default="def fibonacci(n):", show_default=True)
+@click.option("--max-new-tokens", "-n", default=48, show_default=True, type=int)
+@click.option("--threads", default=None, type=int)
+@_friendly
+def demo(prompt: str, max_new_tokens: int, threads: int | None) -> None:
+    """Export the built-in tiny model (random weights, no download) and generate from it."""
+    from edgespec.export import export_bundle
+    from edgespec.export.builtin import cache_dir
+
+    bundle = cache_dir() / "bundles" / DEMO_MODEL.split(":")[1]
+    if not (bundle / "manifest.json").exists():
+        export_bundle(DEMO_MODEL, bundle, exit_layers=[2], overwrite=True)
+    click.echo(f"bundle: {bundle}  (random weights: the text is gibberish)", err=True)
+    _generate(str(bundle), prompt, max_new_tokens, {}, True, True, "cpu", threads)
+
+
+@main.command()
+@click.argument("bundle", type=click.Path())
+@_friendly
+def inspect(bundle: str) -> None:
+    """Show what a bundle holds."""
+    from edgespec.bundle import load_manifest
+
+    m = load_manifest(bundle)
+    t = m.target
+    rows = [
+        (
+            "source",
+            f"{m.source['model']}"
+            + (f" @ {m.source['revision']}" if m.source.get("revision") else ""),
+        ),
+        ("architecture", f"{t.architecture} ({t.model_type})"),
+        ("layers / hidden", f"{t.num_layers} / {t.hidden_size}"),
+        ("heads / kv heads / head dim", f"{t.num_heads} / {t.num_kv_heads} / {t.head_dim}"),
+        ("vocab / context", f"{t.vocab_size} / {t.max_position_embeddings}"),
+        ("tied embeddings", str(t.tie_word_embeddings)),
+        ("dtype / quantization", f"{m.dtype} / {m.quantization or 'none'}"),
+        ("tokenizer", ", ".join(m.tokenizer_files)),
+        ("bos / eos", f"{m.bos_token_id} / {m.eos_token_ids}"),
+        ("backbone fingerprint", m.backbone_fingerprint[:23] + "..."),
+        ("schema / made by", f"{m.schema_version} / {m.created_by}"),
+    ]
+    if m.draft:
+        d = m.draft
+        rows.append(
+            (
+                "draft",
+                f"{m.draft_source and m.draft_source['model']}: {d.num_layers} layers, "
+                f"hidden {d.hidden_size}",
+            )
+        )
+    if "export_check" in m.extra:
+        c = m.extra["export_check"]
+        rows.append(
+            (
+                "export check",
+                f"max |logit diff| {c['max_abs_logit_diff']:.2e}, "
+                f"argmax agreement {c['argmax_agreement']:.0%}",
+            )
+        )
+    width = max(len(k) for k, _ in rows)
+    for k, v in rows:
+        click.echo(f"{k:<{width}}  {v}")
+    click.echo("")
+    folder = Path(bundle)
+    header = f"{'role':<10} {'file':<16} {'layers':<8} {'MiB':>8}  inputs"
+    click.echo(header)
+    click.echo("-" * len(header))
+    for g in m.graphs:
+        size = (folder / g.file).stat().st_size / 2**20
+        layers = f"{g.kv_layers[0]}-{g.kv_layers[-1]}" if g.kv_layers else "-"
+        inputs = ", ".join(i.name for i in g.inputs if not i.name.startswith("past_"))
+        click.echo(f"{g.role:<10} {g.file:<16} {layers:<8} {size:>8.2f}  {inputs}, past KV")
+    weights = (folder / m.weights_file).stat().st_size / 2**20
+    click.echo(f"{'weights':<10} {m.weights_file:<16} {'shared':<8} {weights:>8.1f}")
+
+
+@main.command()
+def devices() -> None:
+    """List the devices (onnxruntime execution providers) this machine offers."""
+    import onnxruntime as ort
+
+    from edgespec.devices import SHORT_NAMES, available
+
+    here = set(available())
+    click.echo(f"onnxruntime {ort.__version__}")
+    for short, provider in SHORT_NAMES.items():
+        mark = "available" if short in here else "-"
+        click.echo(f"{short:<10} {provider:<28} {mark}")
+
+
+if __name__ == "__main__":
+    main()

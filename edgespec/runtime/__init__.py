@@ -1,0 +1,1 @@
+"""The runtime: bundle -> tokens, with numpy and onnxruntime only (never torch)."""

@@ -1,0 +1,66 @@
+"""Tiny random-weight checkpoints of each supported family, built and exported once per run.
+
+Nothing is downloaded: configs come from transformers, tokenizers are trained on the Python
+standard library's sources, weights are random with unit-scale activations (see
+`edgespec.export.builtin.randomize`) so greedy outputs are not degenerate.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+# Built-in checkpoints land in a per-run cache, never in the user's home.
+os.environ.setdefault("EDGESPEC_CACHE", str(Path(__file__).parent / ".cache"))
+
+SMALL = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    max_position_embeddings=256,
+)
+ARCHS = {
+    # name: (model_type, dims)
+    "llama-gqa-tied": ("llama", dict(SMALL, num_key_value_heads=2)),
+    "llama-untied": ("llama", dict(SMALL, num_key_value_heads=4, tie_word_embeddings=False)),
+    "qwen2": ("qwen2", dict(SMALL, num_key_value_heads=2)),
+    "gpt2": ("gpt2", dict(n_embd=64, n_layer=4, n_head=4, n_positions=256)),
+}
+EXIT_LAYER = 2
+
+
+@pytest.fixture(scope="session")
+def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    from edgespec.export.builtin import write_checkpoint
+
+    root = tmp_path_factory.mktemp("checkpoints")
+    out = {}
+    for name, (model_type, dims) in ARCHS.items():
+        dims = dict(dims)
+        tied = dims.pop("tie_word_embeddings", True)
+        out[name] = write_checkpoint(root / name, model_type, tie=tied, **dims)
+    return out
+
+
+@pytest.fixture(scope="session")
+def bundles(
+    checkpoints: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, Path]:
+    from edgespec.export import export_bundle
+
+    root = tmp_path_factory.mktemp("bundles")
+    out = {}
+    for name, ckpt in checkpoints.items():
+        out[name] = root / name
+        export_bundle(ckpt, out[name], exit_layers=[EXIT_LAYER], progress=False)
+    return out
+
+
+@pytest.fixture(scope="session")
+def hf_models(checkpoints: dict[str, Path]):
+    from transformers import AutoModelForCausalLM
+
+    return {n: AutoModelForCausalLM.from_pretrained(p).eval() for n, p in checkpoints.items()}

@@ -1,0 +1,65 @@
+"""The command line: export, generate, inspect, devices and the built-in demo."""
+
+from __future__ import annotations
+
+from click.testing import CliRunner
+
+from edgespec.cli import main
+
+
+def test_export_then_generate_with_stats_then_inspect(checkpoints, tmp_path):
+    runner = CliRunner()
+    out = tmp_path / "b"
+    r = runner.invoke(
+        main, ["export", str(checkpoints["gpt2"]), "--out", str(out), "--exit-layers", "1,3"]
+    )
+    assert r.exit_code == 0, r.output
+    assert "full, head@1, tail@1, head@3, tail@3" in r.output
+    r = runner.invoke(
+        main, ["generate", str(out), "-p", "def f(x):", "-n", "8", "--stats", "--ignore-eos"]
+    )
+    assert r.exit_code == 0, r.output
+    assert "prefill:" in r.stderr and "decode: 7 tokens" in r.stderr
+    r = runner.invoke(main, ["inspect", str(out)])
+    assert r.exit_code == 0 and "gpt2" in r.output and "tail@3" in r.output
+
+
+def test_generate_sampling_options_and_no_stream(bundles):
+    r = CliRunner().invoke(
+        main,
+        [
+            "generate",
+            str(bundles["qwen2"]),
+            "-p",
+            "a",
+            "-n",
+            "5",
+            "-t",
+            "0.8",
+            "--top-p",
+            "0.9",
+            "--seed",
+            "3",
+            "--no-stream",
+        ],
+    )
+    assert r.exit_code == 0, r.output
+
+
+def test_bad_exit_layers_option_is_explained(checkpoints, tmp_path):
+    r = CliRunner().invoke(
+        main,
+        ["export", str(checkpoints["gpt2"]), "-o", str(tmp_path / "x"), "--exit-layers", "two"],
+    )
+    assert r.exit_code == 2 and "not a comma-separated list" in r.output
+
+
+def test_devices_lists_cpu(bundles):
+    r = CliRunner().invoke(main, ["devices"])
+    assert r.exit_code == 0 and "CPUExecutionProvider" in r.output and "available" in r.output
+
+
+def test_demo_runs_offline_on_the_builtin_model():
+    r = CliRunner().invoke(main, ["demo", "-n", "6"])
+    assert r.exit_code == 0, r.output
+    assert "decode: 5 tokens" in r.stderr
