@@ -19,9 +19,11 @@ tokens in one run:
       other N - 1 `generate_next_token()` calls are the decode;
 * the memory-bandwidth bound: bytes of weights read per decoded token (every weight tensor
   except the embedding table, whose one-row gather is free, plus the LM head, which for
-  tied embeddings is that same table) divided by the machine's copy bandwidth (best of a few
-  `np.copyto` of a 1 GiB buffer, counted STREAM-style as bytes read + bytes written, i.e.
-  an optimistic figure) -> an upper bound on decode tokens/s. KV-cache reads are ignored.
+  tied embeddings is that same table) divided by the machine's memory bandwidth -> an upper
+  bound on decode tokens/s. Bandwidth: best of 5 over a 1 GiB buffer split across the same
+  T threads the engines get, max of a `np.copyto` (counted STREAM-style as bytes read +
+  bytes written) and a `np.sum` (bytes read); optimistic on purpose. (A single-threaded copy
+  alone gives a "bound" that genai beats with 2 threads.) KV-cache reads are ignored.
 * "same tokens": how many leading new tokens of each engine equal transformers' greedy
   tokens (random weights: tiny numeric differences may flip a late token, so it is
   reported, not asserted).
@@ -140,6 +142,7 @@ class EngineResult:
     tokens: list[int] = field(default_factory=list)
     runs: list[dict[str, Any]] = field(default_factory=list)
     elapsed_s: float = 0.0  # export (if not cached) + load + warm-up + repeats
+    other_cpu: float = 0.0  # mean cores kept busy by other processes meanwhile (noise)
 
 
 def measure(once: Callable[[], Run], warmup: int, repeats: int) -> list[Run]:
@@ -228,9 +231,24 @@ def train_tokenizer(cache: Path) -> Path:
     return path
 
 
+def padded_tokenizer(path: Path, vocab_size: int) -> Any:
+    """The trained tokenizer with placeholder entries up to the model's vocab size.
+
+    Random weights happily emit ids above the trained vocab; `<unused_ID>` entries (reachable
+    by no merge, so encoding is unchanged) let every engine's detokenizer handle them.
+    """
+    from tokenizers import Tokenizer
+
+    spec = json.loads(path.read_text(encoding="utf-8"))
+    vocab: dict[str, int] = spec["model"]["vocab"]
+    for i in range(len(vocab), vocab_size):
+        vocab[f"<unused_{i}>"] = i
+    return Tokenizer.from_str(json.dumps(spec))
+
+
 def shape_slug(shape: str, seed: int) -> str:
     cls, kwargs = SHAPES[shape]
-    return f"{shape}-seed{seed}-{_digest([cls, kwargs, TOKENIZER_VOCAB, 'v1'])}"
+    return f"{shape}-seed{seed}-{_digest([cls, kwargs, TOKENIZER_VOCAB, 'v2'])}"
 
 
 def build_checkpoint(shape: str, seed: int, cache: Path, rebuild: bool) -> Path:
@@ -241,7 +259,6 @@ def build_checkpoint(shape: str, seed: int, cache: Path, rebuild: bool) -> Path:
         return folder
     import torch
     import transformers
-    from tokenizers import Tokenizer
 
     tok_path = train_tokenizer(cache)
     shutil.rmtree(folder, ignore_errors=True)
@@ -255,7 +272,7 @@ def build_checkpoint(shape: str, seed: int, cache: Path, rebuild: bool) -> Path:
     del model
     gc.collect()
     fast = transformers.PreTrainedTokenizerFast(
-        tokenizer_object=Tokenizer.from_file(str(tok_path)),
+        tokenizer_object=padded_tokenizer(tok_path, config.vocab_size),
         bos_token=EOS_TOKEN,
         eos_token=EOS_TOKEN,
         pad_token=EOS_TOKEN,
@@ -294,18 +311,33 @@ def prompt_ids(seed: int, length: int) -> list[int]:
 
 
 # --------------------------------------------------------------------------- bandwidth
-def copy_bandwidth(nbytes: int, repeats: int = 5) -> float:
-    """Best-of-`repeats` copy bandwidth in bytes/s, counting read + write (STREAM 'copy')."""
-    src = np.ones(nbytes // 8, dtype=np.float64)
+def memory_bandwidth(nbytes: int, threads: int, repeats: int = 5) -> dict[str, float]:
+    """Best-of-`repeats` bandwidths in bytes/s over an `nbytes` buffer split across `threads`
+    Python threads (numpy drops the GIL), so the test uses as many cores as the engines:
+
+    * copy: `np.copyto`, counted STREAM-style as bytes read + bytes written;
+    * read: `np.sum` (a pure streaming read, no BLAS threads involved).
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    src = np.ones(nbytes // 4, dtype=np.float32)
     dst = np.empty_like(src)
     np.copyto(dst, src)  # touch every page first
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        np.copyto(dst, src)
-        best = min(best, time.perf_counter() - start)
-    del src, dst
-    return 2 * nbytes / best
+    edges = np.linspace(0, src.size, threads + 1, dtype=np.int64)
+    parts = list(zip(edges[:-1], edges[1:], strict=True))
+
+    def best(work: Callable[[int, int], object]) -> float:
+        fastest = float("inf")
+        with ThreadPoolExecutor(threads) as pool:
+            for _ in range(repeats):
+                start = time.perf_counter()
+                list(pool.map(lambda ab: work(*ab), parts))
+                fastest = min(fastest, time.perf_counter() - start)
+        return fastest
+
+    copy = 2 * nbytes / best(lambda a, b: np.copyto(dst[a:b], src[a:b]))
+    read = nbytes / best(lambda a, b: src[a:b].sum())
+    return {"copy": copy, "read": read, "bound": max(copy, read)}
 
 
 # --------------------------------------------------------------------------- engines
@@ -528,6 +560,7 @@ def bench_shape(shape: str, args: argparse.Namespace, bandwidth: float) -> dict[
     for engine in [e for e in ("transformers", "edgespec", "genai") if e in args.engines]:
         result = results[engine] = EngineResult(engine)
         start = time.perf_counter()
+        monitor = CpuMonitor()
         try:
             runs = run_engine(engine, folder, prompt, args, rebuild)
         except EngineSkipped as e:
@@ -539,6 +572,10 @@ def bench_shape(shape: str, args: argparse.Namespace, bandwidth: float) -> dict[
             log(f"[{shape}] {engine}: error\n{traceback.format_exc()}")
             continue
         result.elapsed_s = time.perf_counter() - start
+        result.other_cpu = monitor.other_cores()
+        if result.other_cpu > 0.2:
+            note = f"other jobs used {result.other_cpu:.1f} cores meanwhile"
+            result.message = f"{result.message}; {note}" if result.message else note
         summarize(result, runs, args.stat, n_new)
         log(
             f"[{shape}] {engine}: prefill {result.prefill_tps:.1f} tok/s, "
@@ -656,7 +693,7 @@ def format_table(shape: dict[str, Any], n_new: int) -> str:
         )
     lines.append(
         f"{'bound':<13}{'':>14}{bound:>14.2f}{'':>7}{'':>9}{'100%':>9}{'':>13}  "
-        f"weights / copy bandwidth"
+        f"weights read per token / max(copy, read) bandwidth"
     )
     return "\n".join(lines)
 
@@ -681,6 +718,41 @@ def cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or "unknown"
+
+
+class CpuMonitor:
+    """CPU time the rest of the machine used since construction (ours and our children's
+    excluded), from /proc/stat; steal time counts as used by others."""
+
+    def __init__(self) -> None:
+        self.wall, self.busy, self.own = time.perf_counter(), self._busy(), self._own()
+
+    @staticmethod
+    def _busy() -> float:
+        try:
+            fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+        except OSError:
+            return float("nan")
+        user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, fields[:8])
+        return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+    @staticmethod
+    def _own() -> float:
+        t = os.times()
+        return t.user + t.system + t.children_user + t.children_system
+
+    def other_cores(self) -> float:
+        wall = time.perf_counter() - self.wall
+        other = (self._busy() - self.busy) - (self._own() - self.own)
+        return max(0.0, other / wall) if wall > 0 else 0.0
+
+
+def loadavg() -> float:
+    """The 1-minute load average (other jobs on the machine skew every number)."""
+    try:
+        return float(Path("/proc/loadavg").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return float("nan")
 
 
 def log(message: str) -> None:
@@ -751,8 +823,12 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing here may touch the network
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     args.cache.mkdir(parents=True, exist_ok=True)
-    log("measuring copy bandwidth")
-    bandwidth = copy_bandwidth(args.bw_bytes)
+    load_start = loadavg()
+    if load_start > 0.5:
+        log(f"warning: load average is {load_start:.2f} before starting; numbers will be noisy")
+    log("measuring memory bandwidth")
+    bw = memory_bandwidth(args.bw_bytes, args.threads)
+    bandwidth = bw["bound"]
     meta = {
         "threads": args.threads,
         "new_tokens": args.new_tokens,
@@ -761,7 +837,9 @@ def main(argv: list[str] | None = None) -> int:
         "repeats": args.repeats,
         "stat": args.stat,
         "seed": args.seed,
-        "copy_bandwidth_bytes_per_s": bandwidth,
+        "copy_bandwidth_bytes_per_s": bw["copy"],  # read + write
+        "read_bandwidth_bytes_per_s": bw["read"],
+        "bound_bandwidth_bytes_per_s": bandwidth,
         "cpu": cpu_name(),
         "cpu_count": os.cpu_count(),
         "versions": versions(),
@@ -772,10 +850,13 @@ def main(argv: list[str] | None = None) -> int:
         ),
     }
     shapes = [bench_shape(s, args, bandwidth) for s in args.shapes]
+    meta["load_average_start_end"] = [load_start, loadavg()]
     print(
         f"\ngreedy fp32 CPU, {args.threads} threads, prompt {args.prompt_len} tokens, "
         f"{args.new_tokens} new tokens, {args.stat} of {args.repeats} (+{args.warmup} warm-up); "
-        f"copy bandwidth {bandwidth / 1e9:.1f} GB/s (read+write); {meta['cpu']}"
+        f"memory bandwidth ({args.threads} threads): copy {bw['copy'] / 1e9:.1f} GB/s "
+        f"(read+write), read {bw['read'] / 1e9:.1f} GB/s; {meta['cpu']}; "
+        f"load average {load_start:.2f} at start, {meta['load_average_start_end'][1]:.2f} at end"
     )
     for shape in shapes:
         print()

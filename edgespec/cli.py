@@ -15,6 +15,7 @@ from typing import Any
 import click
 
 from edgespec import __version__
+from edgespec.runtime.model import MODES
 
 DEMO_MODEL = "builtin:tiny-llama"
 
@@ -116,60 +117,45 @@ def export(
 @click.option("--top-k", default=0, show_default=True, type=int, help="0 = off.")
 @click.option("--seed", default=None, type=int, help="Seed for sampling.")
 @click.option("--stream/--no-stream", default=True, show_default=True, help="Print as produced.")
-@click.option("--stats", is_flag=True, help="Print prefill/decode speed to stderr.")
-@click.option(
-    "--device", default="cpu", show_default=True, help="cpu, cuda, dml, coreml, ... or auto."
-)
+@click.option("--stats", is_flag=True, help="Print speed and speculation stats to stderr.")
+@click.option("--device", default="cpu", show_default=True, help="cpu, cuda, dml, ... or auto.")
 @click.option("--threads", default=None, type=int, help="Intra-op threads (default: all cores).")
 @click.option("--ignore-eos", is_flag=True, help="Keep going past end-of-sequence tokens.")
+@click.option(
+    "--mode",
+    type=click.Choice(MODES),
+    default="ar",
+    show_default=True,
+    help="ar, spec (draft model), self-spec (early exit), lookup (prompt lookup).",
+)
+@click.option(
+    "--draft-policy",
+    default=None,
+    help="fixed:N | confidence:T | acceptance | dynamic-exit (default acceptance).",
+)
+@click.option("--exit-layer", default=None, type=int, help="Exit layer for self-spec.")
+@click.option("--lookup", is_flag=True, help="Try prompt lookup before the model drafter.")
 @_friendly
-def generate(
-    bundle: str,
-    prompt: str,
-    max_new_tokens: int,
-    temperature: float,
-    top_p: float,
-    top_k: int,
-    seed: int | None,
-    stream: bool,
-    stats: bool,
-    device: str,
-    threads: int | None,
-    ignore_eos: bool,
-) -> None:
+def generate(bundle: str, prompt: str, max_new_tokens: int, **options: Any) -> None:
     """Generate text from BUNDLE."""
-    _generate(
-        bundle,
-        prompt,
-        max_new_tokens,
-        dict(
-            temperature=temperature,
-            top_p=top_p,
-            top_k=top_k,
-            seed=seed,
-            ignore_eos=ignore_eos,
-        ),
-        stream,
-        stats,
-        device,
-        threads,
-    )
+    import edgespec
+
+    sampling = {k: options.pop(k) for k in ("temperature", "top_p", "top_k", "seed", "ignore_eos")}
+    stream, stats = options.pop("stream"), options.pop("stats")
+    model = edgespec.load(bundle, **options)
+    _generate(model, prompt, max_new_tokens, sampling, stream, stats)
 
 
 def _generate(
-    bundle: str,
+    model: Any,
     prompt: str,
     max_new_tokens: int,
     sampling: dict[str, Any],
     stream: bool,
     stats: bool,
-    device: str,
-    threads: int | None,
 ) -> None:
-    import edgespec
     from edgespec.runtime.generate import GenerationStats
 
-    model = edgespec.load(bundle, device=device, threads=threads)
     totals = GenerationStats()
     pieces: list[str] = []
     finish = "length"
@@ -182,12 +168,23 @@ def _generate(
             pieces.append(chunk.text)
     click.echo("" if stream else "".join(pieces))
     if stats:
-        click.echo(
-            f"prefill: {totals.prompt_tokens} tokens, {totals.prefill_tokens_per_s:.1f} tok/s | "
-            f"decode: {totals.decode_tokens} tokens, {totals.decode_tokens_per_s:.1f} tok/s | "
-            f"finish: {finish}",
-            err=True,
+        click.echo(format_stats(totals, finish), err=True)
+
+
+def format_stats(s: Any, finish: str) -> str:
+    line = (
+        f"prefill: {s.prompt_tokens} tokens, {s.prefill_tokens_per_s:.1f} tok/s | "
+        f"decode: {s.decode_tokens} tokens, {s.decode_tokens_per_s:.1f} tok/s | finish: {finish}"
+    )
+    if s.drafted:
+        lengths = " ".join(f"{k}:{v}" for k, v in sorted(s.accepted_lengths.items()))
+        line += (
+            f"\nspeculation: {s.rounds} rounds, drafted {s.drafted}, accepted {s.accepted} "
+            f"({s.acceptance_rate:.0%}), mean accepted {s.mean_accepted:.2f}/round, "
+            f"drafting {s.draft_seconds:.2f}s vs verifying {s.verify_seconds:.2f}s | "
+            f"accepted-length histogram {lengths}"
         )
+    return line
 
 
 @main.command()
@@ -204,7 +201,9 @@ def demo(prompt: str, max_new_tokens: int, threads: int | None) -> None:
     if not (bundle / "manifest.json").exists():
         export_bundle(DEMO_MODEL, bundle, exit_layers=[2], overwrite=True)
     click.echo(f"bundle: {bundle}  (random weights: the text is gibberish)", err=True)
-    _generate(str(bundle), prompt, max_new_tokens, {}, True, True, "cpu", threads)
+    import edgespec
+
+    _generate(edgespec.load(bundle, threads=threads), prompt, max_new_tokens, {}, True, True)
 
 
 @main.command()

@@ -64,3 +64,36 @@ def hf_models(checkpoints: dict[str, Path]):
     from transformers import AutoModelForCausalLM
 
     return {n: AutoModelForCausalLM.from_pretrained(p).eval() for n, p in checkpoints.items()}
+
+
+DRAFT_FOR = {
+    "llama-gqa-tied": "qwen2",
+    "llama-untied": "llama-gqa-tied",
+    "qwen2": "gpt2",
+    "gpt2": "llama-gqa-tied",
+}
+SPEC_EXITS = [1, 2, 3]
+
+
+@pytest.fixture(scope="session")
+def spec_bundles(checkpoints: dict[str, Path], tmp_path_factory) -> dict[str, Path]:
+    """Per architecture: a bundle with a separate draft (another random model with the same
+    tokenizer, so drafts are often rejected) and exits at layers 1, 2, 3; plus "self-draft",
+    whose draft is the target itself (every draft accepted: the bonus-token path)."""
+    from edgespec.export import export_bundle
+
+    root = tmp_path_factory.mktemp("spec_bundles")
+    out = {}
+    for name, ckpt in checkpoints.items():
+        out[name] = root / name
+        export_bundle(
+            ckpt,
+            out[name],
+            draft=checkpoints[DRAFT_FOR[name]],
+            exit_layers=SPEC_EXITS,
+            progress=False,
+        )
+    ckpt = checkpoints["qwen2"]
+    out["self-draft"] = root / "self-draft"
+    export_bundle(ckpt, out["self-draft"], draft=ckpt, progress=False)
+    return out

@@ -63,3 +63,42 @@ def test_demo_runs_offline_on_the_builtin_model():
     r = CliRunner().invoke(main, ["demo", "-n", "6"])
     assert r.exit_code == 0, r.output
     assert "decode: 5 tokens" in r.stderr
+
+
+def test_generate_speculative_mode_prints_speculation_stats(spec_bundles):
+    r = CliRunner().invoke(
+        main,
+        [
+            "generate",
+            str(spec_bundles["qwen2"]),
+            "-p",
+            "x = [1, 2, 3]",
+            "-n",
+            "12",
+            "--mode",
+            "self-spec",
+            "--draft-policy",
+            "dynamic-exit",
+            "--stats",
+            "--ignore-eos",
+        ],
+    )
+    assert r.exit_code == 0, r.output
+    assert "speculation:" in r.stderr and "accepted-length histogram" in r.stderr
+
+
+def test_bad_policy_is_one_error_line(spec_bundles):
+    r = CliRunner().invoke(
+        main,
+        [
+            "generate",
+            str(spec_bundles["qwen2"]),
+            "-p",
+            "x",
+            "--mode",
+            "spec",
+            "--draft-policy",
+            "fast",
+        ],
+    )
+    assert r.exit_code == 1 and "is not one of: fixed:N" in r.output

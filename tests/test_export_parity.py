@@ -39,8 +39,8 @@ def test_head_exit_logits_equal_norm_and_lm_head_of_layer_k(arch, bundles, hf_mo
     model = edgespec.load(bundles[arch], verifier=f"exit:{EXIT_LAYER}")
     head = model.target.stages[0]
     ids = np.random.default_rng(4).integers(0, 2048, 7)
-    cache = head.new_cache(16)
-    out = head.run(cache, input_ids=ids[None], keep=7)
+    model.target.reset(16)
+    out = head.run(model.target.cache, 0, input_ids=ids[None], keep=7)
     hf = hf_models[arch]
     with torch.no_grad():
         states = hf(torch.from_numpy(ids)[None], output_hidden_states=True).hidden_states

@@ -57,31 +57,43 @@ def builtin_checkpoint(name: str) -> Path:
     return folder
 
 
+_TRAINED: dict[int, str] = {}  # vocab size -> tokenizer.json text (training is the slow part)
+
+
 def train_tokenizer(folder: Path, vocab_size: int = VOCAB) -> None:
     """A GPT-2-style byte-level BPE trained on stdlib sources, saved as a fast tokenizer."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    texts = [p.read_text(errors="ignore") for p in sorted(stdlib.glob("*.py"))[:60]]
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=["<|endoftext|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(texts, trainer)
+    if vocab_size not in _TRAINED:
+        stdlib = Path(sysconfig.get_paths()["stdlib"])
+        texts = [p.read_text(errors="ignore") for p in sorted(stdlib.glob("*.py"))[:60]]
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(
+            vocab_size=vocab_size,
+            special_tokens=["<|endoftext|>"],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        )
+        tok.train_from_iterator(texts, trainer)
+        _TRAINED[vocab_size] = tok.to_str()
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token="<|endoftext|>", eos_token="<|endoftext|>"
+        tokenizer_object=Tokenizer.from_str(_TRAINED[vocab_size]),
+        bos_token="<|endoftext|>",
+        eos_token="<|endoftext|>",
     )
     fast.save_pretrained(str(folder))
 
 
 def write_checkpoint(
-    folder: Path, model_type: str, seed: int = 0, tie: bool = True, **dims: int
+    folder: Path,
+    model_type: str,
+    seed: int = 0,
+    tie: bool = True,
+    vocab_size: int = VOCAB,
+    **dims: int,
 ) -> Path:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -90,7 +102,7 @@ def write_checkpoint(
     train_tokenizer(folder)
     config = AutoConfig.for_model(
         model_type,
-        vocab_size=VOCAB,
+        vocab_size=vocab_size,
         bos_token_id=0,
         eos_token_id=0,
         tie_word_embeddings=tie,

@@ -30,6 +30,7 @@ class RoundStats:
     accepted: int = 0
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
+    exit_layer: int | None = None  # self-speculation: the exit layer that drafted
 
 
 @dataclass
@@ -106,7 +107,7 @@ def decode_ar(
     seconds = perf_counter() - start
     stats = RoundStats("prefill", 1, len(prompt), seconds, verify_seconds=seconds)
     while True:
-        finish = _finish_reason(token, produced, max_new_tokens, stop_ids, target.length, capacity)
+        finish = finish_reason(token, produced, max_new_tokens, stop_ids, target.length, capacity)
         yield Step([token], stats, finish)
         if finish:
             return
@@ -118,7 +119,7 @@ def decode_ar(
         stats = RoundStats("decode", 1, 1, seconds, verify_seconds=seconds)
 
 
-def _finish_reason(
+def finish_reason(
     token: int, produced: int, max_new: int, stop_ids: frozenset[int], length: int, capacity: int
 ) -> str | None:
     if token in stop_ids:

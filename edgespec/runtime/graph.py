@@ -3,7 +3,8 @@
 Takes a `GraphInfo` from the manifest, checks the ONNX file's real inputs and outputs against
 it (a mismatch is a `BundleError`), and runs calls of S new positions against a `KVCache`:
 the cache's buffers are bound as both past and present, so onnxruntime writes the new
-keys/values in place; the cache length moves only after a successful run.
+keys/values in place. Sessions of one model share one `KVCache` (buffers keyed by global
+layer index): head@k and tail@k, or several exits, each bind the layers they own.
 """
 
 from __future__ import annotations
@@ -59,30 +60,25 @@ class GraphSession:
         self.output_names = [o.name for o in graph.outputs if not o.name.startswith("present_")]
         self.takes_hidden = any(i.name == "hidden" for i in graph.inputs)
 
-    def new_cache(self, capacity: int) -> KVCache:
-        m = self.model
-        return KVCache.allocate(
-            self.graph.kv_layers, m.num_kv_heads, m.head_dim, capacity, self.kv_dtype
-        )
-
     def run(
         self,
         cache: KVCache,
+        past: int,
         *,
         input_ids: np.ndarray | None = None,
         hidden: np.ndarray | None = None,
         keep: int = 1,
     ) -> dict[str, np.ndarray]:
-        """Process S new positions ([1, S] ids, or [1, S, H] hidden states); keep the last
-        `keep` positions' logits. Advances `cache.length` by S on success only."""
+        """Process S new positions ([1, S] ids, or [1, S, H] hidden states) after `past`
+        cached ones, writing their keys/values into `cache` in place; return the outputs
+        (logits for the last `keep` positions). The caller owns the cache length."""
         new = input_ids if input_ids is not None else hidden
         assert new is not None
-        n_new = new.shape[1]
-        total = cache.length + n_new
+        total = past + new.shape[1]
         if total > cache.capacity:
             raise ValueError(f"KV cache full: {total} positions > capacity {cache.capacity}")
-        if not 0 <= keep <= n_new:
-            raise ValueError(f"keep={keep} must be between 0 and the {n_new} new positions")
+        if not 0 <= keep <= new.shape[1]:
+            raise ValueError(f"keep={keep} must be between 0 and the {new.shape[1]} new positions")
         io = self.session.io_binding()
         if self.takes_hidden:
             io.bind_cpu_input("hidden", np.ascontiguousarray(hidden, dtype=self.kv_dtype))
@@ -99,7 +95,6 @@ class GraphSession:
                 io.bind_ortvalue_input(f"past_{kind}.{i}", buffer)
                 io.bind_ortvalue_output(f"present_{kind}.{i}", buffer)
         self.session.run_with_iobinding(io)
-        cache.length = total
         outputs = io.get_outputs()
         return {name: outputs[j].numpy() for j, name in enumerate(self.output_names)}
 

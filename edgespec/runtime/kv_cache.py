@@ -2,7 +2,8 @@
 
 The graphs' GroupQueryAttention reads `past_*` and writes the new positions of `present_*`
 in place when both are bound to the same buffer, so a decode step never copies the cache,
-and rejecting drafted tokens is `truncate(n)`: lowering the length, never a copy.
+and rejecting drafted tokens is `truncate(n)`: lowering the length, never a copy. One cache
+holds every layer of one model; `length` is the number of positions valid in all layers.
 """
 
 from __future__ import annotations

@@ -17,9 +17,12 @@ import numpy as np
 
 from edgespec.bundle import BundleError, Manifest, load_manifest
 from edgespec.devices import providers_for
+from edgespec.runtime.drafters import DraftModelDrafter, EarlyExitDrafter, LookupDrafter
 from edgespec.runtime.generate import GenerationStats, RoundStats, decode_ar
 from edgespec.runtime.graph import GraphSession, session_options
+from edgespec.runtime.policies import DraftLengthPolicy, DynamicExit, make_policy
 from edgespec.runtime.sampling import SamplingParams
+from edgespec.runtime.speculative import Drafter, decode_speculative
 from edgespec.runtime.target import Target
 from edgespec.runtime.tokenizer import Tokenizer
 
@@ -49,47 +52,94 @@ class Generation:
     stats: GenerationStats = field(default_factory=GenerationStats)
 
 
+MODES = ("ar", "spec", "self-spec", "lookup")
+
+
 class Model:
-    def __init__(self, folder: Path, manifest: Manifest, target: Target, tokenizer: Tokenizer):
+    def __init__(
+        self,
+        folder: Path,
+        manifest: Manifest,
+        target: Target,
+        tokenizer: Tokenizer,
+        mode: str = "ar",
+        drafter: Drafter | None = None,
+        policy: DraftLengthPolicy | None = None,
+    ) -> None:
         self.folder, self.manifest, self.target, self.tokenizer = (
             folder,
             manifest,
             target,
             tokenizer,
         )
+        self.mode, self.drafter, self.policy = mode, drafter, policy
 
     @classmethod
     def load(
         cls,
         bundle: str | os.PathLike,
         *,
+        mode: str = "ar",
+        draft_policy: str | None = None,
+        exit_layer: int | None = None,
+        lookup: bool = False,
         device: str = "cpu",
         threads: int | None = None,
         verifier: str = "full",
     ) -> Model:
-        """Open a bundle. `verifier` is "full" or "exit:K" (head@K + tail@K back to back)."""
+        """Open a bundle for decoding.
+
+        mode: "ar" | "spec" (the bundle's draft model) | "self-spec" (early exit at
+        `exit_layer`, default the deepest exported; "dynamic-exit" policy picks per round) |
+        "lookup" (prompt lookup). `lookup=True` adds prompt lookup in front of the spec or
+        self-spec drafter. draft_policy: "fixed:N" | "confidence:T" | "acceptance" |
+        "dynamic-exit" (default "acceptance"). verifier: "full" or "exit:K" (head@K then
+        tail@K) for ar/spec/lookup.
+        """
         folder = Path(bundle)
         manifest = load_manifest(folder)
-        providers = providers_for(device)
-        options = session_options(threads)
-        kv_dtype = np.dtype(np.float16 if manifest.dtype == "fp16" else np.float32)
+        if mode not in MODES:
+            raise InputError(f"mode {mode!r} is not one of: {', '.join(MODES)}")
+        open_graph = _graph_opener(folder, manifest, device, threads)
+        exits = manifest.exit_layers
+        if mode == "self-spec":
+            if not exits:
+                raise InputError(
+                    "self-spec needs early-exit graphs: re-export with `--exit-layers K`"
+                )
+            k = exit_layer if exit_layer is not None else exits[-1]
+            if k not in exits:
+                raise InputError(f"exit layer {k} is not in this bundle (it has {exits})")
+            verifier = f"exit:{k}"
         if verifier == "full":
-            roles = ["full"]
+            stages = [open_graph("full")]
         elif verifier.startswith("exit:") and verifier[5:].isdigit():
-            k = verifier[5:]
-            roles = [f"head@{k}", f"tail@{k}"]
+            stages = [open_graph(f"head@{verifier[5:]}"), open_graph(f"tail@{verifier[5:]}")]
         else:
             raise InputError(f"verifier {verifier!r} is not one of: full, exit:K")
-        stages = []
-        for role in roles:
-            graph = manifest.graph(role)
-            stages.append(
-                GraphSession(
-                    folder, graph, manifest.model_info(graph), providers, options, kv_dtype
-                )
-            )
+        target = Target(stages)
         tokenizer = Tokenizer.from_dir(folder)
-        return cls(folder, manifest, Target(stages), tokenizer)
+        if mode == "ar":
+            if lookup or draft_policy:
+                raise InputError("mode 'ar' drafts nothing: drop --lookup/--draft-policy")
+            return cls(folder, manifest, target, tokenizer)
+        drafter: Drafter | None = None
+        if mode == "spec":
+            drafter = DraftModelDrafter(Target([open_graph("draft")]))
+        elif mode == "self-spec":
+            heads = {k: open_graph(f"head@{k}") for k in exits}
+            tails = {k: open_graph(f"tail@{k}") for k in exits}
+            heads[k], tails[k] = stages
+            drafter = EarlyExitDrafter(target, heads, tails, k)
+        if mode == "lookup" or lookup:
+            drafter = LookupDrafter(fallback=drafter)
+        try:
+            policy = make_policy(draft_policy or "acceptance", exits)
+        except ValueError as e:
+            raise InputError(str(e)) from None
+        if isinstance(policy, DynamicExit) and mode != "self-spec":
+            raise InputError("the dynamic-exit policy chooses exit layers: use it with self-spec")
+        return cls(folder, manifest, target, tokenizer, mode, drafter, policy)
 
     # -- requests ---------------------------------------------------------------------------
     def encode(self, prompt: Prompt) -> list[int]:
@@ -132,7 +182,13 @@ class Model:
         ids = self.encode(prompt)
         stop = frozenset() if ignore_eos else frozenset(self.manifest.eos_token_ids)
         detok = self.tokenizer.stream_decoder(skip_special_tokens=True)
-        for step in decode_ar(self.target, ids, params, max_new_tokens, stop):
+        if self.drafter is None or self.policy is None:
+            steps = decode_ar(self.target, ids, params, max_new_tokens, stop)
+        else:
+            steps = decode_speculative(
+                self.target, self.drafter, self.policy, ids, params, max_new_tokens, stop
+            )
+        for step in steps:
             text = "".join(detok.push(t) for t in step.tokens)
             if step.finish_reason:
                 text += detok.flush()
@@ -150,6 +206,19 @@ class Model:
             finish = chunk.finish_reason or finish
         text = self.tokenizer.decode(tokens, skip_special_tokens=True)
         return Generation(text, tokens, prompt_ids, finish, stats)
+
+
+def _graph_opener(folder: Path, manifest: Manifest, device: str, threads: int | None):
+    """role -> GraphSession, all with the same device and thread settings."""
+    providers = providers_for(device)
+    options = session_options(threads)
+    kv_dtype = np.dtype(np.float16 if manifest.dtype == "fp16" else np.float32)
+
+    def open_graph(role: str) -> GraphSession:
+        graph = manifest.graph(role)
+        return GraphSession(folder, graph, manifest.model_info(graph), providers, options, kv_dtype)
+
+    return open_graph
 
 
 __all__ = ["BundleError", "Chunk", "Generation", "InputError", "Model"]

@@ -1,8 +1,9 @@
 """The target model's forward pass: the `full` graph, or `head@k` then `tail@k` back to back.
 
 Takes the graph sessions of one of those layouts and gives one operation, `forward(ids, keep)`
--> logits of the last `keep` positions, over caches that always hold the same length. Both
-layouts compute the same logits; the split one lets self-speculation reuse the head's work.
+-> logits of the last `keep` positions, over one KV cache that holds every layer. Both
+layouts compute the same logits; the split one lets self-speculation reuse the head's work
+(`forward_tail` verifies hidden states the head computed while drafting).
 """
 
 from __future__ import annotations
@@ -16,36 +17,46 @@ from edgespec.runtime.kv_cache import KVCache
 class Target:
     def __init__(self, stages: list[GraphSession]) -> None:
         self.stages = stages
-        self.caches: list[KVCache] = []
-        self.vocab_size = stages[-1].model.vocab_size
-        self.max_positions = stages[0].model.max_position_embeddings
+        self.cache: KVCache | None = None
+        model = stages[-1].model
+        self.model = model
+        self.vocab_size = model.vocab_size
+        self.max_positions = model.max_position_embeddings
 
     @property
     def length(self) -> int:
-        return self.caches[0].length if self.caches else 0
+        return self.cache.length if self.cache else 0
 
     def reset(self, capacity: int) -> None:
-        """Empty caches with room for `capacity` positions (buffers reused when big enough)."""
-        if self.caches and self.caches[0].capacity >= capacity:
-            for c in self.caches:
-                c.truncate(0)
-        else:
-            self.caches = [s.new_cache(capacity) for s in self.stages]
+        """An empty cache with room for `capacity` positions (buffers reused when big enough)."""
+        if self.cache is not None and self.cache.capacity >= capacity:
+            self.cache.truncate(0)
+            return
+        m = self.model
+        layers = list(range(m.num_layers))
+        self.cache = KVCache.allocate(
+            layers, m.num_kv_heads, m.head_dim, capacity, self.stages[0].kv_dtype
+        )
 
     def forward(self, ids: np.ndarray, keep: int = 1) -> np.ndarray:
-        """Logits [keep, vocab] for new token ids [S], appended to the caches."""
-        start = self.length
-        try:
-            x = {"input_ids": ids[None, :]}
-            for stage, cache in zip(self.stages, self.caches, strict=True):
-                last = stage is self.stages[-1]
-                out = stage.run(cache, keep=keep if last else 0, **x)
-                x = {"hidden": out.get("hidden")}
-            return out["logits"][0]
-        except BaseException:
-            self.truncate(start)  # never leave one stage advanced and another not
-            raise
+        """Logits [keep, vocab] for new token ids [S], appended to the cache."""
+        assert self.cache is not None, "call reset() first"
+        x: dict[str, np.ndarray] = {"input_ids": ids[None, :]}
+        for stage in self.stages:
+            last = stage is self.stages[-1]
+            out = stage.run(self.cache, self.cache.length, keep=keep if last else 0, **x)
+            x = {"hidden": out["hidden"]} if not last else x
+        self.cache.length += len(ids)
+        return out["logits"][0]
+
+    def forward_tail(self, tail: GraphSession, hidden: np.ndarray, keep: int) -> np.ndarray:
+        """Logits for hidden states [S, H] that a head already computed (its layers' KV are in
+        the cache beyond `length`); advances the length by S."""
+        assert self.cache is not None
+        out = tail.run(self.cache, self.cache.length, hidden=hidden[None], keep=keep)
+        self.cache.length += hidden.shape[0]
+        return out["logits"][0]
 
     def truncate(self, length: int) -> None:
-        for c in self.caches:
-            c.truncate(min(length, c.length))
+        if self.cache is not None:
+            self.cache.truncate(min(length, self.cache.length))

@@ -15,11 +15,16 @@ sentencepiece-style BPE with byte fallback (Llama-2, TinyLlama). Guarantees that
 * post-processors: TemplateProcessing, ByteLevel, RobertaProcessing, BertProcessing, Sequence
 * added tokens (special or not) with lstrip / rstrip / single_word / normalized.
 
-Anything else raises `TokenizerError` when loading. Regexes in the file are written for
-Oniguruma; they are translated to stdlib ``re`` by expanding ``\\p{..}``, ``\\s`` and ``\\w``
-into explicit code-point classes built from `unicodedata` (see `translate_regex`). Residual
-difference: Python's Unicode database version (14.0 for 3.11) may classify code points
-assigned in newer Unicode versions differently than the Rust library does.
+Anything else (WordPiece / Unigram / WordLevel models, Precompiled normalizers, script
+properties such as ``\\p{Han}`` ...) raises `TokenizerError` when loading. Unlike the library,
+`decode` raises `TokenizerError` for an id outside the vocabulary instead of dropping it.
+
+Regexes in the file are written for Oniguruma; they are translated to stdlib ``re`` by
+expanding ``\\p{..}``, ``\\s`` and ``\\w`` into explicit code-point classes built from
+`unicodedata` (see `translate_regex`; Python's own ``\\s`` would also match \\x1c-\\x1f).
+Residual differences: Python's Unicode database (14.0 on 3.11) may classify or NFC-order code
+points assigned in other Unicode versions differently than the Rust library, and patterns
+that can match the empty string may split differently (none of the usual ones can).
 """
 
 from __future__ import annotations
@@ -42,13 +47,31 @@ class TokenizerError(ValueError):
 # ------------------------------------------------------------------ Unicode classes / regexes
 # Oniguruma's (and Rust's) \s is the Unicode White_Space property; Python's \s also matches
 # \x1c-\x1f, so \s is always replaced by this explicit list.
-_WS_RANGES = [(0x09, 0x0D), (0x20, 0x20), (0x85, 0x85), (0xA0, 0xA0), (0x1680, 0x1680),
-              (0x2000, 0x200A), (0x2028, 0x2029), (0x202F, 0x202F), (0x205F, 0x205F),
-              (0x3000, 0x3000)]
+_WS_RANGES = [
+    (0x09, 0x0D),
+    (0x20, 0x20),
+    (0x85, 0x85),
+    (0xA0, 0xA0),
+    (0x1680, 0x1680),
+    (0x2000, 0x200A),
+    (0x2028, 0x2029),
+    (0x202F, 0x202F),
+    (0x205F, 0x205F),
+    (0x3000, 0x3000),
+]
 _WS = "".join(chr(c) for a, b in _WS_RANGES for c in range(a, b + 1))
-_GPT2_PATTERN = (r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+")
-_PROP_ALIASES = {"Letter": "L", "Mark": "M", "Number": "N", "Punctuation": "P", "Symbol": "S",
-                 "Separator": "Z", "Other": "C", "LC": "LuLlLt", "L&": "LuLlLt"}
+_GPT2_PATTERN = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+_PROP_ALIASES = {
+    "Letter": "L",
+    "Mark": "M",
+    "Number": "N",
+    "Punctuation": "P",
+    "Symbol": "S",
+    "Separator": "Z",
+    "Other": "C",
+    "LC": "LuLlLt",
+    "L&": "LuLlLt",
+}
 
 
 @lru_cache(maxsize=1)
@@ -92,14 +115,16 @@ def _prop_ranges(name: str) -> tuple[tuple[int, int], ...]:
         cats = ["L", "M", "Nd", "Nl", "Pc"]
     else:
         key = _PROP_ALIASES.get(name, name)
-        cats = [key[i:i + 2] for i in range(0, len(key), 2)] if len(key) > 2 else [key]
+        cats = [key[i : i + 2] for i in range(0, len(key), 2)] if len(key) > 2 else [key]
     table = _categories()
     ranges: list[tuple[int, int]] = []
     for c in cats:
         found = [r for k, v in table.items() if k == c or (len(c) == 1 and k[0] == c) for r in v]
         if not found:
-            raise TokenizerError(f"unsupported regex property \\p{{{name}}}: only general "
-                                 "categories (L, N, Lu, Nd, P, ...) are supported")
+            raise TokenizerError(
+                f"unsupported regex property \\p{{{name}}}: only general "
+                "categories (L, N, Lu, Nd, P, ...) are supported"
+            )
         ranges += found
     if name == "word":
         ranges += [(0x200C, 0x200D)]
@@ -124,7 +149,7 @@ def translate_regex(pattern: str) -> str:
             if e in "pP":
                 if pattern.startswith("{", i + 2):
                     j = pattern.index("}", i)
-                    name, i = pattern[i + 3:j], j + 1
+                    name, i = pattern[i + 3 : j], j + 1
                 else:
                     name, i = pattern[i + 2], i + 3
                 if name.startswith("^"):
@@ -196,8 +221,9 @@ _BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")
 Piece = tuple[str, bool]  # (text, starts at offset 0 of the original input)
 
 
-def _split(s: str, regex: re.Pattern[str], behavior: str, invert: bool = False
-           ) -> list[tuple[int, int]]:
+def _split(
+    s: str, regex: re.Pattern[str], behavior: str, invert: bool = False
+) -> list[tuple[int, int]]:
     """`NormalizedString::split` of the Rust library for one string: the (start, end) pieces."""
     parts: list[tuple[int, int, bool]] = []
     prev = 0
@@ -230,13 +256,15 @@ def _split(s: str, regex: re.Pattern[str], behavior: str, invert: bool = False
     return [(a, b) for a, b in spans if a < b]
 
 
-def _split_step(regex: re.Pattern[str], behavior: str, invert: bool = False
-                ) -> Callable[[list[Piece]], list[Piece]]:
+def _split_step(
+    regex: re.Pattern[str], behavior: str, invert: bool = False
+) -> Callable[[list[Piece]], list[Piece]]:
     def step(pieces: list[Piece]) -> list[Piece]:
         out: list[Piece] = []
         for s, at0 in pieces:
             out += [(s[a:b], at0 and a == 0) for a, b in _split(s, regex, behavior, invert)]
         return out
+
     return step
 
 
@@ -245,8 +273,12 @@ def _opt(cfg: dict[str, Any] | None, what: str) -> list[dict[str, Any]]:
     if cfg is None:
         return []
     if cfg.get("type") == "Sequence":
-        key = {"normalizer": "normalizers", "pre_tokenizer": "pretokenizers",
-               "decoder": "decoders", "post_processor": "processors"}[what]
+        key = {
+            "normalizer": "normalizers",
+            "pre_tokenizer": "pretokenizers",
+            "decoder": "decoders",
+            "post_processor": "processors",
+        }[what]
         return [c for sub in cfg.get(key, []) for c in _opt(sub, what)]
     return [cfg]
 
@@ -273,11 +305,15 @@ def _normalizer(cfg: dict[str, Any]) -> Callable[[str], str]:
         def strip(s: str) -> str:
             s = s.lstrip(_WS) if left else s
             return s.rstrip(_WS) if right else s
+
         return strip
     if kind == "StripAccents":
         return lambda s: "".join(c for c in s if unicodedata.category(c) != "Mn")
-    raise _unsupported("normalizer", cfg, "Sequence, Prepend, Replace, NFC, NFD, NFKC, NFKD, "
-                       "Lowercase, Strip, StripAccents")
+    raise _unsupported(
+        "normalizer",
+        cfg,
+        "Sequence, Prepend, Replace, NFC, NFD, NFKC, NFKD, Lowercase, Strip, StripAccents",
+    )
 
 
 def _pre_tokenizer(cfg: dict[str, Any]) -> Callable[[list[Piece]], list[Piece]]:
@@ -293,32 +329,41 @@ def _pre_tokenizer(cfg: dict[str, Any]) -> Callable[[list[Piece]], list[Piece]]:
                 if prefix and s and not s.startswith(" "):
                     s = " " + s
                 spans = _split(s, regex, "Isolated") if regex else [(0, len(s))]
-                out += [("".join([_BYTE_CHARS[c] for c in s[a:b].encode()]), at0 and a == 0)
-                        for a, b in spans]
+                out += [
+                    ("".join([_BYTE_CHARS[c] for c in s[a:b].encode()]), at0 and a == 0)
+                    for a, b in spans
+                ]
             return out
+
         return byte_level
     if kind == "Split":
         return _split_step(_pattern(cfg["pattern"]), cfg["behavior"], cfg.get("invert", False))
     if kind == "Metaspace":
         rep = cfg.get("replacement", "\u2581")
         scheme = cfg.get("prepend_scheme") or (
-            "always" if cfg.get("add_prefix_space", True) else "never")
+            "always" if cfg.get("add_prefix_space", True) else "never"
+        )
         split = re.compile(re.escape(rep)) if cfg.get("split", True) else None
 
         def metaspace(pieces: list[Piece]) -> list[Piece]:
             out: list[Piece] = []
             for s, at0 in pieces:
                 s = s.replace(" ", rep)
-                if s and not s.startswith(rep) and (
-                        scheme == "always" or scheme == "first" and at0):
+                if (
+                    s
+                    and not s.startswith(rep)
+                    and (scheme == "always" or scheme == "first" and at0)
+                ):
                     s = rep + s
                 spans = _split(s, split, "MergedWithNext") if split else [(0, len(s))]
                 out += [(s[a:b], at0 and a == 0) for a, b in spans]
             return out
+
         return metaspace
     if kind == "Digits":
-        return _split_step(_compile(r"\p{N}" if cfg.get("individual_digits") else r"\p{N}+"),
-                           "Isolated")
+        return _split_step(
+            _compile(r"\p{N}" if cfg.get("individual_digits") else r"\p{N}+"), "Isolated"
+        )
     if kind == "Whitespace":
         return _split_step(_compile(r"\w+|[^\w\s]+"), "Removed", invert=True)
     if kind == "WhitespaceSplit":
@@ -328,8 +373,12 @@ def _pre_tokenizer(cfg: dict[str, Any]) -> Callable[[list[Piece]], list[Piece]]:
         return _split_step(_compile(f"[{punct}\\p{{P}}]"), cfg.get("behavior", "Isolated"))
     if kind == "CharDelimiterSplit":
         return _split_step(re.compile(re.escape(cfg["delimiter"])), "Removed")
-    raise _unsupported("pre_tokenizer", cfg, "Sequence, ByteLevel, Split, Metaspace, Digits, "
-                       "Whitespace, WhitespaceSplit, Punctuation, CharDelimiterSplit")
+    raise _unsupported(
+        "pre_tokenizer",
+        cfg,
+        "Sequence, ByteLevel, Split, Metaspace, Digits, "
+        "Whitespace, WhitespaceSplit, Punctuation, CharDelimiterSplit",
+    )
 
 
 class _BPE:
@@ -351,7 +400,7 @@ class _BPE:
             if len(pair) != 2:
                 raise TokenizerError(f"bad BPE merge #{rank}: {merge!r}")
             a, b = pair
-            new = a + b[len(self.prefix):]
+            new = a + b[len(self.prefix) :]
             if a not in self.vocab or b not in self.vocab or new not in self.vocab:
                 raise TokenizerError(f"BPE merge #{rank} {merge!r} uses a token not in the vocab")
             self.merges[(self.vocab[a], self.vocab[b])] = (rank, self.vocab[new])
@@ -418,8 +467,11 @@ class _BPE:
         nxt[-1] = -1
         prev = list(range(-1, n - 1))
         alive = [True] * n
-        heap = [(m[0], i, m[1]) for i in range(n - 1)
-                if (m := merges.get((ids[i], ids[i + 1]))) is not None]
+        heap = [
+            (m[0], i, m[1])
+            for i in range(n - 1)
+            if (m := merges.get((ids[i], ids[i + 1]))) is not None
+        ]
         heapq.heapify(heap)
         while heap:
             _, pos, new_id = heapq.heappop(heap)
@@ -441,8 +493,9 @@ class _BPE:
         return [t for t, a in zip(ids, alive, strict=True) if a]
 
 
-def _post_processor(cfg: dict[str, Any], token_to_id: Callable[[str], int | None]
-                    ) -> tuple[list[int], list[int]]:
+def _post_processor(
+    cfg: dict[str, Any], token_to_id: Callable[[str], int | None]
+) -> tuple[list[int], list[int]]:
     """(ids put before, ids put after) a single sequence when add_special_tokens=True."""
     kind = cfg.get("type")
     if kind == "ByteLevel":
@@ -464,8 +517,11 @@ def _post_processor(cfg: dict[str, Any], token_to_id: Callable[[str], int | None
                 raise TokenizerError(f"post_processor special token {name!r} has no id")
             (after if seen_a else before).extend(ids)  # type: ignore[arg-type]
         return before, after
-    raise _unsupported("post_processor", cfg, "TemplateProcessing, ByteLevel, "
-                       "RobertaProcessing, BertProcessing, Sequence")
+    raise _unsupported(
+        "post_processor",
+        cfg,
+        "TemplateProcessing, ByteLevel, RobertaProcessing, BertProcessing, Sequence",
+    )
 
 
 _DECODERS = ("ByteLevel", "Metaspace", "Replace", "ByteFallback", "Fuse", "Strip", "BPEDecoder")
@@ -488,15 +544,22 @@ def _token_content(tok: Any) -> str | None:
 class Tokenizer:
     """Encode / decode like `tokenizers.Tokenizer` for the BPE configurations listed above."""
 
-    def __init__(self, spec: dict[str, Any], config: dict[str, Any] | None = None,
-                 generation_config: dict[str, Any] | None = None, source: str = "<dict>") -> None:
+    def __init__(
+        self,
+        spec: dict[str, Any],
+        config: dict[str, Any] | None = None,
+        generation_config: dict[str, Any] | None = None,
+        source: str = "<dict>",
+    ) -> None:
         model = spec.get("model") if isinstance(spec, dict) else None
         if not isinstance(model, dict):
             raise TokenizerError(f"{source}: no 'model' object; not a tokenizer.json file")
         kind = model.get("type") or ("BPE" if "merges" in model else None)
         if kind != "BPE":
-            raise TokenizerError(f"{source}: unsupported model type {kind!r}; only BPE "
-                                 "(byte-level or sentencepiece-style) is supported")
+            raise TokenizerError(
+                f"{source}: unsupported model type {kind!r}; only BPE "
+                "(byte-level or sentencepiece-style) is supported"
+            )
         self._model = _BPE(model)
         self._id_to_token = {i: t for t, i in self._model.vocab.items()}
         self._added = {t["content"]: t for t in spec.get("added_tokens") or [] if t.get("content")}
@@ -521,8 +584,11 @@ class Tokenizer:
         norm = {self._normalize(t): self._added[t] for t in self._added if t not in raw}
         self._raw_match = self._matcher({t: self._added[t] for t in raw})
         self._norm_match = self._matcher({k: v for k, v in norm.items() if k})
-        self._byte_ids = ({i for i, t in self._id_to_token.items() if _BYTE_TOKEN.fullmatch(t)}
-                          if any(c["type"] == "ByteFallback" for c in self._decoders) else set())
+        self._byte_ids = (
+            {i for i, t in self._id_to_token.items() if _BYTE_TOKEN.fullmatch(t)}
+            if any(c["type"] == "ByteFallback" for c in self._decoders)
+            else set()
+        )
         self._stream_local = self._is_stream_local()
         self.vocab_size: int = len(self._id_to_token)
         self.bos_token_id, self.eos_token_ids = self._bos_eos(config or {}, generation_config or {})
@@ -541,15 +607,17 @@ class Tokenizer:
         except TokenizerError:
             raise
         except (KeyError, TypeError, AttributeError, ValueError, IndexError) as exc:
-            raise TokenizerError(f"{path}: malformed tokenizer.json "
-                                 f"({type(exc).__name__}: {exc})") from exc
+            raise TokenizerError(
+                f"{path}: malformed tokenizer.json ({type(exc).__name__}: {exc})"
+            ) from exc
 
     @classmethod
     def from_dir(cls, folder: str | os.PathLike[str]) -> Tokenizer:
         return cls.from_file(Path(folder) / "tokenizer.json")
 
-    def _matcher(self, tokens: dict[str, dict[str, Any]]
-                 ) -> tuple[re.Pattern[str], dict[str, dict[str, Any]]] | None:
+    def _matcher(
+        self, tokens: dict[str, dict[str, Any]]
+    ) -> tuple[re.Pattern[str], dict[str, dict[str, Any]]] | None:
         if not tokens:
             return None
         # Python alternation is leftmost-first: longest first gives aho-corasick LeftmostLongest.
@@ -591,8 +659,9 @@ class Tokenizer:
     def _token(self, token_id: int) -> str:
         tok = self._id_to_token.get(token_id)
         if tok is None:
-            raise TokenizerError(f"token id {token_id} is not in the vocabulary "
-                                 f"(vocab_size={self.vocab_size})")
+            raise TokenizerError(
+                f"token id {token_id} is not in the vocabulary (vocab_size={self.vocab_size})"
+            )
         return tok
 
     # ------------------------------------------------------------------------- encoding
@@ -611,8 +680,9 @@ class Tokenizer:
         for m in regex.finditer(s):
             start, stop = m.span()
             tok = tokens[m.group()]
-            if tok.get("single_word") and ((start > 0 and _is_word(s[start - 1]))
-                                           or (stop < len(s) and _is_word(s[stop]))):
+            if tok.get("single_word") and (
+                (start > 0 and _is_word(s[start - 1])) or (stop < len(s) and _is_word(s[stop]))
+            ):
                 continue
             if tok.get("lstrip"):
                 start = max(len(s[:start].rstrip(_WS)), pos)
@@ -627,6 +697,7 @@ class Tokenizer:
         return out
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of `text`; with add_special_tokens the post-processor's BOS/EOS are added."""
         ids: list[int] = []
         for seg, tid, start in self._find_added(text, self._raw_match):
             if tid is not None:
@@ -647,8 +718,12 @@ class Tokenizer:
 
     # ------------------------------------------------------------------------- decoding
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
-        tokens = [self._token(int(i)) for i in ids
-                  if not (skip_special_tokens and int(i) in self._special_ids)]
+        """Text of `ids` (raises `TokenizerError` for an id outside the vocabulary)."""
+        tokens = [
+            self._token(int(i))
+            for i in ids
+            if not (skip_special_tokens and int(i) in self._special_ids)
+        ]
         return self._decode_tokens(tokens, first=True)
 
     def _decode_tokens(self, tokens: list[str], first: bool) -> str:
@@ -659,15 +734,22 @@ class Tokenizer:
         for cfg in self._decoders:
             kind = cfg["type"]
             if kind == "ByteLevel":
-                data = b"".join(bytes(_CHAR_BYTES[c] for c in t) if all(
-                    c in _CHAR_BYTES for c in t) else t.encode() for t in tokens)
+                data = b"".join(
+                    bytes(_CHAR_BYTES[c] for c in t)
+                    if all(c in _CHAR_BYTES for c in t)
+                    else t.encode()
+                    for t in tokens
+                )
                 tokens, fused = [data.decode("utf-8", "replace")], True
             elif kind == "Metaspace":
                 rep = cfg.get("replacement", "\u2581")
                 scheme = cfg.get("prepend_scheme") or (
-                    "always" if cfg.get("add_prefix_space", True) else "never")
-                tokens = [t.replace(rep, "" if i == 0 and first and scheme != "never" else " ")
-                          for i, t in enumerate(tokens)]
+                    "always" if cfg.get("add_prefix_space", True) else "never"
+                )
+                tokens = [
+                    t.replace(rep, "" if i == 0 and first and scheme != "never" else " ")
+                    for i, t in enumerate(tokens)
+                ]
             elif kind == "Replace":
                 regex, content = _pattern(cfg["pattern"]), cfg["content"]
                 tokens = [regex.sub(lambda _, c=content: c, t) for t in tokens]
@@ -676,13 +758,21 @@ class Tokenizer:
             elif kind == "Fuse":
                 tokens, fused = ["".join(tokens)], True
             elif kind == "Strip":
-                tokens = [_strip(t, cfg["content"], 0 if (i == 0 and fused and not first)
-                                 else cfg.get("start", 0), cfg.get("stop", 0))
-                          for i, t in enumerate(tokens)]
+                tokens = [
+                    _strip(
+                        t,
+                        cfg["content"],
+                        0 if (i == 0 and fused and not first) else cfg.get("start", 0),
+                        cfg.get("stop", 0),
+                    )
+                    for i, t in enumerate(tokens)
+                ]
             else:  # BPEDecoder
                 suffix = cfg.get("suffix", "</w>")
-                tokens = [t.replace(suffix, "" if i == len(tokens) - 1 else " ")
-                          for i, t in enumerate(tokens)]
+                tokens = [
+                    t.replace(suffix, "" if i == len(tokens) - 1 else " ")
+                    for i, t in enumerate(tokens)
+                ]
         return "".join(tokens)
 
     def _is_stream_local(self) -> bool:
@@ -700,6 +790,7 @@ class Tokenizer:
         return True
 
     def stream_decoder(self, skip_special_tokens: bool = True) -> StreamDecoder:
+        """A `StreamDecoder` for detokenising generated ids one at a time."""
         return StreamDecoder(self, skip_special_tokens)
 
 
@@ -767,7 +858,7 @@ class StreamDecoder:
         text = tok._decode_tokens([tok._token(i) for i in self._ids], self._first)
         if text.endswith("\ufffd") or not text.startswith(self._emitted):
             return ""
-        piece = text[len(self._emitted):]
+        piece = text[len(self._emitted) :]
         if tok._stream_local and text:  # decoding restarts cleanly after this token
             self._ids, self._first, self._emitted = [], False, ""
         else:
@@ -778,6 +869,6 @@ class StreamDecoder:
         """Return whatever is still held back (e.g. an incomplete character) and reset."""
         tok = self._tok
         text = tok._decode_tokens([tok._token(i) for i in self._ids], self._first)
-        piece = text[len(self._emitted):] if text.startswith(self._emitted) else ""
+        piece = text[len(self._emitted) :] if text.startswith(self._emitted) else ""
         self._ids, self._first, self._emitted = [], self._first and not text, ""
         return piece

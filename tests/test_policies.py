@@ -1,0 +1,82 @@
+"""Draft-length policies choose what the cost model says is fastest, and adapt."""
+
+from __future__ import annotations
+
+from edgespec.runtime.generate import RoundStats
+from edgespec.runtime.policies import (
+    Acceptance,
+    Confidence,
+    DynamicExit,
+    expected_tokens,
+    make_policy,
+)
+
+
+def rounds(
+    policy,
+    accepted: int,
+    drafted: int,
+    t_draft: float,
+    t_verify: float,
+    n: int = 40,
+    exit_layer: int | None = None,
+) -> None:
+    for _ in range(n):
+        policy.observe(
+            RoundStats(
+                "decode",
+                accepted + 1,
+                drafted + 1,
+                0.0,
+                drafted,
+                accepted,
+                t_draft * drafted,
+                t_verify,
+                exit_layer=exit_layer,
+            )
+        )
+
+
+def test_expected_tokens_formula():
+    assert expected_tokens(0.0, 5) == 1.0
+    assert abs(expected_tokens(0.5, 2) - 1.75) < 1e-12
+    assert expected_tokens(1.0, 4) == 5.0
+
+
+def test_acceptance_drafts_long_when_drafts_are_accepted_and_cheap():
+    p = Acceptance()
+    rounds(p, accepted=6, drafted=6, t_draft=0.001, t_verify=0.02)
+    assert p.cost.alpha > 0.95 and p.next_length() >= 10
+
+
+def test_acceptance_drafts_short_when_drafts_are_rejected():
+    p = Acceptance()
+    rounds(p, accepted=0, drafted=4, t_draft=0.005, t_verify=0.02)
+    assert p.cost.alpha < 0.1 and p.next_length() == 1
+
+
+def test_acceptance_recovers_when_the_text_gets_easier():
+    p = Acceptance()
+    rounds(p, accepted=0, drafted=2, t_draft=0.002, t_verify=0.02)
+    short = p.next_length()
+    rounds(p, accepted=short, drafted=short, t_draft=0.002, t_verify=0.02, n=60)
+    assert p.next_length() > short
+
+
+def test_confidence_stops_below_threshold():
+    p = Confidence(0.4)
+    assert p.keep_drafting(1, 0.9) and not p.keep_drafting(1, 0.3)
+
+
+def test_dynamic_exit_settles_on_the_exit_with_the_best_rate():
+    p = DynamicExit([2, 4])
+    rounds(p, accepted=0, drafted=4, t_draft=0.002, t_verify=0.01, exit_layer=2)
+    rounds(p, accepted=4, drafted=4, t_draft=0.004, t_verify=0.01, exit_layer=4)
+    chosen = [(p.next_length(), p.exit_layer)[1] for _ in range(20)]
+    assert chosen.count(4) >= 19  # one probe of the other exit at most
+
+
+def test_policy_strings():
+    assert make_policy("fixed:3").next_length() == 3
+    assert make_policy("confidence:0.5").keep_drafting(1, 0.6)
+    assert isinstance(make_policy("dynamic-exit", [2]), DynamicExit)

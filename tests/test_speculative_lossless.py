@@ -1,0 +1,120 @@
+"""Losslessness of every speculative mode and policy: greedy output is token for token the
+target's own greedy output (transformers `generate`), whatever the drafter proposes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from conftest import ARCHS
+
+import edgespec
+
+N_NEW = 40
+CONFIGS = [
+    ("spec", "fixed:4", {}),
+    ("spec", "acceptance", {}),
+    ("spec", "confidence:0.3", {}),
+    ("spec", "fixed:3", {"lookup": True}),
+    ("self-spec", "fixed:3", {"exit_layer": 2}),
+    ("self-spec", "confidence:0.2", {"exit_layer": 1}),
+    ("self-spec", "acceptance", {}),
+    ("self-spec", "dynamic-exit", {}),
+    ("self-spec", "fixed:2", {"lookup": True}),
+    ("lookup", "fixed:5", {}),
+    ("lookup", "acceptance", {"verifier": "exit:2"}),
+]
+
+
+def repetitive_prompt(seed: int) -> list[int]:
+    """Random ids with a repeated stretch, so prompt lookup finds matches."""
+    ids = [int(i) for i in np.random.default_rng(seed).integers(1, 2048, 12)]
+    return ids + ids[:7] + ids[3:9]
+
+
+@pytest.fixture(scope="module")
+def references(hf_models) -> dict[str, list[int]]:
+    out = {}
+    for arch, hf in hf_models.items():
+        prompt = repetitive_prompt(1)
+        with torch.no_grad():
+            ids = hf.generate(
+                torch.tensor([prompt]),
+                max_new_tokens=N_NEW,
+                min_new_tokens=N_NEW,
+                do_sample=False,
+                pad_token_id=0,
+            )
+        out[arch] = ids[0, len(prompt) :].tolist()
+    return out
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+@pytest.mark.parametrize("mode, policy, options", CONFIGS, ids=lambda c: str(c))
+def test_greedy_speculative_equals_transformers(
+    arch, mode, policy, options, spec_bundles, references
+):
+    model = edgespec.load(spec_bundles[arch], mode=mode, draft_policy=policy, **options)
+    got = model.generate(repetitive_prompt(1), max_new_tokens=N_NEW, ignore_eos=True)
+    assert got.tokens == references[arch]
+    s = got.stats
+    assert s.decode_tokens == N_NEW - 1 and s.rounds >= 1
+    assert s.decode_tokens == s.accepted + s.rounds  # each round: accepted drafts + one token
+
+
+def test_all_drafts_accepted_when_the_draft_is_the_target(spec_bundles, hf_models):
+    model = edgespec.load(spec_bundles["self-draft"], mode="spec", draft_policy="fixed:4")
+    prompt = repetitive_prompt(2)
+    got = model.generate(prompt, max_new_tokens=31, ignore_eos=True)
+    with torch.no_grad():
+        ref = hf_models["qwen2"].generate(
+            torch.tensor([prompt]),
+            max_new_tokens=31,
+            min_new_tokens=31,
+            do_sample=False,
+            pad_token_id=0,
+        )
+    assert got.tokens == ref[0, len(prompt) :].tolist()
+    assert got.stats.acceptance_rate == 1.0 and got.stats.accepted_lengths == {4: 6}
+
+
+def test_stream_chunks_carry_round_stats(spec_bundles):
+    model = edgespec.load(spec_bundles["qwen2"], mode="self-spec", draft_policy="dynamic-exit")
+    chunks = list(model.stream(repetitive_prompt(3), max_new_tokens=30, ignore_eos=True))
+    rounds = [c.stats for c in chunks[1:]]
+    assert all(r.exit_layer in (1, 2, 3) for r in rounds)
+    assert sum(len(c.tokens) for c in chunks) == 30
+    assert all(r.new_tokens == r.accepted + 1 for r in rounds[:-1])
+
+
+def test_stops_at_eos_inside_an_accepted_run(spec_bundles):
+    model = edgespec.load(spec_bundles["self-draft"], mode="spec", draft_policy="fixed:6")
+    free = model.generate([3, 4, 5], max_new_tokens=20, ignore_eos=True).tokens
+    model.manifest.eos_token_ids = [free[5]]
+    got = model.generate([3, 4, 5], max_new_tokens=20)
+    assert got.tokens == free[: free.index(free[5]) + 1] and got.finish_reason == "eos"
+
+
+@pytest.mark.parametrize("mode, options", [("spec", {}), ("self-spec", {}), ("lookup", {})])
+def test_modes_refuse_bundles_without_what_they_need(bundles, mode, options):
+    from edgespec.bundle import BundleError
+    from edgespec.runtime.model import InputError
+
+    b = bundles["gpt2"]  # exits at 2 only, no draft
+    if mode == "spec":
+        with pytest.raises(BundleError, match="--draft DRAFT_MODEL"):
+            edgespec.load(b, mode="spec")
+    elif mode == "self-spec":
+        with pytest.raises(InputError, match="exit layer 3 is not in this bundle"):
+            edgespec.load(b, mode="self-spec", exit_layer=3)
+    else:
+        with pytest.raises(InputError, match="dynamic-exit policy chooses exit layers"):
+            edgespec.load(b, mode="lookup", draft_policy="dynamic-exit")
+
+
+@pytest.mark.parametrize("bad", ["fixed:-1", "fixed:x", "confidence:2", "greedy", "acceptance:3"])
+def test_bad_draft_policy_is_explained(bundles, bad):
+    from edgespec.runtime.model import InputError
+
+    with pytest.raises(InputError, match="is not one of: fixed:N"):
+        edgespec.load(bundles["qwen2"], mode="lookup", draft_policy=bad)
