@@ -1,0 +1,226 @@
+"""Speculative decoding benchmark: every edgespec mode and policy against plain decoding and
+transformers' assisted generation, on the trained benchmark pair, in one run.
+
+Takes the models made by `benchmarks/train_models.py` (a LayerSkip-trained Llama target and a
+distilled draft, plus held-out code prompts and high-entropy text prompts), exports them to
+one bundle (draft + exits), and for each prompt set measures end-to-end tokens/s (prefill
+included, greedy, same prompts, same thread count) of:
+  edgespec ar, spec / self-spec (each exit) / lookup under fixed:γ, confidence, acceptance,
+  dynamic-exit; transformers generate plain, with assistant_model, with assistant_early_exit.
+Every edgespec mode's output is checked against edgespec ar token for token (lossless).
+
+    python benchmarks/bench_spec.py                      # defaults: 8 prompts x 128 tokens
+    python benchmarks/bench_spec.py --prompts 16 --json results.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+DEFAULT_MODELS = Path(os.environ.get("EDGESPEC_BENCH", Path.home() / ".cache" / "edgespec-bench"))
+EXITS = [2, 4]
+FIXED = [1, 2, 3, 4, 6, 8]
+
+
+@dataclass
+class Row:
+    prompts: str
+    engine: str
+    tokens_per_s: float
+    tokens_per_round: float  # tokens produced per target verification (1.0 for ar)
+    acceptance: float
+    lossless: str  # "yes" / "no" / "-" (not edgespec)
+
+
+def load_prompts(path: Path, n: int) -> list[str]:
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [r["prompt"] if isinstance(r, dict) else r for r in rows][:n]
+
+
+def edgespec_configs(exits: list[int]) -> list[tuple[str, dict]]:
+    configs: list[tuple[str, dict]] = [("ar", {"mode": "ar"})]
+    for mode, extra in [("spec", {}), *[("self-spec", {"exit_layer": k}) for k in exits]]:
+        label = mode if mode == "spec" else f"self-spec@{extra['exit_layer']}"
+        for g in FIXED:
+            configs.append(
+                (f"{label} fixed:{g}", {"mode": mode, "draft_policy": f"fixed:{g}", **extra})
+            )
+        for policy in ("confidence:0.5", "acceptance"):
+            configs.append((f"{label} {policy}", {"mode": mode, "draft_policy": policy, **extra}))
+    configs.append(
+        ("self-spec dynamic-exit", {"mode": "self-spec", "draft_policy": "dynamic-exit"})
+    )
+    for policy in ("fixed:4", "fixed:8", "acceptance"):
+        configs.append((f"lookup {policy}", {"mode": "lookup", "draft_policy": policy}))
+    configs.append(
+        ("spec+lookup acceptance", {"mode": "spec", "lookup": True, "draft_policy": "acceptance"})
+    )
+    return configs
+
+
+def run_edgespec(
+    bundle: Path,
+    prompts: list[str],
+    n_new: int,
+    threads: int,
+    label: str,
+    set_name: str,
+    reference: dict[int, list[int]] | None,
+    options: dict,
+) -> Row:
+    import edgespec
+
+    model = edgespec.load(bundle, threads=threads, **options)
+    model.generate(prompts[0], max_new_tokens=8, ignore_eos=True)  # warm-up
+    tokens = rounds = drafted = accepted = 0
+    seconds = 0.0
+    same = True
+    for i, prompt in enumerate(prompts):
+        start = time.perf_counter()
+        out = model.generate(prompt, max_new_tokens=n_new, ignore_eos=True)
+        seconds += time.perf_counter() - start
+        tokens += len(out.tokens)
+        rounds += out.stats.rounds
+        drafted += out.stats.drafted
+        accepted += out.stats.accepted
+        if reference is not None:
+            same &= out.tokens == reference[i]
+    return Row(
+        set_name,
+        f"edgespec {label}",
+        tokens / seconds,
+        (accepted + rounds) / rounds if rounds else 1.0,
+        accepted / drafted if drafted else 0.0,
+        "yes" if same else "NO",
+    )
+
+
+def reference_tokens(bundle: Path, prompts: list[str], n_new: int, threads: int) -> dict:
+    import edgespec
+
+    model = edgespec.load(bundle, threads=threads)
+    return {
+        i: model.generate(p, max_new_tokens=n_new, ignore_eos=True).tokens
+        for i, p in enumerate(prompts)
+    }
+
+
+def run_transformers(
+    models: Path, prompts: list[str], n_new: int, threads: int, set_name: str
+) -> list[Row]:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.set_num_threads(threads)
+    tok = AutoTokenizer.from_pretrained(models / "target")
+    target = AutoModelForCausalLM.from_pretrained(models / "target").eval()
+    draft = AutoModelForCausalLM.from_pretrained(models / "draft").eval()
+    variants = [
+        ("plain", {}),
+        ("assistant_model", {"assistant_model": draft}),
+        *[(f"assistant_early_exit={k}", {"assistant_early_exit": k}) for k in EXITS],
+    ]
+    rows = []
+    for name, extra in variants:
+
+        def run(prompt: str, extra: dict = extra) -> tuple[float, int]:
+            ids = tok(prompt, return_tensors="pt").input_ids
+            start = time.perf_counter()
+            with torch.no_grad():
+                out = target.generate(
+                    ids,
+                    max_new_tokens=n_new,
+                    min_new_tokens=n_new,
+                    do_sample=False,
+                    pad_token_id=tok.eos_token_id,
+                    **extra,
+                )
+            return time.perf_counter() - start, out.shape[1] - ids.shape[1]
+
+        run(prompts[0])  # warm-up
+        timings = [run(p) for p in prompts]
+        seconds, tokens = sum(t for t, _ in timings), sum(n for _, n in timings)
+        rows.append(
+            Row(set_name, f"transformers {name}", tokens / seconds, float("nan"), float("nan"), "-")
+        )
+    return rows
+
+
+def export(models: Path, bundle: Path) -> None:
+    from edgespec.export import export_bundle
+
+    if not (bundle / "manifest.json").exists():
+        export_bundle(
+            models / "target", bundle, draft=models / "draft", exit_layers=EXITS, overwrite=True
+        )
+
+
+def print_table(rows: list[Row]) -> None:
+    for set_name in dict.fromkeys(r.prompts for r in rows):
+        part = [r for r in rows if r.prompts == set_name]
+        ar = next(r.tokens_per_s for r in part if r.engine == "edgespec ar")
+        print(f"\n### {set_name} prompts\n")
+        print(
+            "| engine | tokens/s | vs edgespec ar | tokens/verification | acceptance | lossless |"
+        )
+        print("|---|---:|---:|---:|---:|:---:|")
+        for r in part:
+            tpr = "-" if r.tokens_per_round != r.tokens_per_round else f"{r.tokens_per_round:.2f}"
+            acc = "-" if r.acceptance != r.acceptance else f"{r.acceptance:.0%}"
+            print(
+                f"| {r.engine} | {r.tokens_per_s:.1f} | {r.tokens_per_s / ar:.2f}x | {tpr} | "
+                f"{acc} | {r.lossless} |"
+            )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--models", type=Path, default=DEFAULT_MODELS / "trained")
+    ap.add_argument("--prompts", type=int, default=8, help="prompts per set")
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--sets", default="code,text", help="prompt sets: code,text")
+    ap.add_argument("--no-transformers", action="store_true")
+    ap.add_argument("--only", default="", help="comma-separated substrings of engine labels")
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+
+    if not (args.models / "target" / "config.json").exists():
+        raise SystemExit(f"no trained models in {args.models}: run benchmarks/train_models.py")
+    bundle = args.models / "bundle"
+    export(args.models, bundle)
+    rows: list[Row] = []
+    for set_name in args.sets.split(","):
+        prompts = load_prompts(args.models / f"prompts_{set_name}.jsonl", args.prompts)
+        ref = reference_tokens(bundle, prompts, args.max_new_tokens, args.threads)
+        only = [s for s in args.only.split(",") if s]
+        for label, options in edgespec_configs(EXITS):
+            if label != "ar" and only and not any(s in label for s in only):
+                continue
+            row = run_edgespec(
+                bundle, prompts, args.max_new_tokens, args.threads, label, set_name, ref, options
+            )
+            rows.append(row)
+            print(
+                f"{set_name:5s} {row.engine:40s} {row.tokens_per_s:8.1f} tok/s "
+                f"{row.tokens_per_round:5.2f} tok/round  lossless={row.lossless}",
+                flush=True,
+            )
+        if not args.no_transformers:
+            for row in run_transformers(
+                args.models, prompts, args.max_new_tokens, args.threads, set_name
+            ):
+                rows.append(row)
+                print(f"{set_name:5s} {row.engine:40s} {row.tokens_per_s:8.1f} tok/s", flush=True)
+    print_table(rows)
+    if args.json:
+        args.json.write_text(json.dumps([asdict(r) for r in rows], indent=2))
+
+
+if __name__ == "__main__":
+    main()
