@@ -118,3 +118,34 @@ def test_bad_draft_policy_is_explained(bundles, bad):
 
     with pytest.raises(InputError, match="is not one of: fixed:N"):
         edgespec.load(bundles["qwen2"], mode="lookup", draft_policy=bad)
+
+
+def test_a_failing_round_leaves_the_caches_as_before_it(spec_bundles, references):
+    """An exception inside a round rewinds target and drafter to the round's start."""
+    import numpy as np
+
+    from edgespec.runtime.policies import FixedLength
+    from edgespec.runtime.sampling import SamplingParams
+    from edgespec.runtime.speculative import speculative_round
+
+    model = edgespec.load(spec_bundles["qwen2"], mode="spec", draft_policy="fixed:3")
+    prompt = repetitive_prompt(1)
+    model.generate(prompt, max_new_tokens=N_NEW, ignore_eos=True)  # sizes the caches
+    first = model.generate(prompt, max_new_tokens=1, ignore_eos=True).tokens  # prefills them
+    seq = [*prompt, *first]
+    target, drafter = model.target, model.drafter
+    real_forward = target.forward
+
+    def broken(*args, **kwargs):
+        real_forward(*args, **kwargs)  # the verify call writes its positions, then fails
+        raise RuntimeError("device lost")
+
+    target.forward = broken
+    with pytest.raises(RuntimeError, match="device lost"):
+        speculative_round(target, drafter, FixedLength(3), seq, 3, SamplingParams(),
+                          np.random.default_rng(0))
+    assert target.length == len(seq) - 1 and drafter.model.length <= len(seq) - 1
+    target.forward = real_forward
+    new, _ = speculative_round(target, drafter, FixedLength(3), seq, 3, SamplingParams(),
+                               np.random.default_rng(0))
+    assert [*first, *new] == references["qwen2"][: 1 + len(new)]

@@ -22,6 +22,7 @@ from typing import Protocol
 import numpy as np
 
 from edgespec.runtime.generate import RoundStats, Step, finish_reason
+from edgespec.runtime.graph import GraphSession
 from edgespec.runtime.policies import DraftLengthPolicy
 from edgespec.runtime.sampling import SamplingParams, next_token, probabilities, sample
 from edgespec.runtime.target import Target
@@ -33,7 +34,7 @@ class Proposal:
     q: list[np.ndarray] | None  # draft distribution of each d_i; None: deterministic drafter
     seconds: float
     hidden: np.ndarray | None = None  # self-spec: head hidden states of [last, d_1..d_γ]
-    tail: object | None = None  # self-spec: the tail graph that verifies `hidden`
+    tail: GraphSession | None = None  # self-spec: the tail graph that verifies `hidden`
     exit_layer: int | None = None
 
 
@@ -94,12 +95,13 @@ def speculative_round(
     """One draft-verify round after `seq`; returns the new tokens (accepted drafts + one)."""
     start = perf_counter()
     base = len(seq)  # the target cache holds seq[:-1]; this round appends from seq[-1]
-    # 1. draft
-    proposal = drafter.propose(seq, max_len, policy, params, rng)
-    g = len(proposal.tokens)
-    # 2. verify
-    t_verify = perf_counter()
+    valid = base - 1  # what stays valid in the caches if anything below raises
     try:
+        # 1. draft
+        proposal = drafter.propose(seq, max_len, policy, params, rng)
+        g = len(proposal.tokens)
+        # 2. verify
+        t_verify = perf_counter()
         if proposal.hidden is not None:
             logits = target.forward_tail(proposal.tail, proposal.hidden, keep=g + 1)
         else:
@@ -110,9 +112,9 @@ def speculative_round(
             n, token = accept_greedy(proposal.tokens, logits)
         else:
             n, token = accept_sampled(proposal, logits, params, rng)
+        valid = base + n
     finally:
-        # 4. truncate caches to seq + d_1..d_n (on an exception: to seq[:-1], the round undone)
-        valid = base + n if "n" in locals() else base - 1
+        # 4. truncate both caches to seq + d_1..d_n (a length change, never a copy)
         target.truncate(valid)
         drafter.commit(valid)
     stats = RoundStats(
@@ -142,7 +144,8 @@ def decode_speculative(
 ) -> Iterator[Step]:
     """Speculative decoding; yields one Step per round (the prefill first)."""
     rng = np.random.default_rng(params.seed)
-    capacity = min(len(prompt) + max_new_tokens + policy.max_length + 1, target.max_positions)
+    # drafts are capped below so that the last verify writes position P + max_new - 1
+    capacity = min(len(prompt) + max_new_tokens, target.max_positions)
     target.reset(capacity)
 
     start = perf_counter()
