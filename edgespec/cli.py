@@ -131,7 +131,7 @@ def export(
 @click.option(
     "--draft-policy",
     default=None,
-    help="fixed:N | confidence:T | acceptance | dynamic-exit (default acceptance).",
+    help="fixed:N | confidence:T | acceptance | auto | dynamic-exit (default auto).",
 )
 @click.option("--exit-layer", default=None, type=int, help="Exit layer for self-spec.")
 @click.option("--lookup", is_flag=True, help="Try prompt lookup before the model drafter.")

@@ -90,3 +90,16 @@ def test_rejected_positions_are_overwritten_after_truncate(bundles):
     t.reset(32)
     fresh = t.forward(ids, keep=4)
     np.testing.assert_allclose(after, fresh, atol=1e-5)
+
+
+def test_ids_beyond_the_tokenizer_vocab_do_not_break_text(bundles):
+    """Models often pad their vocab past the tokenizer's; such ids carry no text."""
+    model = edgespec.load(bundles["qwen2"])
+    model.tokenizer._id_to_token = {
+        i: t for i, t in model.tokenizer._id_to_token.items() if i < 1000
+    }  # pretend ids >= 1000 are padding rows
+    got = model.generate("def f(x):", max_new_tokens=30, ignore_eos=True)
+    assert len(got.tokens) == 30 and any(t >= 1000 for t in got.tokens)
+    streamed = "".join(c.text for c in model.stream("def f(x):", max_new_tokens=30,
+                                                     ignore_eos=True))
+    assert streamed == got.text

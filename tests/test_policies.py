@@ -5,6 +5,7 @@ from __future__ import annotations
 from edgespec.runtime.generate import RoundStats
 from edgespec.runtime.policies import (
     Acceptance,
+    Auto,
     Confidence,
     DynamicExit,
     expected_tokens,
@@ -27,7 +28,7 @@ def rounds(
                 "decode",
                 accepted + 1,
                 drafted + 1,
-                0.0,
+                t_draft * drafted + t_verify,  # the whole round's wall time
                 drafted,
                 accepted,
                 t_draft * drafted,
@@ -80,3 +81,31 @@ def test_policy_strings():
     assert make_policy("fixed:3").next_length() == 3
     assert make_policy("confidence:0.5").keep_drafting(1, 0.6)
     assert isinstance(make_policy("dynamic-exit", [2]), DynamicExit)
+
+
+def test_auto_turns_speculation_off_when_it_loses_and_probes_with_backoff():
+    p = Auto()
+    rounds(p, accepted=0, drafted=2, t_draft=0.004, t_verify=0.021, n=6)  # drafts rejected
+    rounds(p, accepted=0, drafted=0, t_draft=0.0, t_verify=0.020, n=3)  # plain steps
+    chosen = [p.next_length() for _ in range(60)]
+    probes = [i for i, g in enumerate(chosen) if g > 0]
+    assert chosen.count(0) >= 55  # plain decoding nearly always
+    assert probes and all(b - a > 4 for a, b in zip(probes, probes[1:], strict=False))
+
+
+def test_auto_turns_speculation_back_on_when_drafts_get_accepted():
+    p = Auto()
+    rounds(p, accepted=0, drafted=2, t_draft=0.004, t_verify=0.021, n=6)
+    rounds(p, accepted=0, drafted=0, t_draft=0.0, t_verify=0.020, n=3)
+    assert p.next_length() == 0
+    rounds(p, accepted=2, drafted=2, t_draft=0.004, t_verify=0.021, n=30)  # probes succeed
+    assert p.next_length() >= 2
+
+
+def test_auto_speculates_when_it_wins_from_the_start():
+    p = Auto()
+    assert p.next_length() == 2  # learns the drafter first
+    rounds(p, accepted=2, drafted=2, t_draft=0.001, t_verify=0.02, n=3)
+    assert p.next_length() == 0  # then measures one plain step
+    rounds(p, accepted=0, drafted=0, t_draft=0.0, t_verify=0.02, n=1)
+    assert p.next_length() >= 3

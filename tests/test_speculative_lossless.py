@@ -22,6 +22,9 @@ CONFIGS = [
     ("self-spec", "dynamic-exit", {}),
     ("self-spec", "fixed:2", {"lookup": True}),
     ("lookup", "fixed:5", {}),
+    ("spec", "auto", {}),
+    ("self-spec", "auto", {"exit_layer": 1}),
+    ("lookup", "auto", {}),
     ("lookup", "acceptance", {"verifier": "exit:2"}),
 ]
 
@@ -142,10 +145,12 @@ def test_a_failing_round_leaves_the_caches_as_before_it(spec_bundles, references
 
     target.forward = broken
     with pytest.raises(RuntimeError, match="device lost"):
-        speculative_round(target, drafter, FixedLength(3), seq, 3, SamplingParams(),
-                          np.random.default_rng(0))
+        speculative_round(
+            target, drafter, FixedLength(3), seq, 3, SamplingParams(), np.random.default_rng(0)
+        )
     assert target.length == len(seq) - 1 and drafter.model.length <= len(seq) - 1
     target.forward = real_forward
-    new, _ = speculative_round(target, drafter, FixedLength(3), seq, 3, SamplingParams(),
-                               np.random.default_rng(0))
+    new, _ = speculative_round(
+        target, drafter, FixedLength(3), seq, 3, SamplingParams(), np.random.default_rng(0)
+    )
     assert [*first, *new] == references["qwen2"][: 1 + len(new)]

@@ -59,6 +59,10 @@ class DraftModelDrafter:
         tokens: list[int] = []
         qs: list[np.ndarray] = []
         feed = seq[self.model.length :]
+        catchup = 0.0
+        if limit > 0 and len(feed) > 1:  # tokens skipped while the policy drafted nothing
+            self.model.forward(np.asarray(feed[:-1], np.int64), keep=0)
+            feed, catchup = feed[-1:], perf_counter() - start
         while len(tokens) < limit:
             logits = self.model.forward(np.asarray(feed, np.int64), keep=1)[-1]
             d, confidence, q = _pick(logits, params, rng)
@@ -68,7 +72,9 @@ class DraftModelDrafter:
             if not policy.keep_drafting(len(tokens), confidence):
                 break
             feed = [d]
-        return Proposal(tokens, qs or None, perf_counter() - start)
+        return Proposal(
+            tokens, qs or None, perf_counter() - start - catchup, catchup_seconds=catchup
+        )
 
     def commit(self, valid: int) -> None:
         self.model.truncate(valid)

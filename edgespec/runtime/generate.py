@@ -31,6 +31,7 @@ class RoundStats:
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
     exit_layer: int | None = None  # self-speculation: the exit layer that drafted
+    catchup_seconds: float = 0.0  # drafter catching up on tokens it skipped while γ was 0
 
 
 @dataclass

@@ -92,9 +92,9 @@ class Model:
         mode: "ar" | "spec" (the bundle's draft model) | "self-spec" (early exit at
         `exit_layer`, default the deepest exported; "dynamic-exit" policy picks per round) |
         "lookup" (prompt lookup). `lookup=True` adds prompt lookup in front of the spec or
-        self-spec drafter. draft_policy: "fixed:N" | "confidence:T" | "acceptance" |
-        "dynamic-exit" (default "acceptance"). verifier: "full" or "exit:K" (head@K then
-        tail@K) for ar/spec/lookup.
+        self-spec drafter. draft_policy: "fixed:N" | "confidence:T" | "acceptance" | "auto"
+        | "dynamic-exit" (default "auto": speculates only while it is measured to win).
+        verifier: "full" or "exit:K" (head@K then tail@K) for ar/spec/lookup.
         """
         folder = Path(bundle)
         manifest = load_manifest(folder)
@@ -134,7 +134,7 @@ class Model:
         if mode == "lookup" or lookup:
             drafter = LookupDrafter(fallback=drafter)
         try:
-            policy = make_policy(draft_policy or "acceptance", exits)
+            policy = make_policy(draft_policy or "auto", exits)
         except ValueError as e:
             raise InputError(str(e)) from None
         if isinstance(policy, DynamicExit) and mode != "self-spec":
@@ -189,7 +189,11 @@ class Model:
                 self.target, self.drafter, self.policy, ids, params, max_new_tokens, stop
             )
         for step in steps:
-            text = "".join(detok.push(t) for t in step.tokens)
+            # ids past the tokenizer's vocab (padded embedding rows) have no text, as in
+            # transformers: they stay in .tokens but are not decoded
+            text = "".join(
+                detok.push(t) for t in step.tokens if self.tokenizer.id_to_token(t) is not None
+            )
             if step.finish_reason:
                 text += detok.flush()
             yield Chunk(text, step.tokens, step.stats, step.finish_reason)
@@ -204,7 +208,8 @@ class Model:
             tokens += chunk.tokens
             stats.add(chunk.stats)
             finish = chunk.finish_reason or finish
-        text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+        known = [t for t in tokens if self.tokenizer.id_to_token(t) is not None]
+        text = self.tokenizer.decode(known, skip_special_tokens=True)
         return Generation(text, tokens, prompt_ids, finish, stats)
 
 

@@ -3,7 +3,7 @@
 Every policy answers three questions: `next_length()` (the most tokens to draft this
 round), `keep_drafting(drafted, confidence)` (stop early?) and `observe(stats)` (learn from
 the finished round). Parsed from strings like "fixed:4", "confidence:0.4", "acceptance",
-"dynamic-exit" by `make_policy`.
+"auto", "dynamic-exit" by `make_policy`.
 
 The adaptive ones maximise expected accepted tokens per second. With per-token acceptance
 α, a round drafting γ tokens yields N(γ) = (1 - α^(γ+1)) / (1 - α) tokens on average and
@@ -75,12 +75,14 @@ def expected_tokens(alpha: float, gamma: int) -> float:
 
 @dataclass
 class CostModel:
-    """Online estimates of acceptance and timing for one drafter (EWMA)."""
+    """Online estimates for one drafter (EWMA): per-token acceptance α, the marginal cost of
+    one more draft token, and the measured wall time of a whole round per γ (which includes
+    verifying γ + 1 positions and any per-round overhead of the mode)."""
 
     alpha: float = 0.6  # prior: typical acceptance of a decent drafter
     decay: float = 0.15
     t_draft: float | None = None  # seconds per drafted token
-    t_verify: dict[int, float] = field(default_factory=dict)  # width -> seconds
+    round_time: dict[int, float] = field(default_factory=dict)  # γ -> seconds per round
     rounds: int = 0
 
     def observe(self, s: RoundStats) -> None:
@@ -88,37 +90,34 @@ class CostModel:
         if s.drafted:
             # each round is s.accepted Bernoulli successes, then one failure unless all passed
             trials = s.accepted + (1 if s.accepted < s.drafted else 0)
-            rate = s.accepted / trials
             weight = 1 - (1 - self.decay) ** trials
-            self.alpha += weight * (rate - self.alpha)
+            self.alpha += weight * (s.accepted / trials - self.alpha)
             per_token = s.draft_seconds / s.drafted
             self.t_draft = (
                 per_token if self.t_draft is None else _ewma(self.t_draft, per_token, self.decay)
             )
-        width = s.drafted + 1
-        old = self.t_verify.get(width)
-        self.t_verify[width] = (
-            s.verify_seconds if old is None else _ewma(old, s.verify_seconds, self.decay)
-        )
+        seconds = s.seconds - s.catchup_seconds  # a one-off, not a cost of this γ
+        old = self.round_time.get(s.drafted)
+        self.round_time[s.drafted] = seconds if old is None else _ewma(old, seconds, self.decay)
 
-    def verify_time(self, width: int) -> float:
-        if width in self.t_verify:
-            return self.t_verify[width]
-        # unseen width: the nearest measured one (verify cost grows slowly with width)
-        nearest = min(self.t_verify, key=lambda w: abs(w - width))
-        return self.t_verify[nearest]
+    def cost(self, gamma: int) -> float:
+        """Estimated seconds of a round drafting γ tokens: measured if seen, else the nearest
+        measured γ plus (or minus) draft steps."""
+        nearest = min(self.round_time, key=lambda g: (abs(g - gamma), -g))
+        estimate = self.round_time[nearest] + (gamma - nearest) * (self.t_draft or 0.0)
+        return max(estimate, 1e-9)
+
+    def rate(self, gamma: int) -> float:
+        """Expected tokens per second when drafting γ per round."""
+        return expected_tokens(min(self.alpha, 0.999), gamma) / self.cost(gamma)
 
     def best_length(self, max_length: int, min_length: int = 1) -> tuple[int, float]:
         """(γ, expected tokens per second) maximising N(γ) / T(γ)."""
-        if self.t_draft is None or not self.t_verify:
+        if self.t_draft is None or not self.round_time:
             return min(4, max_length), 0.0
-        alpha = min(self.alpha, 0.999)
-        best = (min_length, -1.0)
-        for g in range(min_length, max_length + 1):
-            rate = expected_tokens(alpha, g) / (g * self.t_draft + self.verify_time(g + 1))
-            if rate > best[1]:
-                best = (g, rate)
-        return best
+        return max(
+            ((g, self.rate(g)) for g in range(min_length, max_length + 1)), key=lambda pair: pair[1]
+        )
 
 
 def _ewma(old: float, new: float, decay: float) -> float:
@@ -134,6 +133,43 @@ class Acceptance:
 
     def next_length(self) -> int:
         return self.cost.best_length(self.max_length)[0]
+
+    def keep_drafting(self, drafted: int, confidence: float) -> bool:
+        return True
+
+    def observe(self, stats: RoundStats) -> None:
+        self.cost.observe(stats)
+
+
+@dataclass
+class Auto:
+    """Speculate only when it wins. γ = 0 (one plain target step) is a candidate like any
+    other, priced by its own measured round time; when plain decoding is the better bet the
+    policy still probes a short draft now and then (every 4, 8, ... up to 128 plain rounds,
+    backing off while probes keep losing) so speculation switches back on when the text gets
+    predictable again."""
+
+    max_length: int = MAX_DRAFT
+    cost: CostModel = field(default_factory=CostModel)
+    max_gap: int = 128
+    _gap: int = 4
+    _plain_rounds: int = 0
+
+    def next_length(self) -> int:
+        if self.cost.t_draft is None:
+            return min(2, self.max_length)  # learn α and the draft cost first
+        if 0 not in self.cost.round_time:
+            return 0  # then what a plain step costs here
+        g, rate = self.cost.best_length(self.max_length, min_length=1)
+        if rate > self.cost.rate(0):
+            self._gap = 4
+            return g
+        self._plain_rounds += 1
+        if self._plain_rounds >= self._gap:
+            self._plain_rounds = 0
+            self._gap = min(2 * self._gap, self.max_gap)
+            return g
+        return 0
 
     def keep_drafting(self, drafted: int, confidence: float) -> bool:
         return True
@@ -183,7 +219,7 @@ class DynamicExit:
 
 
 def make_policy(spec: str, exits: list[int] | None = None) -> DraftLengthPolicy:
-    """Parse "fixed:4", "confidence:0.4", "acceptance" or "dynamic-exit"."""
+    """Parse "fixed:4", "confidence:0.4", "acceptance", "auto" or "dynamic-exit"."""
     name, _, arg = spec.partition(":")
     policy: DraftLengthPolicy | None = None
     try:
@@ -193,6 +229,8 @@ def make_policy(spec: str, exits: list[int] | None = None) -> DraftLengthPolicy:
             policy = Confidence(float(arg or 0.4))
         elif name == "acceptance" and not arg:
             policy = Acceptance()
+        elif name == "auto" and not arg:
+            policy = Auto()
         elif name == "dynamic-exit" and not arg:
             policy = DynamicExit(sorted(exits or []))
     except ValueError:
@@ -201,6 +239,6 @@ def make_policy(spec: str, exits: list[int] | None = None) -> DraftLengthPolicy:
     if policy is None:
         raise ValueError(
             f"draft policy {spec!r} is not one of: fixed:N (0..64), confidence:T (0..1), "
-            "acceptance, dynamic-exit"
+            "acceptance, auto, dynamic-exit"
         )
     return policy

@@ -36,6 +36,7 @@ class Proposal:
     hidden: np.ndarray | None = None  # self-spec: head hidden states of [last, d_1..d_γ]
     tail: GraphSession | None = None  # self-spec: the tail graph that verifies `hidden`
     exit_layer: int | None = None
+    catchup_seconds: float = 0.0  # of `seconds`: feeding tokens the drafter had skipped
 
 
 class Drafter(Protocol):
@@ -127,6 +128,7 @@ def speculative_round(
         draft_seconds=proposal.seconds,
         verify_seconds=verify_seconds,
         exit_layer=proposal.exit_layer,
+        catchup_seconds=proposal.catchup_seconds,
     )
     # 5. update the draft-length policy
     policy.observe(stats)
