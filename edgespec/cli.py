@@ -208,6 +208,59 @@ def demo(prompt: str, max_new_tokens: int, threads: int | None) -> None:
 
 @main.command()
 @click.argument("bundle", type=click.Path())
+@click.option("--calibrate", is_flag=True, help="Measure round costs; store calibration.json.")
+@click.option("--prompt", "-p", default="def fibonacci(n):\n", show_default=True)
+@click.option("--max-new-tokens", "-n", default=64, show_default=True, type=int)
+@click.option("--device", default="cpu", show_default=True)
+@click.option("--threads", default=None, type=int)
+@_friendly
+def bench(
+    bundle: str,
+    calibrate: bool,
+    prompt: str,
+    max_new_tokens: int,
+    device: str,
+    threads: int | None,
+) -> None:
+    """Time each decoding mode BUNDLE supports on one prompt, or --calibrate this device."""
+    import edgespec
+    from edgespec.runtime.calibrate import calibrate as run_calibration
+    from edgespec.runtime.calibrate import device_key, mode_keys
+
+    if calibrate:
+        entry = run_calibration(
+            bundle,
+            device=device,
+            threads=threads,
+            progress=lambda k: click.echo(f"calibrating {k} ...", err=True),
+        )
+        click.echo(f"saved {Path(bundle) / 'calibration.json'} [{device_key(device, threads)}]")
+        click.echo(f"{'mode':<14} {'draft/token':>12}  round seconds for γ = 0, 1, 2, ...")
+        for key, e in entry.items():
+            rounds = " ".join(f"{t * 1000:.1f}" for t in e["round_seconds"].values())
+            click.echo(f"{key:<14} {e['draft_token_seconds'] * 1000:>10.2f}ms  {rounds} (ms)")
+        return
+    ar = edgespec.load(bundle, device=device, threads=threads)
+    rows = [("ar", ar)] + [
+        (key, edgespec.load(bundle, device=device, threads=threads, **options))
+        for key, options in mode_keys(ar.manifest)
+    ]
+    click.echo(f"{'mode':<14} {'tok/s':>8} {'vs ar':>7} {'accepted':>9}  output equals ar")
+    reference, base = None, None
+    for key, model in rows:
+        model.generate(prompt, max_new_tokens=4, ignore_eos=True)  # warm-up
+        out = model.generate(prompt, max_new_tokens=max_new_tokens, ignore_eos=True)
+        s = out.stats
+        rate = len(out.tokens) / (s.prefill_seconds + s.decode_seconds)
+        reference, base = reference or out.tokens, base or rate
+        click.echo(
+            f"{key:<14} {rate:>8.1f} {rate / base:>6.2f}x {s.acceptance_rate:>8.0%}  "
+            f"{out.tokens == reference}"
+        )
+
+
+@main.command()
+@click.argument("bundle", type=click.Path())
 @_friendly
 def inspect(bundle: str) -> None:
     """Show what a bundle holds."""

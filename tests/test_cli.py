@@ -102,3 +102,31 @@ def test_bad_policy_is_one_error_line(spec_bundles):
         ],
     )
     assert r.exit_code == 1 and "is not one of: fixed:N" in r.output
+
+
+def test_calibrate_stores_round_costs_that_seed_the_auto_policy(spec_bundles, tmp_path):
+    import json
+    import shutil
+
+    import edgespec
+    from edgespec.runtime.calibrate import device_key
+
+    b = tmp_path / "b"
+    shutil.copytree(spec_bundles["gpt2"], b)
+    r = CliRunner().invoke(main, ["bench", str(b), "--calibrate", "--threads", "1"])
+    assert r.exit_code == 0, r.output
+    entry = json.loads((b / "calibration.json").read_text())[device_key("cpu", 1)]
+    assert set(entry) == {"spec", "self-spec@1", "self-spec@2", "self-spec@3", "lookup"}
+    assert len(entry["spec"]["round_seconds"]) == 9 and entry["spec"]["draft_token_seconds"] > 0
+    model = edgespec.load(b, mode="spec", threads=1)
+    assert model.policy.cost.round_time[0] == entry["spec"]["round_seconds"]["0"]
+    assert edgespec.load(b, mode="spec", threads=2).policy.cost.round_time == {}  # other device
+
+
+def test_bench_compares_modes_and_checks_outputs(spec_bundles):
+    r = CliRunner().invoke(main, ["bench", str(spec_bundles["qwen2"]), "-n", "8"])
+    assert r.exit_code == 0, r.output
+    lines = r.output.splitlines()
+    assert [ln.split()[0] for ln in lines[1:]] == ["ar", "spec", "self-spec@1", "self-spec@2",
+                                                    "self-spec@3", "lookup"]
+    assert all(ln.endswith("True") for ln in lines[1:])

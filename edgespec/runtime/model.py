@@ -17,10 +17,17 @@ import numpy as np
 
 from edgespec.bundle import BundleError, Manifest, load_manifest
 from edgespec.devices import providers_for
+from edgespec.runtime.calibrate import load_cost
 from edgespec.runtime.drafters import DraftModelDrafter, EarlyExitDrafter, LookupDrafter
 from edgespec.runtime.generate import GenerationStats, RoundStats, decode_ar
 from edgespec.runtime.graph import GraphSession, session_options
-from edgespec.runtime.policies import DraftLengthPolicy, DynamicExit, make_policy
+from edgespec.runtime.policies import (
+    Acceptance,
+    Auto,
+    DraftLengthPolicy,
+    DynamicExit,
+    make_policy,
+)
 from edgespec.runtime.sampling import SamplingParams
 from edgespec.runtime.speculative import Drafter, decode_speculative
 from edgespec.runtime.target import Target
@@ -139,6 +146,9 @@ class Model:
             raise InputError(str(e)) from None
         if isinstance(policy, DynamicExit) and mode != "self-spec":
             raise InputError("the dynamic-exit policy chooses exit layers: use it with self-spec")
+        seed_from_calibration(
+            policy, folder, device, threads, mode, k if mode == "self-spec" else 0
+        )
         return cls(folder, manifest, target, tokenizer, mode, drafter, policy)
 
     # -- requests ---------------------------------------------------------------------------
@@ -211,6 +221,21 @@ class Model:
         known = [t for t in tokens if self.tokenizer.id_to_token(t) is not None]
         text = self.tokenizer.decode(known, skip_special_tokens=True)
         return Generation(text, tokens, prompt_ids, finish, stats)
+
+
+def seed_from_calibration(
+    policy: DraftLengthPolicy, folder: Path, device: str, threads: int | None, mode: str, exit: int
+) -> None:
+    """Start adaptive policies from this device's measured round costs, when calibrated."""
+    if isinstance(policy, DynamicExit):
+        for k in policy.exits:
+            cost = load_cost(folder, device, threads, f"self-spec@{k}")
+            if cost is not None:
+                policy.costs[k] = cost
+    elif isinstance(policy, Auto | Acceptance):
+        cost = load_cost(folder, device, threads, f"self-spec@{exit}" if exit else mode)
+        if cost is not None:
+            policy.cost = cost
 
 
 def _graph_opener(folder: Path, manifest: Manifest, device: str, threads: int | None):
