@@ -73,6 +73,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
 ENGINES = ("edgespec", "transformers", "genai")
+QUIET_CORES = 0.25  # other processes' CPU use (cores) above which the machine counts as busy
 TOKENIZER_VOCAB = 8192  # trained BPE vocab; prompt ids are drawn below it
 EOS_TOKEN = "<|endoftext|>"  # id 0 of the trained tokenizer; also the models' bos/eos/pad
 
@@ -121,6 +122,7 @@ class Run:
     decode_tokens: int  # tokens after the first one
     tokens: list[int]
     wall_s: float = 0.0  # the whole call, setup included, for sanity checks
+    other_cpu: float = 0.0  # mean cores other processes kept busy during this run
 
     @property
     def prefill_tps(self) -> float:
@@ -142,17 +144,23 @@ class EngineResult:
     tokens: list[int] = field(default_factory=list)
     runs: list[dict[str, Any]] = field(default_factory=list)
     elapsed_s: float = 0.0  # export (if not cached) + load + warm-up + repeats
-    other_cpu: float = 0.0  # mean cores kept busy by other processes meanwhile (noise)
+    other_cpu: float = 0.0  # most cores other processes kept busy during a timed run
 
 
-def measure(once: Callable[[], Run], warmup: int, repeats: int) -> list[Run]:
+def measure(once: Callable[[], Run], warmup: int, repeats: int, quiet_wait: float) -> list[Run]:
+    """Warm up, then time `repeats` runs, each started when the machine is quiet (or after
+    `quiet_wait` seconds of waiting for that) and tagged with the CPU others used meanwhile."""
+    wait_for_quiet(quiet_wait)
     for _ in range(warmup):
         once()
     runs = []
     for _ in range(repeats):
+        wait_for_quiet(quiet_wait)
+        monitor = CpuMonitor()
         start = time.perf_counter()
         run = once()
         run.wall_s = time.perf_counter() - start
+        run.other_cpu = monitor.other_cores()
         runs.append(run)
     return runs
 
@@ -169,6 +177,7 @@ def summarize(result: EngineResult, runs: list[Run], stat: str, n_new: int) -> N
             "prompt_tokens": r.prompt_tokens,
             "decode_tokens": r.decode_tokens,
             "wall_s": r.wall_s,
+            "other_cpu": r.other_cpu,
             "prefill_tps": r.prefill_tps,
             "decode_tps": r.decode_tps,
         }
@@ -410,6 +419,18 @@ def export_edgespec(folder: Path, bundle: Path) -> None:
     export_bundle(model=str(folder), out=str(bundle), **options)
 
 
+def edgespec_exporter_digest() -> str:
+    """Hash of the exporter's source: a cached bundle is re-exported when the exporter changed."""
+    import edgespec
+
+    root = Path(edgespec.__file__).parent
+    h = hashlib.sha256()
+    for path in sorted([root / "bundle.py", *(root / "export").rglob("*.py")]):
+        if path.exists():
+            h.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()[:16]
+
+
 def load_edgespec(bundle: Path, threads: int) -> Any:
     import edgespec
 
@@ -498,9 +519,10 @@ def genai_worker(spec_path: str) -> None:
     """Subprocess entry (--genai-worker SPEC): measure genai, write runs as JSON."""
     spec = json.loads(Path(spec_path).read_text())
     with genai_engine(Path(spec["model_dir"]), spec["prompt"], spec["n_new"], spec["threads"]) as f:
-        runs = measure(f, spec["warmup"], spec["repeats"])
-    out = [asdict(r) for r in runs]
-    Path(spec["out"]).write_text(json.dumps(out))
+        runs = measure(f, spec["warmup"], spec["repeats"], spec["quiet_wait"])
+    Path(spec["out"]).write_text(
+        json.dumps({"runs": [asdict(r) for r in runs], "info": genai_info()})
+    )
 
 
 def genai_in_subprocess(
@@ -514,6 +536,7 @@ def genai_in_subprocess(
             "threads": args.threads,
             "warmup": args.warmup,
             "repeats": args.repeats,
+            "quiet_wait": args.quiet_wait,
             "out": str(Path(tmp) / "runs.json"),
         }
         spec_path = Path(tmp) / "spec.json"
@@ -522,7 +545,22 @@ def genai_in_subprocess(
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             raise RuntimeError(f"genai worker failed:\n{(proc.stdout + proc.stderr)[-3000:]}")
-        return [Run(**r) for r in json.loads(Path(spec["out"]).read_text())]
+        answer = json.loads(Path(spec["out"]).read_text())
+        GENAI_INFO.update(answer["info"], python=python)
+        return [Run(**r) for r in answer["runs"]]
+
+
+GENAI_INFO: dict[str, str] = {}  # versions seen by whichever interpreter ran genai
+
+
+def genai_info() -> dict[str, str]:
+    import onnxruntime
+    import onnxruntime_genai
+
+    return {
+        "onnxruntime-genai": onnxruntime_genai.__version__,
+        "onnxruntime": onnxruntime.__version__,
+    }
 
 
 def genai_in_process() -> bool:
@@ -546,7 +584,7 @@ def edgespec_importable() -> str | None:
 
 
 # --------------------------------------------------------------------------- one shape
-def bench_shape(shape: str, args: argparse.Namespace, bandwidth: float) -> dict[str, Any]:
+def bench_shape(shape: str, args: argparse.Namespace) -> dict[str, Any]:
     cache: Path = args.cache
     seed: int = args.seed
     rebuild = set(args.rebuild)
@@ -560,7 +598,6 @@ def bench_shape(shape: str, args: argparse.Namespace, bandwidth: float) -> dict[
     for engine in [e for e in ("transformers", "edgespec", "genai") if e in args.engines]:
         result = results[engine] = EngineResult(engine)
         start = time.perf_counter()
-        monitor = CpuMonitor()
         try:
             runs = run_engine(engine, folder, prompt, args, rebuild)
         except EngineSkipped as e:
@@ -572,9 +609,9 @@ def bench_shape(shape: str, args: argparse.Namespace, bandwidth: float) -> dict[
             log(f"[{shape}] {engine}: error\n{traceback.format_exc()}")
             continue
         result.elapsed_s = time.perf_counter() - start
-        result.other_cpu = monitor.other_cores()
-        if result.other_cpu > 0.2:
-            note = f"other jobs used {result.other_cpu:.1f} cores meanwhile"
+        result.other_cpu = max(r.other_cpu for r in runs)
+        if result.other_cpu > QUIET_CORES:
+            note = f"busy machine: other jobs used up to {result.other_cpu:.1f} cores"
             result.message = f"{result.message}; {note}" if result.message else note
         summarize(result, runs, args.stat, n_new)
         log(
@@ -594,7 +631,7 @@ def bench_shape(shape: str, args: argparse.Namespace, bandwidth: float) -> dict[
         "checkpoint": str(folder),
         "parameters": params,
         "weight_bytes_per_token": read_bytes,
-        "bound_decode_tps": bandwidth / read_bytes,
+        "bound_decode_tps": 0.0,  # set once the bandwidth is known
         "prompt": prompt,
         "engines": [asdict(r) for r in results.values()],
     }
@@ -611,7 +648,7 @@ def run_engine(
     if engine == "transformers":
         try:
             with transformers_engine(folder, prompt, n_new, threads) as once:
-                return measure(once, args.warmup, args.repeats)
+                return measure(once, args.warmup, args.repeats, args.quiet_wait)
         finally:
             gc.collect()
     if engine == "edgespec":
@@ -620,11 +657,16 @@ def run_engine(
             raise EngineSkipped(f"edgespec not importable yet ({why})")
         bundle = folder.parent / "edgespec-fp32"
         stamp = bundle / ".complete"
-        fresh = not stamp.exists() or "edgespec" in rebuild
+        exporter = edgespec_exporter_digest()
+        stale = not stamp.exists() or stamp.read_text() != exporter
+        fresh = stale or "edgespec" in rebuild
         if fresh:
-            log("  exporting edgespec bundle")
+            log(
+                "  exporting the edgespec bundle"
+                + (" (exporter changed)" if stamp.exists() else "")
+            )
             export_edgespec(folder, bundle)
-            stamp.write_text("ok")
+            stamp.write_text(exporter)
         try:
             model = load_edgespec(bundle, threads)
         except Exception:
@@ -632,9 +674,12 @@ def run_engine(
                 raise
             log("  the cached edgespec bundle does not load; re-exporting it")
             export_edgespec(folder, bundle)
+            stamp.write_text(exporter)
             model = load_edgespec(bundle, threads)
         try:
-            return measure(edgespec_runner(model, prompt, n_new), args.warmup, args.repeats)
+            return measure(
+                edgespec_runner(model, prompt, n_new), args.warmup, args.repeats, args.quiet_wait
+            )
         finally:
             del model
             gc.collect()
@@ -652,9 +697,10 @@ def run_engine(
         (out / ".complete").write_text("ok")
     if args.genai_python:
         return genai_in_subprocess(args.genai_python, out, prompt, args)
+    GENAI_INFO.update(genai_info(), python=sys.executable)
     try:
         with genai_engine(out, prompt, n_new, threads) as once:
-            return measure(once, args.warmup, args.repeats)
+            return measure(once, args.warmup, args.repeats, args.quiet_wait)
     finally:
         gc.collect()
 
@@ -707,7 +753,25 @@ def versions() -> dict[str, str]:
             out[dist] = metadata.version(dist)
         except metadata.PackageNotFoundError:
             out[dist] = "-"
+    if out["edgespec"] == "-" and edgespec_importable() is None:  # a checkout on sys.path
+        import edgespec
+
+        out["edgespec"] = f"{edgespec.__version__} (source checkout)"
     return out
+
+
+def git_state() -> str:
+    """The checkout's commit, "+dirty" when edgespec/ has uncommitted changes."""
+
+    def git(*argv: str) -> str:
+        proc = subprocess.run(["git", *argv], cwd=REPO, capture_output=True, text=True, timeout=10)
+        return proc.stdout.strip()
+
+    try:
+        head, dirty = git("rev-parse", "--short", "HEAD"), git("status", "--porcelain", "edgespec")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return (head or "unknown") + ("+dirty" if dirty else "")
 
 
 def cpu_name() -> str:
@@ -747,6 +811,18 @@ class CpuMonitor:
         return max(0.0, other / wall) if wall > 0 else 0.0
 
 
+def wait_for_quiet(max_wait: float) -> float:
+    """Wait (up to `max_wait` s) for a 1 s window in which other processes use less than
+    QUIET_CORES cores; return the seconds waited. 2 shared cores make this matter."""
+    start = time.perf_counter()
+    while time.perf_counter() - start < max_wait:
+        monitor = CpuMonitor()
+        time.sleep(1.0)
+        if monitor.other_cores() < QUIET_CORES:
+            break
+    return time.perf_counter() - start
+
+
 def loadavg() -> float:
     """The 1-minute load average (other jobs on the machine skew every number)."""
     try:
@@ -771,6 +847,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=1, help="untimed generations first")
     p.add_argument("--repeats", type=int, default=3, help="timed generations")
     p.add_argument("--stat", choices=("median", "best"), default="median")
+    p.add_argument(
+        "--quiet-wait",
+        type=float,
+        default=30.0,
+        help="before each timed run wait up to this many seconds for other processes to "
+        "leave the CPU idle (0: never wait)",
+    )
     p.add_argument("--seed", type=int, default=0, help="torch seed for weights; numpy for prompt")
     p.add_argument(
         "--cache",
@@ -826,10 +909,14 @@ def main(argv: list[str] | None = None) -> int:
     load_start = loadavg()
     if load_start > 0.5:
         log(f"warning: load average is {load_start:.2f} before starting; numbers will be noisy")
-    log("measuring memory bandwidth")
-    bw = memory_bandwidth(args.bw_bytes, args.threads)
-    bandwidth = bw["bound"]
-    meta = {
+
+    def bandwidth_now() -> dict[str, float]:
+        log("measuring memory bandwidth")
+        wait_for_quiet(args.quiet_wait)
+        return memory_bandwidth(args.bw_bytes, args.threads)
+
+    samples = [bandwidth_now()]
+    meta: dict[str, Any] = {
         "threads": args.threads,
         "new_tokens": args.new_tokens,
         "prompt_len": args.prompt_len,
@@ -837,20 +924,28 @@ def main(argv: list[str] | None = None) -> int:
         "repeats": args.repeats,
         "stat": args.stat,
         "seed": args.seed,
-        "copy_bandwidth_bytes_per_s": bw["copy"],  # read + write
-        "read_bandwidth_bytes_per_s": bw["read"],
-        "bound_bandwidth_bytes_per_s": bandwidth,
         "cpu": cpu_name(),
         "cpu_count": os.cpu_count(),
         "versions": versions(),
+        "edgespec_git": git_state(),
+        "genai": GENAI_INFO,
         "genai_mode": (
             f"subprocess: {args.genai_python}"
             if args.genai_python
             else ("in-process" if genai_in_process() else "unavailable")
         ),
     }
-    shapes = [bench_shape(s, args, bandwidth) for s in args.shapes]
+    shapes = [bench_shape(s, args) for s in args.shapes]
     meta["load_average_start_end"] = [load_start, loadavg()]
+    # Measured before and after the engines; the bound takes the best (other jobs only lower it).
+    samples.append(bandwidth_now())
+    bw = {key: max(b[key] for b in samples) for key in samples[0]}
+    meta["bandwidth_samples_bytes_per_s"] = samples
+    meta["copy_bandwidth_bytes_per_s"] = bw["copy"]  # read + write
+    meta["read_bandwidth_bytes_per_s"] = bw["read"]
+    meta["bound_bandwidth_bytes_per_s"] = bw["bound"]
+    for shape in shapes:
+        shape["bound_decode_tps"] = bw["bound"] / shape["weight_bytes_per_token"]
     print(
         f"\ngreedy fp32 CPU, {args.threads} threads, prompt {args.prompt_len} tokens, "
         f"{args.new_tokens} new tokens, {args.stat} of {args.repeats} (+{args.warmup} warm-up); "

@@ -50,15 +50,15 @@ def edgespec_configs(exits: list[int]) -> list[tuple[str, dict]]:
             configs.append(
                 (f"{label} fixed:{g}", {"mode": mode, "draft_policy": f"fixed:{g}", **extra})
             )
-        for policy in ("confidence:0.5", "acceptance"):
+        for policy in ("confidence:0.5", "acceptance", "auto"):
             configs.append((f"{label} {policy}", {"mode": mode, "draft_policy": policy, **extra}))
     configs.append(
         ("self-spec dynamic-exit", {"mode": "self-spec", "draft_policy": "dynamic-exit"})
     )
-    for policy in ("fixed:4", "fixed:8", "acceptance"):
+    for policy in ("fixed:4", "fixed:8", "acceptance", "auto"):
         configs.append((f"lookup {policy}", {"mode": "lookup", "draft_policy": policy}))
     configs.append(
-        ("spec+lookup acceptance", {"mode": "spec", "lookup": True, "draft_policy": "acceptance"})
+        ("spec+lookup auto", {"mode": "spec", "lookup": True, "draft_policy": "auto"})
     )
     return configs
 

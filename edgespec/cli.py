@@ -154,7 +154,7 @@ def _generate(
     stream: bool,
     stats: bool,
 ) -> None:
-    from edgespec.runtime.generate import GenerationStats
+    from edgespec.runtime.stats import GenerationStats
 
     totals = GenerationStats()
     pieces: list[str] = []

@@ -127,6 +127,12 @@ def test_bench_compares_modes_and_checks_outputs(spec_bundles):
     r = CliRunner().invoke(main, ["bench", str(spec_bundles["qwen2"]), "-n", "8"])
     assert r.exit_code == 0, r.output
     lines = r.output.splitlines()
-    assert [ln.split()[0] for ln in lines[1:]] == ["ar", "spec", "self-spec@1", "self-spec@2",
-                                                    "self-spec@3", "lookup"]
+    assert [ln.split()[0] for ln in lines[1:]] == [
+        "ar",
+        "spec",
+        "self-spec@1",
+        "self-spec@2",
+        "self-spec@3",
+        "lookup",
+    ]
     assert all(ln.endswith("True") for ln in lines[1:])

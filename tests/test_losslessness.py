@@ -100,6 +100,7 @@ def test_ids_beyond_the_tokenizer_vocab_do_not_break_text(bundles):
     }  # pretend ids >= 1000 are padding rows
     got = model.generate("def f(x):", max_new_tokens=30, ignore_eos=True)
     assert len(got.tokens) == 30 and any(t >= 1000 for t in got.tokens)
-    streamed = "".join(c.text for c in model.stream("def f(x):", max_new_tokens=30,
-                                                     ignore_eos=True))
+    streamed = "".join(
+        c.text for c in model.stream("def f(x):", max_new_tokens=30, ignore_eos=True)
+    )
     assert streamed == got.text

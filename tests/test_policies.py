@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from edgespec.runtime.generate import RoundStats
 from edgespec.runtime.policies import (
     Acceptance,
     Auto,
@@ -11,6 +10,7 @@ from edgespec.runtime.policies import (
     expected_tokens,
     make_policy,
 )
+from edgespec.runtime.stats import RoundStats
 
 
 def rounds(

@@ -22,10 +22,14 @@ normalizers, pre_tokenizers = tokenizers.normalizers, tokenizers.pre_tokenizers
 processors, trainers = tokenizers.processors, tokenizers.trainers
 
 GPT2_RE = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
-QWEN2_RE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
-            r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-LLAMA3_RE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
-             r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+QWEN2_RE = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
+    r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+LLAMA3_RE = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
+    r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 
 MULTILINGUAL = (
     "Café naïve façade — Ünïcödé! Ελληνικά κείμενα. Русский текст, ёжик.\n"
@@ -36,8 +40,10 @@ MULTILINGUAL = (
 
 def _corpus() -> str:
     stdlib = Path(sysconfig.get_paths()["stdlib"])
-    parts = [(stdlib / name).read_text(encoding="utf-8")[:6000]
-             for name in ("textwrap.py", "json/decoder.py", "string.py", "bisect.py")]
+    parts = [
+        (stdlib / name).read_text(encoding="utf-8")[:6000]
+        for name in ("textwrap.py", "json/decoder.py", "string.py", "bisect.py")
+    ]
     return "\n".join(parts) + MULTILINGUAL * 3
 
 
@@ -69,40 +75,57 @@ SAMPLES = [
     "unknown <|im_sta rt|> <|endoftext",
     "\U0001d400\U0001d401 \U00010000 \uffff \ufffd",
     "ſ ß ﬁ İ ı K Å",
-    "http://example.com/path?q=1&r=[2]#frag {\"json\": [1, 2, null]}",
+    'http://example.com/path?q=1&r=[2]#frag {"json": [1, 2, null]}',
 ]
 
 
 def _random_strings(seed: int, count: int) -> list[str]:
     rng = random.Random(seed)
-    pool = ("abcXYZ019 '\t\n\r.,!?_-()[]{}<>éüßñ中文字😀🏽\u0301\u00a0\u3000\x0b\x1c½Ⅻ٣|"
-            "<|endoftext|><|im_start|>")
+    pool = (
+        "abcXYZ019 '\t\n\r.,!?_-()[]{}<>éüßñ中文字😀🏽\u0301\u00a0\u3000\x0b\x1c½Ⅻ٣|"
+        "<|endoftext|><|im_start|>"
+    )
     return ["".join(rng.choice(pool) for _ in range(rng.randint(1, 40))) for _ in range(count)]
 
 
-def _byte_level_tokenizer(path: Path, split_re: str | None, *, add_prefix_space: bool = False,
-                          template: str | None = None, ignore_merges: bool = False) -> Path:
+def _byte_level_tokenizer(
+    path: Path,
+    split_re: str | None,
+    *,
+    add_prefix_space: bool = False,
+    template: str | None = None,
+    ignore_merges: bool = False,
+) -> Path:
     """Train a byte-level BPE; split_re=None uses ByteLevel(use_regex=True) (GPT-2 style)."""
     tok = tokenizers.Tokenizer(models.BPE(ignore_merges=ignore_merges))
     if split_re is None:
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=add_prefix_space)
     else:
         tok.normalizer = normalizers.NFC()
-        tok.pre_tokenizer = pre_tokenizers.Sequence([
-            pre_tokenizers.Split(Regex(split_re), behavior="isolated", invert=False),
-            pre_tokenizers.ByteLevel(add_prefix_space=add_prefix_space, use_regex=False),
-        ])
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(split_re), behavior="isolated", invert=False),
+                pre_tokenizers.ByteLevel(add_prefix_space=add_prefix_space, use_regex=False),
+            ]
+        )
     tok.decoder = decoders.ByteLevel()
     specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|begin_of_text|>"]
-    trainer = trainers.BpeTrainer(vocab_size=1200, special_tokens=specials, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=1200,
+        special_tokens=specials,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator([CORPUS], trainer=trainer)
     if template:
-        tok.post_processor = processors.Sequence([
-            processors.ByteLevel(trim_offsets=False),
-            processors.TemplateProcessing(single=template,
-                                          special_tokens=[("<|begin_of_text|>", 3)]),
-        ])
+        tok.post_processor = processors.Sequence(
+            [
+                processors.ByteLevel(trim_offsets=False),
+                processors.TemplateProcessing(
+                    single=template, special_tokens=[("<|begin_of_text|>", 3)]
+                ),
+            ]
+        )
     else:
         tok.post_processor = processors.ByteLevel(trim_offsets=False)
     tok.add_tokens([tokenizers.AddedToken("<tool>", lstrip=True, rstrip=True, normalized=False)])
@@ -114,8 +137,9 @@ def _sentencepiece_tokenizer(path: Path, *, metaspace: bool) -> Path:
     """A Llama-2 / TinyLlama-style BPE: byte_fallback, <0xNN> tokens, ▁ for spaces."""
     tok = tokenizers.Tokenizer(models.BPE(unk_token="<unk>", fuse_unk=True, byte_fallback=True))
     tok.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="first")
-    trainer = trainers.BpeTrainer(vocab_size=900, show_progress=False,
-                                  special_tokens=["<unk>", "<s>", "</s>"])
+    trainer = trainers.BpeTrainer(
+        vocab_size=900, show_progress=False, special_tokens=["<unk>", "<s>", "</s>"]
+    )
     tok.train_from_iterator([CORPUS.replace("中文", "")], trainer=trainer)
     spec = json.loads(tok.to_str())
     trained = sorted(spec["model"]["vocab"].items(), key=lambda kv: kv[1])[3:]
@@ -130,23 +154,39 @@ def _sentencepiece_tokenizer(path: Path, *, metaspace: bool) -> Path:
         added["id"] = vocab[added["content"]]
     if metaspace:  # newer conversions: Metaspace pre-tokenizer, no normalizer
         spec["normalizer"] = None
-        spec["pre_tokenizer"] = {"type": "Metaspace", "replacement": "▁",
-                                 "prepend_scheme": "first", "split": False}
+        spec["pre_tokenizer"] = {
+            "type": "Metaspace",
+            "replacement": "▁",
+            "prepend_scheme": "first",
+            "split": False,
+        }
     else:  # legacy Llama-2 tokenizer.json
-        spec["normalizer"] = {"type": "Sequence", "normalizers": [
-            {"type": "Prepend", "prepend": "▁"},
-            {"type": "Replace", "pattern": {"String": " "}, "content": "▁"}]}
+        spec["normalizer"] = {
+            "type": "Sequence",
+            "normalizers": [
+                {"type": "Prepend", "prepend": "▁"},
+                {"type": "Replace", "pattern": {"String": " "}, "content": "▁"},
+            ],
+        }
         spec["pre_tokenizer"] = None
-    spec["decoder"] = {"type": "Sequence", "decoders": [
-        {"type": "Replace", "pattern": {"String": "▁"}, "content": " "},
-        {"type": "ByteFallback"}, {"type": "Fuse"},
-        {"type": "Strip", "content": " ", "start": 1, "stop": 0}]}
+    spec["decoder"] = {
+        "type": "Sequence",
+        "decoders": [
+            {"type": "Replace", "pattern": {"String": "▁"}, "content": " "},
+            {"type": "ByteFallback"},
+            {"type": "Fuse"},
+            {"type": "Strip", "content": " ", "start": 1, "stop": 0},
+        ],
+    }
     spec["post_processor"] = {
         "type": "TemplateProcessing",
-        "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}},
-                   {"Sequence": {"id": "A", "type_id": 0}}],
+        "single": [
+            {"SpecialToken": {"id": "<s>", "type_id": 0}},
+            {"Sequence": {"id": "A", "type_id": 0}},
+        ],
         "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
-        "special_tokens": {"<s>": {"id": "<s>", "ids": [1], "tokens": ["<s>"]}}}
+        "special_tokens": {"<s>": {"id": "<s>", "ids": [1], "tokens": ["<s>"]}},
+    }
     path.write_text(json.dumps(spec, ensure_ascii=False), encoding="utf-8")
     return path
 
@@ -156,8 +196,9 @@ def tok_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("tokenizers")
 
 
-@pytest.fixture(scope="module",
-                params=["gpt2", "gpt2_prefix", "qwen2", "llama3", "spm", "spm_meta"])
+@pytest.fixture(
+    scope="module", params=["gpt2", "gpt2_prefix", "qwen2", "llama3", "spm", "spm_meta"]
+)
 def pair(request: pytest.FixtureRequest, tok_dir: Path) -> tuple[Tokenizer, object]:
     path = tok_dir / f"{request.param}.json"
     if request.param == "gpt2":
@@ -167,8 +208,7 @@ def pair(request: pytest.FixtureRequest, tok_dir: Path) -> tuple[Tokenizer, obje
     elif request.param == "qwen2":
         _byte_level_tokenizer(path, QWEN2_RE)
     elif request.param == "llama3":
-        _byte_level_tokenizer(path, LLAMA3_RE, template="<|begin_of_text|> $A",
-                              ignore_merges=True)
+        _byte_level_tokenizer(path, LLAMA3_RE, template="<|begin_of_text|> $A", ignore_merges=True)
     else:
         _sentencepiece_tokenizer(path, metaspace=request.param == "spm_meta")
     return Tokenizer.from_file(path), tokenizers.Tokenizer.from_file(str(path))
@@ -183,7 +223,8 @@ def test_encode_decode_match_reference(pair: tuple[Tokenizer, object]) -> None:
         ids = ref.encode(text).ids
         for skip in (False, True):
             assert ours.decode(ids, skip_special_tokens=skip) == ref.decode(
-                ids, skip_special_tokens=skip), (text, skip)
+                ids, skip_special_tokens=skip
+            ), (text, skip)
 
 
 def test_decode_arbitrary_ids_match_reference(pair: tuple[Tokenizer, object]) -> None:
@@ -194,7 +235,8 @@ def test_decode_arbitrary_ids_match_reference(pair: tuple[Tokenizer, object]) ->
         ids = [rng.randrange(ours.vocab_size) for _ in range(rng.randint(1, 12))]
         for skip in (False, True):
             assert ours.decode(ids, skip_special_tokens=skip) == ref.decode(
-                ids, skip_special_tokens=skip), ids
+                ids, skip_special_tokens=skip
+            ), ids
 
 
 def test_stream_decoder_concatenation_equals_decode(pair: tuple[Tokenizer, object]) -> None:
@@ -222,8 +264,9 @@ def test_special_token_ids_and_config(tok_dir: Path) -> None:
     folder = tok_dir / "llama3_dir"
     folder.mkdir()
     _byte_level_tokenizer(folder / "tokenizer.json", LLAMA3_RE, template="<|begin_of_text|> $A")
-    (folder / "tokenizer_config.json").write_text(json.dumps(
-        {"bos_token": "<|begin_of_text|>", "eos_token": {"content": "<|im_end|>"}}))
+    (folder / "tokenizer_config.json").write_text(
+        json.dumps({"bos_token": "<|begin_of_text|>", "eos_token": {"content": "<|im_end|>"}})
+    )
     (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 0]}))
     tok = Tokenizer.from_dir(folder)
     assert tok.bos_token_id == 3
@@ -249,7 +292,8 @@ def test_regex_translation_matches_unicode_classes() -> None:
     ours = re.compile(translate_regex(QWEN2_RE))
     for text in SAMPLES:
         assert [m.group() for m in ours.finditer(text)] == [
-            p for p, _ in pretok.pre_tokenize_str(text)], text
+            p for p, _ in pretok.pre_tokenize_str(text)
+        ], text
 
 
 def test_speed_5kb(pair: tuple[Tokenizer, object]) -> None:
@@ -270,35 +314,81 @@ def _matrix_configs() -> dict[str, tuple]:
     byte_level = pt.ByteLevel(add_prefix_space=False, use_regex=False)
     bpe_unk = models.BPE(unk_token="<unk>")
     return {
-        "metaspace_always": (bpe_unk, None, pt.Metaspace(prepend_scheme="always"),
-                             dec.Metaspace(prepend_scheme="always")),
-        "metaspace_never": (models.BPE(unk_token="<unk>", fuse_unk=True), None,
-                            pt.Metaspace(prepend_scheme="never"),
-                            dec.Metaspace(prepend_scheme="never")),
-        "lower_whitespace": (bpe_unk, nm.Sequence([nm.NFKC(), nm.Lowercase(), nm.Strip()]),
-                             pt.Whitespace(), None),
-        "subword_prefix": (models.BPE(unk_token="<unk>", continuing_subword_prefix="##"), nm.NFD(),
-                           pt.Sequence([pt.WhitespaceSplit(), pt.Digits(individual_digits=True),
-                                        pt.Punctuation()]), None),
-        "word_suffix": (models.BPE(unk_token="<unk>", end_of_word_suffix="</w>"),
-                        nm.Sequence([nm.NFD(), nm.StripAccents()]),
-                        pt.Sequence([pt.Whitespace(), pt.Digits()]), dec.BPEDecoder()),
-        "split_removed_roberta": (models.BPE(), None, pt.Sequence([
-            pt.Split(" ", "removed"), byte_level]),
-            dec.ByteLevel(), processors.RobertaProcessing(("</s>", 2), ("<s>", 1)), alphabet),
-        "split_prev": (models.BPE(), None, pt.Sequence([
-            pt.Split(Regex(r"\s+"), "merged_with_previous"),
-            pt.ByteLevel(add_prefix_space=True, use_regex=False)]),
-            dec.ByteLevel(), None, alphabet),
-        "split_next_replace": (models.BPE(), nm.Replace(Regex(r"\d+"), "#"), pt.Sequence([
-            pt.Split(Regex(r"[\p{P}\s]"), "merged_with_next"), byte_level]),
-            dec.ByteLevel(), None, alphabet),
-        "split_contiguous_invert": (models.BPE(), None, pt.Sequence([
-            pt.Split(Regex(r"\p{L}+"), "contiguous", invert=True), byte_level]),
-            dec.ByteLevel(), None, alphabet),
-        "char_delimiter_strip": (models.BPE(unk_token="<unk>"), nm.Prepend("_"),
-                                 pt.CharDelimiterSplit("e"),
-                                 dec.Sequence([dec.Replace("_", " "), dec.Strip(" ", 0, 1)])),
+        "metaspace_always": (
+            bpe_unk,
+            None,
+            pt.Metaspace(prepend_scheme="always"),
+            dec.Metaspace(prepend_scheme="always"),
+        ),
+        "metaspace_never": (
+            models.BPE(unk_token="<unk>", fuse_unk=True),
+            None,
+            pt.Metaspace(prepend_scheme="never"),
+            dec.Metaspace(prepend_scheme="never"),
+        ),
+        "lower_whitespace": (
+            bpe_unk,
+            nm.Sequence([nm.NFKC(), nm.Lowercase(), nm.Strip()]),
+            pt.Whitespace(),
+            None,
+        ),
+        "subword_prefix": (
+            models.BPE(unk_token="<unk>", continuing_subword_prefix="##"),
+            nm.NFD(),
+            pt.Sequence(
+                [pt.WhitespaceSplit(), pt.Digits(individual_digits=True), pt.Punctuation()]
+            ),
+            None,
+        ),
+        "word_suffix": (
+            models.BPE(unk_token="<unk>", end_of_word_suffix="</w>"),
+            nm.Sequence([nm.NFD(), nm.StripAccents()]),
+            pt.Sequence([pt.Whitespace(), pt.Digits()]),
+            dec.BPEDecoder(),
+        ),
+        "split_removed_roberta": (
+            models.BPE(),
+            None,
+            pt.Sequence([pt.Split(" ", "removed"), byte_level]),
+            dec.ByteLevel(),
+            processors.RobertaProcessing(("</s>", 2), ("<s>", 1)),
+            alphabet,
+        ),
+        "split_prev": (
+            models.BPE(),
+            None,
+            pt.Sequence(
+                [
+                    pt.Split(Regex(r"\s+"), "merged_with_previous"),
+                    pt.ByteLevel(add_prefix_space=True, use_regex=False),
+                ]
+            ),
+            dec.ByteLevel(),
+            None,
+            alphabet,
+        ),
+        "split_next_replace": (
+            models.BPE(),
+            nm.Replace(Regex(r"\d+"), "#"),
+            pt.Sequence([pt.Split(Regex(r"[\p{P}\s]"), "merged_with_next"), byte_level]),
+            dec.ByteLevel(),
+            None,
+            alphabet,
+        ),
+        "split_contiguous_invert": (
+            models.BPE(),
+            None,
+            pt.Sequence([pt.Split(Regex(r"\p{L}+"), "contiguous", invert=True), byte_level]),
+            dec.ByteLevel(),
+            None,
+            alphabet,
+        ),
+        "char_delimiter_strip": (
+            models.BPE(unk_token="<unk>"),
+            nm.Prepend("_"),
+            pt.CharDelimiterSplit("e"),
+            dec.Sequence([dec.Replace("_", " "), dec.Strip(" ", 0, 1)]),
+        ),
     }
 
 
@@ -312,22 +402,32 @@ def test_component_matrix_matches_reference(name: str, tmp_path: Path) -> None:
     if dec:
         ref.decoder = dec
     extra = {"initial_alphabet": rest[1]} if len(rest) > 1 else {}
-    trainer = trainers.BpeTrainer(vocab_size=500, special_tokens=["<unk>", "<s>", "</s>"],
-                                  show_progress=False, **extra)
+    trainer = trainers.BpeTrainer(
+        vocab_size=500, special_tokens=["<unk>", "<s>", "</s>"], show_progress=False, **extra
+    )
     ref.train_from_iterator([CORPUS[:8000]], trainer=trainer)
     if rest and rest[0]:
         ref.post_processor = rest[0]
-    ref.add_tokens([tokenizers.AddedToken("hello", single_word=True),
-                    tokenizers.AddedToken("World", normalized=True),
-                    tokenizers.AddedToken(" sp ", lstrip=True),
-                    tokenizers.AddedToken("<x>", special=True, rstrip=True, normalized=False)])
+    ref.add_tokens(
+        [
+            tokenizers.AddedToken("hello", single_word=True),
+            tokenizers.AddedToken("World", normalized=True),
+            tokenizers.AddedToken(" sp ", lstrip=True),
+            tokenizers.AddedToken("<x>", special=True, rstrip=True, normalized=False),
+        ]
+    )
     ref.save(str(tmp_path / "tokenizer.json"))
     ours = Tokenizer.from_dir(tmp_path)
     rng = random.Random(3)
     pool = list(" \t\n\r\x0b\x1c\u3000\xa0abcXYZ019.,'!?_-()éüß中😀\u0301½Ⅻ٣ﬁK")
     words = ["hello", "World", "world", " sp ", "<x>", "<s>", "HELLO", "helloo"]
-    texts = SAMPLES + ["".join(rng.choice(words) if rng.random() < 0.1 else rng.choice(pool)
-                               for _ in range(rng.randint(1, 40))) for _ in range(150)]
+    texts = SAMPLES + [
+        "".join(
+            rng.choice(words) if rng.random() < 0.1 else rng.choice(pool)
+            for _ in range(rng.randint(1, 40))
+        )
+        for _ in range(150)
+    ]
     for text in texts:
         ids = ref.encode(text).ids
         assert ours.encode(text) == ids, text
@@ -366,20 +466,41 @@ def test_errors(tmp_path: Path) -> None:
         bad.write_text(json.dumps({"model": {"type": kind, "vocab": {}}}))
         with pytest.raises(TokenizerError, match=f"{kind}.*only BPE"):
             Tokenizer.from_file(bad)
-    bad.write_text(json.dumps({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []},
-                               "normalizer": {"type": "Precompiled"}}))
+    bad.write_text(
+        json.dumps(
+            {
+                "model": {"type": "BPE", "vocab": {"a": 0}, "merges": []},
+                "normalizer": {"type": "Precompiled"},
+            }
+        )
+    )
     with pytest.raises(TokenizerError, match="Precompiled"):
         Tokenizer.from_file(bad)
-    bad.write_text(json.dumps({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []},
-                               "pre_tokenizer": {"type": "Split", "behavior": "Isolated",
-                                                 "pattern": {"Regex": r"\p{Han}+"}}}))
+    bad.write_text(
+        json.dumps(
+            {
+                "model": {"type": "BPE", "vocab": {"a": 0}, "merges": []},
+                "pre_tokenizer": {
+                    "type": "Split",
+                    "behavior": "Isolated",
+                    "pattern": {"Regex": r"\p{Han}+"},
+                },
+            }
+        )
+    )
     with pytest.raises(TokenizerError, match="Han"):
         Tokenizer.from_file(bad)
     bad.write_text(json.dumps({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": ["a b"]}}))
     with pytest.raises(TokenizerError, match="merge"):
         Tokenizer.from_file(bad)
-    bad.write_text(json.dumps({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []},
-                               "added_tokens": [{"content": "x"}]}))
+    bad.write_text(
+        json.dumps(
+            {
+                "model": {"type": "BPE", "vocab": {"a": 0}, "merges": []},
+                "added_tokens": [{"content": "x"}],
+            }
+        )
+    )
     with pytest.raises(TokenizerError, match="malformed"):
         Tokenizer.from_file(bad)
     ok = tmp_path / "ok.json"

@@ -1,5 +1,6 @@
 """Drafters: where proposed tokens come from.
 
+  NoDrafter          proposes nothing: plain autoregressive decoding
   DraftModelDrafter  a separate small model (the bundle's `draft` graph), its own KV cache
   EarlyExitDrafter   the target's own first k layers (`head@k`) with the shared LM head; its
                      KV and hidden states are the target's, so verification runs only
@@ -14,6 +15,7 @@ has not processed yet, so it stays in step however many tokens the last round ac
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from time import perf_counter
 
 import numpy as np
@@ -38,6 +40,50 @@ def _pick(
     return d, float(q.max()), q
 
 
+def draft_tokens(
+    step: Callable[[list[int]], np.ndarray],
+    feed: list[int],
+    limit: int,
+    policy: DraftLengthPolicy,
+    params: SamplingParams,
+    rng: np.random.Generator,
+) -> tuple[list[int], list[np.ndarray], list[int]]:
+    """Run a drafting model one token at a time: `step(feed)` processes the new ids and
+    returns the next-token logits. Returns (drafts, their q rows if sampling, the last feed,
+    which the model has not processed yet)."""
+    tokens: list[int] = []
+    qs: list[np.ndarray] = []
+    while len(tokens) < limit:
+        d, confidence, q = _pick(step(feed), params, rng)
+        tokens.append(d)
+        if q is not None:
+            qs.append(q)
+        feed = [d]
+        if not policy.keep_drafting(len(tokens), confidence):
+            break
+    return tokens, qs, feed
+
+
+class NoDrafter:
+    """Drafts nothing: the decode loop becomes plain autoregressive decoding."""
+
+    def begin(self, prompt: list[int], capacity: int) -> None:
+        pass
+
+    def propose(
+        self,
+        seq: list[int],
+        max_len: int,
+        policy: DraftLengthPolicy,
+        params: SamplingParams,
+        rng: np.random.Generator,
+    ) -> Proposal:
+        return Proposal([], None, 0.0)
+
+    def commit(self, valid: int) -> None:
+        pass
+
+
 class DraftModelDrafter:
     def __init__(self, draft: Target) -> None:
         self.model = draft
@@ -56,25 +102,18 @@ class DraftModelDrafter:
     ) -> Proposal:
         start = perf_counter()
         limit = min(policy.next_length(), max_len, self.model.max_positions - len(seq))
-        tokens: list[int] = []
-        qs: list[np.ndarray] = []
         feed = seq[self.model.length :]
         catchup = 0.0
         if limit > 0 and len(feed) > 1:  # tokens skipped while the policy drafted nothing
             self.model.forward(np.asarray(feed[:-1], np.int64), keep=0)
             feed, catchup = feed[-1:], perf_counter() - start
-        while len(tokens) < limit:
-            logits = self.model.forward(np.asarray(feed, np.int64), keep=1)[-1]
-            d, confidence, q = _pick(logits, params, rng)
-            tokens.append(d)
-            if q is not None:
-                qs.append(q)
-            if not policy.keep_drafting(len(tokens), confidence):
-                break
-            feed = [d]
-        return Proposal(
-            tokens, qs or None, perf_counter() - start - catchup, catchup_seconds=catchup
-        )
+
+        def step(ids: list[int]) -> np.ndarray:
+            return self.model.forward(np.asarray(ids, np.int64), keep=1)[-1]
+
+        tokens, qs, _ = draft_tokens(step, feed, limit, policy, params, rng)
+        seconds = perf_counter() - start - catchup
+        return Proposal(tokens, qs or None, seconds, catchup_seconds=catchup)
 
     def commit(self, valid: int) -> None:
         self.model.truncate(valid)
@@ -108,25 +147,18 @@ class EarlyExitDrafter:
         head, cache = self.heads[k], self.target.cache
         assert cache is not None
         past = self.target.length
-        limit = min(policy.next_length(), max_len)
-        tokens: list[int] = []
-        qs: list[np.ndarray] = []
         hidden: list[np.ndarray] = []
-        feed = seq[past:]
-        while len(tokens) < limit:
-            out = head.run(cache, past, input_ids=np.asarray([feed], np.int64), keep=1)
+
+        def run_head(ids: list[int], keep: int = 1) -> np.ndarray:
+            nonlocal past
+            out = head.run(cache, past, input_ids=np.asarray([ids], np.int64), keep=keep)
             hidden.append(out["hidden"][0])
-            past += len(feed)
-            d, confidence, q = _pick(out["exit_logits"][0, -1], params, rng)
-            tokens.append(d)
-            if q is not None:
-                qs.append(q)
-            feed = [d]
-            if not policy.keep_drafting(len(tokens), confidence):
-                break
-        # the last token's hidden state too: the tail verifies every drafted position
-        out = head.run(cache, past, input_ids=np.asarray([feed], np.int64), keep=0)
-        hidden.append(out["hidden"][0])
+            past += len(ids)
+            return out["exit_logits"][0, -1] if keep else out["exit_logits"]
+
+        limit = min(policy.next_length(), max_len)
+        tokens, qs, last = draft_tokens(run_head, seq[past:], limit, policy, params, rng)
+        run_head(last, keep=0)  # the last token's hidden state: the tail verifies it too
         return Proposal(
             tokens,
             qs or None,

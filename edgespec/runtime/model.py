@@ -18,18 +18,25 @@ import numpy as np
 from edgespec.bundle import BundleError, Manifest, load_manifest
 from edgespec.devices import providers_for
 from edgespec.runtime.calibrate import load_cost
-from edgespec.runtime.drafters import DraftModelDrafter, EarlyExitDrafter, LookupDrafter
-from edgespec.runtime.generate import GenerationStats, RoundStats, decode_ar
+from edgespec.runtime.decode import decode
+from edgespec.runtime.drafters import (
+    DraftModelDrafter,
+    EarlyExitDrafter,
+    LookupDrafter,
+    NoDrafter,
+)
 from edgespec.runtime.graph import GraphSession, session_options
 from edgespec.runtime.policies import (
     Acceptance,
     Auto,
     DraftLengthPolicy,
     DynamicExit,
+    FixedLength,
     make_policy,
 )
 from edgespec.runtime.sampling import SamplingParams
-from edgespec.runtime.speculative import Drafter, decode_speculative
+from edgespec.runtime.speculative import Drafter
+from edgespec.runtime.stats import GenerationStats, RoundStats
 from edgespec.runtime.target import Target
 from edgespec.runtime.tokenizer import Tokenizer
 
@@ -69,9 +76,9 @@ class Model:
         manifest: Manifest,
         target: Target,
         tokenizer: Tokenizer,
-        mode: str = "ar",
-        drafter: Drafter | None = None,
-        policy: DraftLengthPolicy | None = None,
+        mode: str,
+        drafter: Drafter,
+        policy: DraftLengthPolicy,
     ) -> None:
         self.folder, self.manifest, self.target, self.tokenizer = (
             folder,
@@ -129,8 +136,8 @@ class Model:
         if mode == "ar":
             if lookup or draft_policy:
                 raise InputError("mode 'ar' drafts nothing: drop --lookup/--draft-policy")
-            return cls(folder, manifest, target, tokenizer)
-        drafter: Drafter | None = None
+            return cls(folder, manifest, target, tokenizer, "ar", NoDrafter(), FixedLength(0))
+        drafter: Drafter = NoDrafter()
         if mode == "spec":
             drafter = DraftModelDrafter(Target([open_graph("draft")]))
         elif mode == "self-spec":
@@ -139,7 +146,7 @@ class Model:
             heads[k], tails[k] = stages
             drafter = EarlyExitDrafter(target, heads, tails, k)
         if mode == "lookup" or lookup:
-            drafter = LookupDrafter(fallback=drafter)
+            drafter = LookupDrafter(fallback=None if mode == "lookup" else drafter)
         try:
             policy = make_policy(draft_policy or "auto", exits)
         except ValueError as e:
@@ -192,12 +199,7 @@ class Model:
         ids = self.encode(prompt)
         stop = frozenset() if ignore_eos else frozenset(self.manifest.eos_token_ids)
         detok = self.tokenizer.stream_decoder(skip_special_tokens=True)
-        if self.drafter is None or self.policy is None:
-            steps = decode_ar(self.target, ids, params, max_new_tokens, stop)
-        else:
-            steps = decode_speculative(
-                self.target, self.drafter, self.policy, ids, params, max_new_tokens, stop
-            )
+        steps = decode(self.target, self.drafter, self.policy, ids, params, max_new_tokens, stop)
         for step in steps:
             # ids past the tokenizer's vocab (padded embedding rows) have no text, as in
             # transformers: they stay in .tokens but are not decoded

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from edgespec.runtime.generate import RoundStats
+from edgespec.runtime.stats import RoundStats
 
 MAX_DRAFT = 12
 

@@ -14,17 +14,16 @@ target's distribution (Leviathan et al. 2023; Chen et al. 2023).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 from time import perf_counter
 from typing import Protocol
 
 import numpy as np
 
-from edgespec.runtime.generate import RoundStats, Step, finish_reason
 from edgespec.runtime.graph import GraphSession
 from edgespec.runtime.policies import DraftLengthPolicy
-from edgespec.runtime.sampling import SamplingParams, next_token, probabilities, sample
+from edgespec.runtime.sampling import SamplingParams, probabilities, sample
+from edgespec.runtime.stats import RoundStats
 from edgespec.runtime.target import Target
 
 
@@ -133,48 +132,3 @@ def speculative_round(
     # 5. update the draft-length policy
     policy.observe(stats)
     return [*proposal.tokens[:n], token], stats
-
-
-def decode_speculative(
-    target: Target,
-    drafter: Drafter,
-    policy: DraftLengthPolicy,
-    prompt: list[int],
-    params: SamplingParams,
-    max_new_tokens: int,
-    stop_ids: frozenset[int],
-) -> Iterator[Step]:
-    """Speculative decoding; yields one Step per round (the prefill first)."""
-    rng = np.random.default_rng(params.seed)
-    # drafts are capped below so that the last verify writes position P + max_new - 1
-    capacity = min(len(prompt) + max_new_tokens, target.max_positions)
-    target.reset(capacity)
-
-    start = perf_counter()
-    logits = target.forward(np.asarray(prompt, dtype=np.int64), keep=1)[-1]
-    drafter.begin(prompt, capacity)
-    seq = [*prompt, next_token(logits, params, rng)]
-    seconds = perf_counter() - start
-    step = Step([seq[-1]], RoundStats("prefill", 1, len(prompt), seconds, verify_seconds=seconds))
-    produced = 1
-    while True:
-        step.finish_reason = finish_reason(
-            step.tokens[-1], produced, max_new_tokens, stop_ids, len(seq) - 1, capacity
-        )
-        yield step
-        if step.finish_reason:
-            return
-        # never draft past the token budget or the cache (verify writes γ + 1 positions)
-        max_len = min(max_new_tokens - produced - 1, capacity - len(seq))
-        new, stats = speculative_round(target, drafter, policy, seq, max_len, params, rng)
-        new = _cut_at_stop(new, stop_ids)
-        seq += new
-        produced += len(new)
-        step = Step(new, stats)
-
-
-def _cut_at_stop(tokens: list[int], stop_ids: frozenset[int]) -> list[int]:
-    for i, t in enumerate(tokens):
-        if t in stop_ids:
-            return tokens[: i + 1]
-    return tokens

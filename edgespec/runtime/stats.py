@@ -1,21 +1,12 @@
-"""The decode loop: a generator of steps, each with the tokens it accepted and its stats.
+"""What decoding reports: per-round stats, the steps the decode loop yields, and totals.
 
-`decode_ar` is plain autoregressive decoding on a `Target`: one prefill call for the whole
-prompt, then one call per token. It yields a `Step` per forward pass; the caller streams the
-tokens and folds the stats. Stats are data (`RoundStats`, `GenerationStats`), never prints.
+Stats are data, never prints: the CLI formats them, apps read them.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass, field
-from time import perf_counter
-
-import numpy as np
-
-from edgespec.runtime.sampling import SamplingParams, next_token
-from edgespec.runtime.target import Target
 
 
 @dataclass
@@ -87,46 +78,3 @@ class GenerationStats:
     @property
     def mean_accepted(self) -> float:
         return self.accepted / self.rounds if self.rounds else 0.0
-
-
-def decode_ar(
-    target: Target,
-    prompt: list[int],
-    params: SamplingParams,
-    max_new_tokens: int,
-    stop_ids: frozenset[int],
-) -> Iterator[Step]:
-    """Plain autoregressive decoding; yields one Step per forward pass."""
-    rng = np.random.default_rng(params.seed)
-    capacity = min(len(prompt) + max_new_tokens, target.max_positions)
-    target.reset(capacity)
-
-    start = perf_counter()
-    logits = target.forward(np.asarray(prompt, dtype=np.int64), keep=1)[-1]
-    token = next_token(logits, params, rng)
-    produced = 1
-    seconds = perf_counter() - start
-    stats = RoundStats("prefill", 1, len(prompt), seconds, verify_seconds=seconds)
-    while True:
-        finish = finish_reason(token, produced, max_new_tokens, stop_ids, target.length, capacity)
-        yield Step([token], stats, finish)
-        if finish:
-            return
-        start = perf_counter()
-        logits = target.forward(np.array([token], dtype=np.int64), keep=1)[-1]
-        token = next_token(logits, params, rng)
-        produced += 1
-        seconds = perf_counter() - start
-        stats = RoundStats("decode", 1, 1, seconds, verify_seconds=seconds)
-
-
-def finish_reason(
-    token: int, produced: int, max_new: int, stop_ids: frozenset[int], length: int, capacity: int
-) -> str | None:
-    if token in stop_ids:
-        return "eos"
-    if produced >= max_new:
-        return "length"
-    if length >= capacity:
-        return "context"
-    return None

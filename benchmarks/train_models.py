@@ -1,0 +1,743 @@
+"""Train the small target and draft models used by edgespec's speculative-decoding benchmarks.
+
+Random-weight models are fine for measuring raw decode speed, but speculative decoding only
+pays off when the drafter agrees with the target, so the speculative benchmarks need real,
+trained models. Nothing may be downloaded, so this script trains them from scratch, on the CPU,
+on the one corpus every machine has: the Python standard library's source.
+
+What it produces (under ``--out``, default ``~/.cache/edgespec-bench/trained``):
+
+* ``target/``: an 8-layer ``LlamaForCausalLM`` (hidden 320, 5 query heads of 64, 1 KV head,
+  tied embeddings). It is trained with a LayerSkip-style early-exit loss,
+
+      loss = CE(final logits) + sum_e w_e * CE(lm_head(norm(hidden_states[e]))),  e in {2, 4},
+
+  where ``hidden_states[e]`` (from ``output_hidden_states=True``) is the output of layer e-1,
+  i.e. the input of layer e, and ``norm``/``lm_head`` are the model's own final norm and LM
+  head. That is exactly what edgespec's ``head@k`` graph computes for its early-exit logits,
+  so the self-speculative mode (draft with the first k layers, verify with the rest) gets
+  exits that actually predict the next token. Without this loss an intermediate hidden state
+  pushed through the final norm and head predicts garbage.
+* ``draft/``: a separate 2-layer ``LlamaForCausalLM`` (hidden 192) with the same tokenizer,
+  trained by distillation: KL(target softmax || draft softmax) at temperature 1 plus a
+  weighted CE on the real next token. Matching the target's whole distribution (not only the
+  data) is what raises the draft's acceptance rate, greedy or sampled.
+* ``prompts_code.jsonl``: 32 chunks of held-out stdlib code (~100-200 tokens each) cut at a
+  natural point: right after a ``def ...:`` line or after a statement inside a function.
+  Speculation should do well on these.
+* ``prompts_text.jsonl``: 16 high-entropy prompts (random words, random identifiers, shuffled
+  characters of held-out code; fixed seed) on which speculation should do badly.
+* ``eval.json``: held-out losses and the acceptance estimate printed at the end.
+
+Every model folder holds ``config.json``, ``generation_config.json``, ``model.safetensors``,
+``tokenizer.json``, ``tokenizer_config.json`` (loadable with ``AutoModelForCausalLM`` /
+``AutoTokenizer.from_pretrained``) and ``train_info.json`` (the training config, steps done,
+train losses and held-out loss per exit).
+
+Data: stdlib ``*.py`` files minus tests, ``site-packages``, and two data-only packages
+(``encodings``: codec tables, ``pydoc_data``: one big string of docs), split by a hash of the
+path relative to the stdlib root: ~95% train, ~5% held out. The tokenizer is a GPT-2 style
+byte-level BPE (vocab 4096, ``<|endoftext|>`` = id 0 as bos/eos/pad), trained on the train
+split only.
+
+Budget and reproducibility: each phase stops by wall clock (``--target-minutes`` 25,
+``--draft-minutes`` 10 by default, ``torch.set_num_threads(2)``), with the cosine learning-rate
+schedule driven by elapsed time so that it always finishes annealed; the step count then
+depends on the machine's speed. ``--target-steps N`` / ``--draft-steps N`` stop at a fixed
+step count instead (schedule driven by steps) for exactly reproducible weights on the same
+software. Seeds are fixed everywhere (torch, numpy, the prompt generator). Results are cached:
+a phase whose folder already holds a ``train_info.json`` with the same config is skipped;
+``--force`` retrains everything.
+
+Run (in the project venv):
+
+    python benchmarks/train_models.py                      # 25 + 10 minutes, cached
+    python benchmarks/train_models.py --target-steps 2000 --draft-steps 1500 --force
+
+At the end it prints the acceptance estimate: on 8 held-out code prompts (and 8 text
+prompts) the target greedily generates 64 tokens; along that greedy path it reports how often
+the draft's greedy next token, and the exit-2 / exit-4 heads' greedy next token, equal the
+target's, plus the tokens per verification round that greedy speculative decoding with a
+fixed draft length of 4 would get from exactly those matches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import hashlib
+import json
+import math
+import random
+import re
+import sysconfig
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers.utils import logging as hf_logging
+
+DEFAULT_OUT = Path("~/.cache/edgespec-bench/trained").expanduser()
+SCRIPT_VERSION = 1
+SEED = 0
+EOS = "<|endoftext|>"  # id 0: bos, eos and pad of both models
+VOCAB_SIZE = 4096
+HELDOUT_PERCENT = 5
+EXCLUDED_DIRS = frozenset(
+    {"site-packages", "__pycache__", "test", "tests", "idle_test", "encodings", "pydoc_data"}
+)
+EXIT_WEIGHTS = {2: 0.4, 4: 0.4}  # early-exit layer -> weight of its CE in the target's loss
+DISTILL_CE_WEIGHT = 0.5  # draft loss = KL(target || draft) + this * CE
+N_CODE_PROMPTS = 32
+N_TEXT_PROMPTS = 16
+EVAL_PROMPTS = 8  # per kind, for the acceptance estimate
+EVAL_NEW_TOKENS = 64
+EVAL_GAMMA = 4  # draft length of the simulated speculative rounds
+LOG_EVERY_S = 30.0
+
+COMMON_ARCH: dict[str, Any] = {
+    "vocab_size": VOCAB_SIZE,
+    "max_position_embeddings": 1024,
+    "tie_word_embeddings": True,
+    "head_dim": 64,  # edgespec's attention kernel needs a multiple of 16
+    "hidden_act": "silu",
+    "rms_norm_eps": 1e-5,
+    "bos_token_id": 0,
+    "eos_token_id": 0,
+    "pad_token_id": 0,
+}
+TARGET_ARCH: dict[str, Any] = {
+    **COMMON_ARCH,
+    "hidden_size": 320,
+    "num_hidden_layers": 8,
+    "num_attention_heads": 5,
+    "num_key_value_heads": 1,
+    "intermediate_size": 1024,
+}
+DRAFT_ARCH: dict[str, Any] = {
+    **COMMON_ARCH,
+    "hidden_size": 192,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 3,
+    "num_key_value_heads": 1,
+    "intermediate_size": 512,
+}
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """One training phase. Exactly one of `minutes` / `steps` bounds it (steps wins)."""
+
+    minutes: float
+    steps: int | None
+    batch: int
+    seq_len: int
+    lr: float
+    seed: int
+    min_lr_ratio: float = 0.1
+    warmup: float = 0.03  # fraction of the run (of the time budget, or of the steps)
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+# --------------------------------------------------------------------------------- data
+def data_config() -> dict[str, Any]:
+    """Everything the tokenizer and the split depend on (part of every cache key)."""
+    return {
+        "corpus": "python-stdlib",
+        "python": sysconfig.get_python_version(),
+        "excluded_dirs": sorted(EXCLUDED_DIRS),
+        "heldout_percent": HELDOUT_PERCENT,
+        "vocab_size": VOCAB_SIZE,
+        "version": SCRIPT_VERSION,
+    }
+
+
+def is_heldout(rel_path: str) -> bool:
+    """Deterministic split on the path relative to the stdlib root (~HELDOUT_PERCENT %)."""
+    h = int(hashlib.sha256(rel_path.encode()).hexdigest()[:8], 16)
+    return h % 100 < HELDOUT_PERCENT
+
+
+def stdlib_sources() -> tuple[dict[str, str], dict[str, str]]:
+    """(train, held-out) dicts of relative path -> source text, in sorted path order."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    train: dict[str, str] = {}
+    heldout: dict[str, str] = {}
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        if EXCLUDED_DIRS.intersection(rel.split("/")[:-1]):
+            continue
+        text = path.read_text(encoding="utf-8", errors="replace")
+        (heldout if is_heldout(rel) else train)[rel] = text
+    return train, heldout
+
+
+def train_tokenizer(texts: Iterable[str]) -> PreTrainedTokenizerFast:
+    """GPT-2 style byte-level BPE with `<|endoftext|>` as id 0."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE,
+        special_tokens=[EOS],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token=EOS, eos_token=EOS, pad_token=EOS
+    )
+
+
+def load_or_train_tokenizer(
+    out: Path, train_texts: dict[str, str], force: bool
+) -> PreTrainedTokenizerFast:
+    folder = out / "tokenizer"
+    info_path = folder / "tokenizer_info.json"
+    config = data_config()
+    if not force and read_config(info_path) == normalized(config):
+        return PreTrainedTokenizerFast.from_pretrained(folder)
+    log("training the tokenizer on the train split")
+    tok = train_tokenizer(train_texts.values())
+    tok.save_pretrained(folder)
+    write_json(info_path, {"config": config})
+    return tok
+
+
+def encode_corpus(tok: PreTrainedTokenizerFast, texts: Iterable[str]) -> np.ndarray:
+    """All documents as one id stream, each preceded by `<|endoftext|>`."""
+    eos = tok.convert_tokens_to_ids(EOS)
+    encoded = tok.backend_tokenizer.encode_batch(list(texts), add_special_tokens=False)
+    ids: list[int] = []
+    for enc in encoded:
+        ids.append(eos)
+        ids.extend(enc.ids)
+    return np.asarray(ids, dtype=np.int64)
+
+
+# ------------------------------------------------------------------------------ prompts
+def cut_points(source: str) -> list[tuple[str, int]]:
+    """(kind, line index) where a prompt may end, from the file's syntax tree.
+
+    "def": right after the ':' of a one-line function signature (the model must write the
+    body); "body": at the end of a statement inside a function that is followed by another
+    statement of the same block (the model must continue the function).
+    """
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return []
+    lines = source.split("\n")  # ast's line numbers (str.splitlines also splits on \f)
+    points: list[tuple[str, int]] = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        if lines[node.lineno - 1].rstrip().endswith(":"):
+            points.append(("def", node.lineno - 1))
+        for stmt, nxt in zip(node.body, node.body[1:], strict=False):
+            simple = isinstance(stmt, ast.Assign | ast.AugAssign | ast.AnnAssign | ast.Expr)
+            docstring = isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant)
+            if simple and not docstring and stmt.end_lineno and nxt.lineno > stmt.end_lineno:
+                points.append(("body", stmt.end_lineno - 1))
+    return sorted(set(points), key=lambda p: (p[1], p[0]))
+
+
+def chunk_before(
+    tok: PreTrainedTokenizerFast, lines: list[str], end: int, lo: int = 100, hi: int = 200
+) -> str | None:
+    """Whole lines ending at line `end` (trailing whitespace cut), ~150 tokens, or None."""
+    n = 0
+    start = end
+    while start > 0 and n < (lo + hi) // 2:
+        start -= 1
+        n += len(tok.encode(lines[start]))
+    text = "".join(lines[start:end]) + lines[end].rstrip()
+    count = len(tok.encode(text))
+    return text if lo <= count <= hi else None
+
+
+def code_prompts(tok: PreTrainedTokenizerFast, heldout: dict[str, str]) -> list[dict[str, Any]]:
+    """N_CODE_PROMPTS held-out chunks: round-robin over files, alternating the cut kind."""
+    rng = random.Random(SEED)
+    per_file: list[tuple[str, list[str], list[tuple[str, int]]]] = []
+    for rel, source in heldout.items():
+        points = cut_points(source)
+        rng.shuffle(points)
+        if points:
+            per_file.append((rel, [line + "\n" for line in source.split("\n")], points))
+    prompts: list[dict[str, Any]] = []
+    while len(prompts) < N_CODE_PROMPTS and any(points for _, _, points in per_file):
+        for rel, lines, points in per_file:
+            if len(prompts) >= N_CODE_PROMPTS or not points:
+                continue
+            want = ("def", "body")[len(prompts) % 2]
+            pick = next((i for i, (kind, _) in enumerate(points) if kind == want), 0)
+            kind, line = points.pop(pick)
+            text = chunk_before(tok, lines, line)
+            if text is not None:
+                prompts.append({"source": f"{rel}:{line + 1}", "cut": kind, "prompt": text})
+    return [
+        {"id": f"code-{i:02d}", "kind": "code", **p, "prompt_tokens": len(tok.encode(p["prompt"]))}
+        for i, p in enumerate(prompts)
+    ]
+
+
+def text_prompts(
+    tok: PreTrainedTokenizerFast, train: dict[str, str], code: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """N_TEXT_PROMPTS high-entropy prompts (~150 tokens), styles interleaved."""
+    rng = random.Random(SEED + 1)
+    words = sorted(set(re.findall(r"\b[a-z]{3,10}\b", "\n".join(train.values()))))
+    alphabet = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_"
+
+    def random_words() -> str:
+        return " ".join(rng.choice(words) for _ in range(8))
+
+    def random_identifiers() -> str:
+        names = ["".join(rng.choice(alphabet) for _ in range(rng.randint(3, 12))) for _ in range(4)]
+        return f"{names[0]} = {names[1]}.{names[2]}({names[3]})\n"
+
+    prompts: list[dict[str, Any]] = []
+    styles = ("words", "identifiers", "shuffled")
+    for i in range(N_TEXT_PROMPTS):
+        style = styles[i % len(styles)]
+        if style == "shuffled":
+            chars = list(code[i % len(code)]["prompt"])
+            rng.shuffle(chars)
+            text = "".join(chars)
+            while (n := len(tok.encode(text))) > 160:  # shuffled text needs ~2x the tokens
+                text = text[: len(text) * 150 // n]
+        else:
+            text = ""
+            while len(tok.encode(text)) < 150:
+                text += (random_words() + " ") if style == "words" else random_identifiers()
+        prompts.append(
+            {
+                "id": f"text-{i:02d}",
+                "kind": "text",
+                "style": style,
+                "prompt": text.rstrip(),
+                "prompt_tokens": len(tok.encode(text.rstrip())),
+            }
+        )
+    return prompts
+
+
+# ----------------------------------------------------------------------------- training
+def lr_factor(progress: float, settings: TrainSettings) -> float:
+    """Linear warmup, then cosine decay to `min_lr_ratio`; `progress` runs from 0 to 1."""
+    if progress < settings.warmup:
+        return max(progress / settings.warmup, 0.01)
+    t = min((progress - settings.warmup) / (1.0 - settings.warmup), 1.0)
+    cosine = 0.5 * (1.0 + math.cos(math.pi * t))
+    return settings.min_lr_ratio + (1.0 - settings.min_lr_ratio) * cosine
+
+
+def make_optimizer(model: torch.nn.Module, settings: TrainSettings) -> torch.optim.AdamW:
+    """AdamW; weight decay on matrices (embeddings included), none on norm weights."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [
+        {"params": [p for p in params if p.ndim >= 2], "weight_decay": settings.weight_decay},
+        {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(groups, lr=settings.lr, betas=(0.9, 0.95), eps=1e-8)
+
+
+def sample_batch(data: np.ndarray, rng: np.random.Generator, batch: int, seq_len: int) -> Any:
+    """`batch` random windows of seq_len + 1 ids (inputs and shifted labels)."""
+    starts = rng.integers(0, len(data) - seq_len - 1, size=batch)
+    return torch.from_numpy(np.stack([data[s : s + seq_len + 1] for s in starts]))
+
+
+def exit_logits(model: LlamaForCausalLM, hidden: torch.Tensor) -> torch.Tensor:
+    """Early-exit logits: the model's own final norm and LM head on an intermediate state."""
+    return model.lm_head(model.model.norm(hidden))
+
+
+def ce(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
+
+
+def target_losses(model: LlamaForCausalLM, batch: torch.Tensor) -> dict[str, torch.Tensor]:
+    """LayerSkip loss: CE of the final head plus weighted CE of each early exit."""
+    inputs, labels = batch[:, :-1], batch[:, 1:]
+    out = model(input_ids=inputs, output_hidden_states=True)
+    losses = {"final": ce(out.logits, labels)}
+    total = losses["final"]
+    for layer, weight in EXIT_WEIGHTS.items():
+        losses[f"exit{layer}"] = ce(exit_logits(model, out.hidden_states[layer]), labels)
+        total = total + weight * losses[f"exit{layer}"]
+    losses["total"] = total
+    return losses
+
+
+def distill_losses(
+    draft: LlamaForCausalLM, target: LlamaForCausalLM, batch: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    """KL(target || draft) at temperature 1 (per token) plus DISTILL_CE_WEIGHT * CE."""
+    inputs, labels = batch[:, :-1], batch[:, 1:]
+    with torch.inference_mode():
+        teacher = F.log_softmax(target(input_ids=inputs).logits.float(), dim=-1).flatten(0, 1)
+    teacher = teacher.clone()  # inference tensors cannot be saved for backward
+    logits = draft(input_ids=inputs).logits
+    student = F.log_softmax(logits.float(), dim=-1).flatten(0, 1)
+    kl = F.kl_div(student, teacher, log_target=True, reduction="batchmean")
+    hard = ce(logits, labels)
+    return {"kl": kl, "ce": hard, "total": kl + DISTILL_CE_WEIGHT * hard}
+
+
+def train_loop(
+    model: torch.nn.Module,
+    step_losses: Callable[[torch.Tensor], dict[str, torch.Tensor]],
+    data: np.ndarray,
+    settings: TrainSettings,
+    name: str,
+) -> dict[str, Any]:
+    """Train until `settings.steps` steps or `settings.minutes` of wall clock; returns stats."""
+    rng = np.random.default_rng(settings.seed)
+    opt = make_optimizer(model, settings)
+    budget_s = settings.minutes * 60.0
+    tokens_per_step = settings.batch * settings.seq_len
+    model.train()
+    start = last_log = time.monotonic()
+    step = steps_at_log = 0
+    window: dict[str, list[float]] = {}
+    recent: dict[str, float] = {}
+    while True:
+        elapsed = time.monotonic() - start
+        progress = step / settings.steps if settings.steps else elapsed / budget_s
+        if progress >= 1.0:
+            break
+        lr = settings.lr * lr_factor(progress, settings)
+        for group in opt.param_groups:
+            group["lr"] = lr
+        losses = step_losses(sample_batch(data, rng, settings.batch, settings.seq_len))
+        losses["total"].backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), settings.grad_clip)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        step += 1
+        for key, value in losses.items():
+            window.setdefault(key, []).append(value.item())
+        now = time.monotonic()
+        if now - last_log >= LOG_EVERY_S:
+            recent = {k: float(np.mean(v)) for k, v in window.items()}
+            rate = (step - steps_at_log) * tokens_per_step / (now - last_log)
+            if settings.steps:
+                eta = (settings.steps - step) * (now - start) / step
+            else:
+                eta = budget_s - (now - start)
+            parts = " ".join(f"{k} {v:.3f}" for k, v in recent.items())
+            log(
+                f"{name} step {step} ({100 * min(progress, 1):.0f}%) {parts} lr {lr:.2e} "
+                f"{rate:.0f} tok/s ETA {eta / 60:.1f} min"
+            )
+            window, last_log, steps_at_log = {}, now, step
+    if window:  # the last (partial) logging window
+        recent = {k: float(np.mean(v)) for k, v in window.items()}
+    seconds = time.monotonic() - start
+    model.eval()
+    return {
+        "steps_done": step,
+        "tokens_seen": step * tokens_per_step,
+        "train_seconds": round(seconds, 1),
+        "train_losses_last_window": {k: round(v, 4) for k, v in recent.items()},
+    }
+
+
+# ---------------------------------------------------------------------------- evaluation
+def heldout_windows(data: np.ndarray, seq_len: int, count: int = 64) -> torch.Tensor:
+    """`count` evenly spaced held-out windows of seq_len + 1 ids (fixed for every run)."""
+    count = min(count, len(data) // (seq_len + 1))
+    starts = np.linspace(0, len(data) - seq_len - 1, count).astype(np.int64)
+    return torch.from_numpy(np.stack([data[s : s + seq_len + 1] for s in starts]))
+
+
+@torch.inference_mode()
+def eval_target(model: LlamaForCausalLM, windows: torch.Tensor) -> dict[str, float]:
+    """Held-out CE per exit and each exit's top-1 agreement with the final head."""
+    sums: dict[str, float] = {}
+    for batch in windows.split(8):
+        inputs, labels = batch[:, :-1], batch[:, 1:]
+        out = model(input_ids=inputs, output_hidden_states=True)
+        final = out.logits.argmax(-1)
+        heads = {"final": out.logits}
+        for layer in EXIT_WEIGHTS:
+            heads[f"exit{layer}"] = exit_logits(model, out.hidden_states[layer])
+        for key, logits in heads.items():
+            sums[f"loss_{key}"] = sums.get(f"loss_{key}", 0.0) + ce(logits, labels).item()
+            if key != "final":
+                agree = (logits.argmax(-1) == final).float().mean().item()
+                sums[f"top1_agree_{key}"] = sums.get(f"top1_agree_{key}", 0.0) + agree
+    n = len(windows.split(8))
+    return {k: round(v / n, 4) for k, v in sums.items()}
+
+
+@torch.inference_mode()
+def eval_draft(
+    draft: LlamaForCausalLM, target: LlamaForCausalLM, windows: torch.Tensor
+) -> dict[str, float]:
+    """Held-out CE, KL to the target and top-1 agreement with the target (teacher forced)."""
+    sums = {"loss_ce": 0.0, "kl_to_target": 0.0, "top1_agree_target": 0.0}
+    for batch in windows.split(8):
+        inputs, labels = batch[:, :-1], batch[:, 1:]
+        t_logits = target(input_ids=inputs).logits
+        d_logits = draft(input_ids=inputs).logits
+        sums["loss_ce"] += ce(d_logits, labels).item()
+        sums["kl_to_target"] += F.kl_div(
+            F.log_softmax(d_logits, -1).flatten(0, 1),
+            F.log_softmax(t_logits, -1).flatten(0, 1),
+            log_target=True,
+            reduction="batchmean",
+        ).item()
+        agree = (d_logits.argmax(-1) == t_logits.argmax(-1)).float().mean().item()
+        sums["top1_agree_target"] += agree
+    n = len(windows.split(8))
+    return {k: round(v / n, 4) for k, v in sums.items()}
+
+
+@torch.inference_mode()
+def greedy_path(model: LlamaForCausalLM, ids: list[int], new_tokens: int) -> list[int]:
+    """The target's own greedy continuation (KV-cached, never stops at EOS)."""
+    out = model(input_ids=torch.tensor([ids]), use_cache=True)
+    generated: list[int] = []
+    for _ in range(new_tokens):
+        nxt = int(out.logits[0, -1].argmax())
+        generated.append(nxt)
+        out = model(
+            input_ids=torch.tensor([[nxt]]), past_key_values=out.past_key_values, use_cache=True
+        )
+    return generated
+
+
+def tokens_per_round(matches: list[bool], gamma: int) -> float:
+    """Tokens per verification of greedy speculative decoding with a fixed draft length.
+
+    Along the target's greedy path the drafter proposes exactly the tokens it predicts there
+    while it agrees, so a round accepts the leading run of matches (at most gamma) and adds
+    the target's own next token.
+    """
+    pos = rounds = 0
+    while pos < len(matches):
+        run = 0
+        while run < gamma and pos + run < len(matches) and matches[pos + run]:
+            run += 1
+        pos += run + 1
+        rounds += 1
+    return len(matches) / max(rounds, 1)
+
+
+@torch.inference_mode()
+def acceptance(
+    target: LlamaForCausalLM,
+    draft: LlamaForCausalLM,
+    tok: PreTrainedTokenizerFast,
+    prompts: list[dict[str, Any]],
+) -> dict[str, float]:
+    """Agreement of the draft and the early exits with the target along its greedy path."""
+    matches: dict[str, list[bool]] = {"draft": [], **{f"exit{e}": [] for e in EXIT_WEIGHTS}}
+    rounds: dict[str, list[float]] = {k: [] for k in matches}
+    for prompt in prompts:
+        ids = tok.encode(prompt["prompt"])
+        path = greedy_path(target, ids, EVAL_NEW_TOKENS)
+        full = torch.tensor([ids + path[:-1]])
+        positions = slice(len(ids) - 1, len(ids) - 1 + len(path))
+        want = torch.tensor(path)
+        out = target(input_ids=full, output_hidden_states=True)
+        preds = {"draft": draft(input_ids=full).logits[0, positions].argmax(-1)}
+        for layer in EXIT_WEIGHTS:
+            hidden = out.hidden_states[layer][0, positions]
+            preds[f"exit{layer}"] = exit_logits(target, hidden).argmax(-1)
+        for key, pred in preds.items():
+            hits = (pred == want).tolist()
+            matches[key].extend(hits)
+            rounds[key].append(tokens_per_round(hits, EVAL_GAMMA))
+    result: dict[str, float] = {}
+    for key in matches:
+        result[f"agree_{key}"] = round(float(np.mean(matches[key])), 4)
+        result[f"tokens_per_round_g{EVAL_GAMMA}_{key}"] = round(float(np.mean(rounds[key])), 3)
+    return result
+
+
+# ------------------------------------------------------------------------------- caching
+def normalized(obj: Any) -> Any:
+    """JSON round trip, so that configs compare equal to what was read back from disk."""
+    return json.loads(json.dumps(obj, sort_keys=True))
+
+
+def read_config(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8")).get("config")
+    except (OSError, ValueError):
+        return None
+
+
+def write_json(path: Path, obj: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    tmp.replace(path)
+
+
+def save_checkpoint(
+    folder: Path, model: LlamaForCausalLM, tok: PreTrainedTokenizerFast, info: dict[str, Any]
+) -> None:
+    """Model + tokenizer files, then train_info.json last (it marks the folder complete)."""
+    (folder / "train_info.json").unlink(missing_ok=True)
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    write_json(folder / "train_info.json", info)
+
+
+def new_model(arch: dict[str, Any], seed: int) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(LlamaConfig(**arch)).float()
+
+
+# ---------------------------------------------------------------------------------- main
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output folder")
+    p.add_argument("--target-minutes", type=float, default=25.0)
+    p.add_argument("--target-steps", type=int, default=None, help="fixed steps (reproducible)")
+    p.add_argument("--draft-minutes", type=float, default=10.0)
+    p.add_argument("--draft-steps", type=int, default=None, help="fixed steps (reproducible)")
+    p.add_argument("--target-lr", type=float, default=2e-3)
+    p.add_argument("--draft-lr", type=float, default=3e-3)
+    p.add_argument("--batch", type=int, default=4, help="sequences per step")
+    p.add_argument("--seq-len", type=int, default=256)
+    p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
+    p.add_argument("--force", action="store_true", help="retrain even if cached")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    hf_logging.disable_progress_bar()
+    np.random.seed(SEED)
+    out: Path = args.out.expanduser()
+    out.mkdir(parents=True, exist_ok=True)
+
+    train_src, heldout_src = stdlib_sources()
+    log(f"stdlib: {len(train_src)} train files, {len(heldout_src)} held-out files")
+    tok = load_or_train_tokenizer(out, train_src, args.force)
+    train_ids = encode_corpus(tok, train_src.values())
+    heldout_ids = encode_corpus(tok, heldout_src.values())
+    log(f"tokens: {len(train_ids):,} train, {len(heldout_ids):,} held out")
+
+    code = code_prompts(tok, heldout_src)
+    text = text_prompts(tok, train_src, code)
+    for name, prompts in (("prompts_code.jsonl", code), ("prompts_text.jsonl", text)):
+        lines = "".join(json.dumps(p, ensure_ascii=False) + "\n" for p in prompts)
+        (out / name).write_text(lines, encoding="utf-8")
+    log(f"prompts: {len(code)} code, {len(text)} text")
+    windows = heldout_windows(heldout_ids, args.seq_len)
+
+    # ---- target
+    target_settings = TrainSettings(
+        minutes=args.target_minutes,
+        steps=args.target_steps,
+        batch=args.batch,
+        seq_len=args.seq_len,
+        lr=args.target_lr,
+        seed=SEED,
+    )
+    target_config = normalized(
+        {
+            "role": "target",
+            "arch": TARGET_ARCH,
+            "train": asdict(target_settings),
+            "exit_weights": EXIT_WEIGHTS,
+            "data": data_config(),
+        }
+    )
+    target_dir = out / "target"
+    if not args.force and read_config(target_dir / "train_info.json") == target_config:
+        log(f"target: cached in {target_dir}")
+        target = LlamaForCausalLM.from_pretrained(target_dir).eval()
+    else:
+        target = new_model(TARGET_ARCH, SEED)
+        n_params = sum(p.numel() for p in target.parameters())
+        log(f"target: {n_params / 1e6:.2f}M parameters, training {describe(target_settings)}")
+        stats = train_loop(
+            target, lambda b: target_losses(target, b), train_ids, target_settings, "target"
+        )
+        heldout = eval_target(target, windows)
+        log(f"target held-out: {heldout}")
+        info = {"config": target_config, "parameters": n_params, **stats, "heldout": heldout}
+        save_checkpoint(target_dir, target, tok, info)
+    target.requires_grad_(False)
+    target_info = json.loads((target_dir / "train_info.json").read_text(encoding="utf-8"))
+
+    # ---- draft
+    draft_settings = TrainSettings(
+        minutes=args.draft_minutes,
+        steps=args.draft_steps,
+        batch=args.batch,
+        seq_len=args.seq_len,
+        lr=args.draft_lr,
+        seed=SEED + 1,
+    )
+    draft_config = normalized(
+        {
+            "role": "draft",
+            "arch": DRAFT_ARCH,
+            "train": asdict(draft_settings),
+            "distill_ce_weight": DISTILL_CE_WEIGHT,
+            "data": data_config(),
+            "target": {"config": target_info["config"], "steps": target_info["steps_done"]},
+        }
+    )
+    draft_dir = out / "draft"
+    if not args.force and read_config(draft_dir / "train_info.json") == draft_config:
+        log(f"draft: cached in {draft_dir}")
+        draft = LlamaForCausalLM.from_pretrained(draft_dir).eval()
+    else:
+        draft = new_model(DRAFT_ARCH, SEED + 1)
+        n_params = sum(p.numel() for p in draft.parameters())
+        log(f"draft: {n_params / 1e6:.2f}M parameters, training {describe(draft_settings)}")
+        stats = train_loop(
+            draft, lambda b: distill_losses(draft, target, b), train_ids, draft_settings, "draft"
+        )
+        heldout = eval_draft(draft, target, windows)
+        log(f"draft held-out: {heldout}")
+        info = {"config": draft_config, "parameters": n_params, **stats, "heldout": heldout}
+        save_checkpoint(draft_dir, draft, tok, info)
+    draft_info = json.loads((draft_dir / "train_info.json").read_text(encoding="utf-8"))
+
+    # ---- acceptance estimate
+    report = {
+        "target": {k: target_info[k] for k in ("steps_done", "tokens_seen", "heldout")},
+        "draft": {k: draft_info[k] for k in ("steps_done", "tokens_seen", "heldout")},
+        "code": acceptance(target, draft, tok, code[:EVAL_PROMPTS]),
+        "text": acceptance(target, draft, tok, text[:EVAL_PROMPTS]),
+    }
+    write_json(out / "eval.json", report)
+    log(f"target: {target_info['steps_done']} steps, held-out {target_info['heldout']}")
+    log(f"draft: {draft_info['steps_done']} steps, held-out {draft_info['heldout']}")
+    for kind in ("code", "text"):
+        log(f"greedy-path agreement with the target on {kind} prompts: {report[kind]}")
+    log(f"outputs in {out}")
+
+
+def describe(settings: TrainSettings) -> str:
+    bound = f"{settings.steps} steps" if settings.steps else f"{settings.minutes:g} minutes"
+    return f"for {bound}, batch {settings.batch} x {settings.seq_len}, lr {settings.lr:g}"
+
+
+if __name__ == "__main__":
+    main()
