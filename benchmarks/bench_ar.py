@@ -34,9 +34,15 @@ config `eos_token_id=None`), edgespec with `ignore_eos=True`, genai with
 EOS logit, which changes a token only where EOS would have been the argmax).
 
 Checkpoints (config + random weights from a fixed torch seed + a byte-level BPE tokenizer
-trained on Python's stdlib source; the model keeps its real vocab size, ids above the trained
-vocab are simply unused), the genai export (its model builder, run offline on the local
-folder) and the edgespec bundle are cached under `--cache` (default ~/.cache/edgespec-bench).
+trained on Python's stdlib source; the model keeps its real vocab size and the tokenizer gets
+`<unused_ID>` placeholder entries up to it, since random weights do emit those ids), the
+genai export (its model builder, run offline on the local folder) and the edgespec bundle
+(re-exported when edgespec's exporter source changes) are cached under `--cache` (default
+~/.cache/edgespec-bench). The prompt is 64 random ids below the trained vocab (fixed seed).
+
+On a shared machine each timed run first waits (up to `--quiet-wait` s) for a second in which
+other processes leave the CPU idle, and records how many cores they used during the run; a
+row whose runs were disturbed says so ("busy machine: ...").
 
 Run (in the project venv; genai lives in its own venv, so it runs in a subprocess there):
 
@@ -144,17 +150,20 @@ class EngineResult:
     tokens: list[int] = field(default_factory=list)
     runs: list[dict[str, Any]] = field(default_factory=list)
     elapsed_s: float = 0.0  # export (if not cached) + load + warm-up + repeats
-    other_cpu: float = 0.0  # most cores other processes kept busy during a timed run
+    other_cpu: float = 0.0  # most cores other processes kept busy during a counted run
 
 
-def measure(once: Callable[[], Run], warmup: int, repeats: int, quiet_wait: float) -> list[Run]:
+def measure(
+    once: Callable[[], Run], warmup: int, repeats: int, quiet_wait: float, retries: int = 0
+) -> list[Run]:
     """Warm up, then time `repeats` runs, each started when the machine is quiet (or after
-    `quiet_wait` seconds of waiting for that) and tagged with the CPU others used meanwhile."""
+    `quiet_wait` seconds of waiting for that) and tagged with the CPU others used meanwhile;
+    up to `retries` extra runs replace runs that other processes disturbed."""
     wait_for_quiet(quiet_wait)
     for _ in range(warmup):
         once()
-    runs = []
-    for _ in range(repeats):
+    runs: list[Run] = []
+    while len(runs) < repeats + retries and sum(map(undisturbed, runs)) < repeats:
         wait_for_quiet(quiet_wait)
         monitor = CpuMonitor()
         start = time.perf_counter()
@@ -165,10 +174,16 @@ def measure(once: Callable[[], Run], warmup: int, repeats: int, quiet_wait: floa
     return runs
 
 
+def undisturbed(run: Run) -> bool:
+    return run.other_cpu <= QUIET_CORES
+
+
 def summarize(result: EngineResult, runs: list[Run], stat: str, n_new: int) -> None:
+    """Median (or best) over the undisturbed runs, or over all runs if every one was."""
     pick: Callable[[list[float]], float] = max if stat == "best" else statistics.median
-    result.prefill_tps = pick([r.prefill_tps for r in runs])
-    result.decode_tps = pick([r.decode_tps for r in runs])
+    used = [r for r in runs if undisturbed(r)] or runs
+    result.prefill_tps = pick([r.prefill_tps for r in used])
+    result.decode_tps = pick([r.decode_tps for r in used])
     result.tokens = runs[0].tokens
     result.runs = [
         {
@@ -178,6 +193,7 @@ def summarize(result: EngineResult, runs: list[Run], stat: str, n_new: int) -> N
             "decode_tokens": r.decode_tokens,
             "wall_s": r.wall_s,
             "other_cpu": r.other_cpu,
+            "used": any(r is u for u in used),
             "prefill_tps": r.prefill_tps,
             "decode_tps": r.decode_tps,
         }
@@ -189,6 +205,11 @@ def summarize(result: EngineResult, runs: list[Run], stat: str, n_new: int) -> N
         notes.append(f"produced {sorted(counts)} tokens, not {n_new}")
     if any(r.tokens != runs[0].tokens for r in runs):
         notes.append("tokens differ between repeats")
+    result.other_cpu = max(r.other_cpu for r in used)
+    if result.other_cpu > QUIET_CORES:
+        notes.append(f"busy machine: other jobs used up to {result.other_cpu:.1f} cores")
+    elif len(used) < len(runs):
+        notes.append(f"{len(runs) - len(used)} disturbed run(s) left out")
     if notes:
         result.message = "; ".join(notes)
 
@@ -519,7 +540,7 @@ def genai_worker(spec_path: str) -> None:
     """Subprocess entry (--genai-worker SPEC): measure genai, write runs as JSON."""
     spec = json.loads(Path(spec_path).read_text())
     with genai_engine(Path(spec["model_dir"]), spec["prompt"], spec["n_new"], spec["threads"]) as f:
-        runs = measure(f, spec["warmup"], spec["repeats"], spec["quiet_wait"])
+        runs = measure(f, spec["warmup"], spec["repeats"], spec["quiet_wait"], spec["retries"])
     Path(spec["out"]).write_text(
         json.dumps({"runs": [asdict(r) for r in runs], "info": genai_info()})
     )
@@ -537,6 +558,7 @@ def genai_in_subprocess(
             "warmup": args.warmup,
             "repeats": args.repeats,
             "quiet_wait": args.quiet_wait,
+            "retries": args.retries,
             "out": str(Path(tmp) / "runs.json"),
         }
         spec_path = Path(tmp) / "spec.json"
@@ -609,10 +631,6 @@ def bench_shape(shape: str, args: argparse.Namespace) -> dict[str, Any]:
             log(f"[{shape}] {engine}: error\n{traceback.format_exc()}")
             continue
         result.elapsed_s = time.perf_counter() - start
-        result.other_cpu = max(r.other_cpu for r in runs)
-        if result.other_cpu > QUIET_CORES:
-            note = f"busy machine: other jobs used up to {result.other_cpu:.1f} cores"
-            result.message = f"{result.message}; {note}" if result.message else note
         summarize(result, runs, args.stat, n_new)
         log(
             f"[{shape}] {engine}: prefill {result.prefill_tps:.1f} tok/s, "
@@ -648,7 +666,7 @@ def run_engine(
     if engine == "transformers":
         try:
             with transformers_engine(folder, prompt, n_new, threads) as once:
-                return measure(once, args.warmup, args.repeats, args.quiet_wait)
+                return measure(once, args.warmup, args.repeats, args.quiet_wait, args.retries)
         finally:
             gc.collect()
     if engine == "edgespec":
@@ -678,7 +696,11 @@ def run_engine(
             model = load_edgespec(bundle, threads)
         try:
             return measure(
-                edgespec_runner(model, prompt, n_new), args.warmup, args.repeats, args.quiet_wait
+                edgespec_runner(model, prompt, n_new),
+                args.warmup,
+                args.repeats,
+                args.quiet_wait,
+                args.retries,
             )
         finally:
             del model
@@ -700,7 +722,7 @@ def run_engine(
     GENAI_INFO.update(genai_info(), python=sys.executable)
     try:
         with genai_engine(out, prompt, n_new, threads) as once:
-            return measure(once, args.warmup, args.repeats, args.quiet_wait)
+            return measure(once, args.warmup, args.repeats, args.quiet_wait, args.retries)
     finally:
         gc.collect()
 
@@ -854,6 +876,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="before each timed run wait up to this many seconds for other processes to "
         "leave the CPU idle (0: never wait)",
     )
+    p.add_argument(
+        "--retries",
+        type=int,
+        default=None,
+        help="extra timed runs allowed to replace runs other processes disturbed "
+        "(default: as many as --repeats)",
+    )
     p.add_argument("--seed", type=int, default=0, help="torch seed for weights; numpy for prompt")
     p.add_argument(
         "--cache",
@@ -895,6 +924,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--new-tokens must be at least 2 (one prefill token + decode)")
     if args.repeats < 1:
         p.error("--repeats must be at least 1")
+    if args.retries is None:
+        args.retries = args.repeats
     return args
 
 
@@ -923,6 +954,8 @@ def main(argv: list[str] | None = None) -> int:
         "warmup": args.warmup,
         "repeats": args.repeats,
         "stat": args.stat,
+        "quiet_wait": args.quiet_wait,
+        "retries": args.retries,
         "seed": args.seed,
         "cpu": cpu_name(),
         "cpu_count": os.cpu_count(),
