@@ -313,11 +313,13 @@ def verify_export(
     import onnxruntime as ort
     import torch
 
+    from edgespec.runtime.graph import session_options
+
     rng = np.random.default_rng(0)
     ids = rng.integers(0, info.vocab_size, size=(1, 8), dtype=np.int64)
     with torch.no_grad():
         ref = hf_model(torch.from_numpy(ids)).logits.float().numpy()
-    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    sess = ort.InferenceSession(str(path), session_options(None), ["CPUExecutionProvider"])
     kv_dtype = np.float16 if dtype == "fp16" else np.float32
     feeds: dict[str, np.ndarray] = {
         "input_ids": ids,

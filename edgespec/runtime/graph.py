@@ -25,14 +25,35 @@ ORT_TYPES = {
 }
 
 
-def session_options(threads: int | None) -> ort.SessionOptions:
+# Size of onnxruntime's process-wide intra-op thread pool once edgespec created it (0: one
+# thread per core); None while there is none.
+_shared_pool: int | None = None
+
+
+def session_options(threads: int | None, shared: bool = True) -> ort.SessionOptions:
+    """Options for one graph.
+
+    shared: run on onnxruntime's process-wide thread pool (created on first use with `threads`
+    threads; later sessions use it whatever their `threads`). A model's graphs (draft, full,
+    head@k, tail@k) run one after another, and with a pool per session each idle pool keeps
+    spinning on the cores the running graph needs: speculative rounds were 2x slower on
+    2 cores. Once that pool exists onnxruntime refuses per-session pools in the process, so
+    an app's own sessions must then set `use_per_session_threads = False` too.
+    """
+    global _shared_pool
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    opts.log_severity_level = 3
+    if shared or _shared_pool is not None:
+        if _shared_pool is None:
+            ort.set_global_thread_pool_sizes(threads or 0, 1)
+            _shared_pool = threads or 0
+        opts.use_per_session_threads = False
+        return opts
     opts.inter_op_num_threads = 1
     if threads:
         opts.intra_op_num_threads = threads
-    opts.log_severity_level = 3
     return opts
 
 

@@ -100,6 +100,7 @@ class Model:
         device: str = "cpu",
         threads: int | None = None,
         verifier: str = "full",
+        shared_threads: bool = True,
     ) -> Model:
         """Open a bundle for decoding.
 
@@ -109,12 +110,16 @@ class Model:
         self-spec drafter. draft_policy: "fixed:N" | "confidence:T" | "acceptance" | "auto"
         | "dynamic-exit" (default "auto": speculates only while it is measured to win).
         verifier: "full" or "exit:K" (head@K then tail@K) for ar/spec/lookup.
+        threads: intra-op threads (default one per core). shared_threads: run on
+        onnxruntime's process-wide thread pool, sized by the first load (see
+        `graph.session_options`; False gives each graph its own pool, which is slower for
+        speculative modes but leaves the process free of a global pool).
         """
         folder = Path(bundle)
         manifest = load_manifest(folder)
         if mode not in MODES:
             raise InputError(f"mode {mode!r} is not one of: {', '.join(MODES)}")
-        open_graph = _graph_opener(folder, manifest, device, threads)
+        open_graph = _graph_opener(folder, manifest, device, threads, shared_threads)
         exits = manifest.exit_layers
         if mode == "self-spec":
             if not exits:
@@ -240,10 +245,12 @@ def seed_from_calibration(
             policy.cost = cost
 
 
-def _graph_opener(folder: Path, manifest: Manifest, device: str, threads: int | None):
+def _graph_opener(
+    folder: Path, manifest: Manifest, device: str, threads: int | None, shared_threads: bool
+):
     """role -> GraphSession, all with the same device and thread settings."""
     providers = providers_for(device)
-    options = session_options(threads)
+    options = session_options(threads, shared_threads)
     kv_dtype = np.dtype(np.float16 if manifest.dtype == "fp16" else np.float32)
 
     def open_graph(role: str) -> GraphSession:
