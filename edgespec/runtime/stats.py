@@ -23,6 +23,14 @@ class RoundStats:
     verify_seconds: float = 0.0
     exit_layer: int | None = None  # self-speculation: the exit layer that drafted
     catchup_seconds: float = 0.0  # drafter catching up on tokens it skipped while γ was 0
+    # split decoding (drafted here, verified by a server): the channel as this round saw it
+    verifier: str = "local"  # "local" | "remote"
+    network_seconds: float = 0.0  # waiting for the server's answer, less its verify time
+    server_seconds: float = 0.0  # the verify time the server reported
+    bytes_up: int = 0
+    bytes_down: int = 0
+    rtt_estimate: float | None = None  # the policy's channel estimates after this round (s)
+    bandwidth_estimate: float | None = None  # uplink, bytes/s
 
 
 @dataclass
