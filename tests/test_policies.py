@@ -85,7 +85,7 @@ def test_policy_strings():
 
 def test_auto_turns_speculation_off_when_it_loses_and_probes_with_backoff():
     p = Auto()
-    rounds(p, accepted=0, drafted=2, t_draft=0.004, t_verify=0.021, n=6)  # drafts rejected
+    rounds(p, accepted=0, drafted=2, t_draft=0.004, t_verify=0.021, n=12)  # drafts rejected
     rounds(p, accepted=0, drafted=0, t_draft=0.0, t_verify=0.020, n=3)  # plain steps
     chosen = [p.next_length() for _ in range(60)]
     probes = [i for i, g in enumerate(chosen) if g > 0]
@@ -95,7 +95,7 @@ def test_auto_turns_speculation_off_when_it_loses_and_probes_with_backoff():
 
 def test_auto_turns_speculation_back_on_when_drafts_get_accepted():
     p = Auto()
-    rounds(p, accepted=0, drafted=2, t_draft=0.004, t_verify=0.021, n=6)
+    rounds(p, accepted=0, drafted=2, t_draft=0.004, t_verify=0.021, n=12)
     rounds(p, accepted=0, drafted=0, t_draft=0.0, t_verify=0.020, n=3)
     assert p.next_length() == 0
     rounds(p, accepted=2, drafted=2, t_draft=0.004, t_verify=0.021, n=30)  # probes succeed

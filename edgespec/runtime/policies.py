@@ -3,7 +3,8 @@
 Every policy answers three questions: `next_length()` (the most tokens to draft this
 round), `keep_drafting(drafted, confidence)` (stop early?) and `observe(stats)` (learn from
 the finished round). Parsed from strings like "fixed:4", "confidence:0.4", "acceptance",
-"auto", "dynamic-exit" by `make_policy`.
+"auto", "dynamic-exit" by `make_policy`; "channel-aware" (split decoding: RTT, bandwidth and
+an energy budget in the round cost) lives in `channel_policy.py`.
 
 The adaptive ones maximise expected accepted tokens per second. With per-token acceptance
 α, a round drafting γ tokens yields N(γ) = (1 - α^(γ+1)) / (1 - α) tokens on average and
@@ -12,6 +13,7 @@ costs T(γ) = γ·t_draft + t_verify(γ + 1); α, t_draft and t_verify are measu
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -75,15 +77,24 @@ def expected_tokens(alpha: float, gamma: int) -> float:
 
 @dataclass
 class CostModel:
-    """Online estimates for one drafter (EWMA): per-token acceptance α, the marginal cost of
-    one more draft token, and the measured wall time of a whole round per γ (which includes
-    verifying γ + 1 positions and any per-round overhead of the mode)."""
+    """Online estimates for one drafter: per-token acceptance α (EWMA), the cost of one draft
+    token, and the wall time of a whole round as a line in γ, round(γ) ≈ a + b·γ (verifying
+    γ + 1 positions, drafting γ tokens and any per-round overhead of the mode), fitted by
+    exponentially weighted least squares over recent rounds. A line rather than a table per γ:
+    every round refines the price of every γ, and one slow round (a scheduler hiccup) cannot
+    leave one γ looking expensive forever because the policy never tries it again."""
 
     alpha: float = 0.6  # prior: typical acceptance of a decent drafter
     decay: float = 0.15
     t_draft: float | None = None  # seconds per drafted token
-    round_time: dict[int, float] = field(default_factory=dict)  # γ -> seconds per round
+    round_time: dict[int, float] = field(default_factory=dict)  # γ -> EWMA seconds, as seen
     rounds: int = 0
+    fit_decay: float = 0.03  # forgetting per round of the line fit (~30 rounds of memory)
+    _sums: list[float] = field(default_factory=lambda: [0.0] * 5)  # Σw, Σwγ, Σwt, Σwγ², Σwγt
+
+    def __post_init__(self) -> None:
+        for g, t in self.round_time.items():  # calibrated: worth a few live rounds each
+            self._fit(g, t, weight=3.0)
 
     def observe(self, s: RoundStats) -> None:
         self.rounds += 1
@@ -97,12 +108,37 @@ class CostModel:
                 per_token if self.t_draft is None else _ewma(self.t_draft, per_token, self.decay)
             )
         seconds = s.seconds - s.catchup_seconds  # a one-off, not a cost of this γ
+        if self.round_time:  # a round 3x slower than expected is noise, not a price
+            seconds = min(seconds, 3 * self.cost(s.drafted))
         old = self.round_time.get(s.drafted)
         self.round_time[s.drafted] = seconds if old is None else _ewma(old, seconds, self.decay)
+        self._fit(s.drafted, seconds)
+
+    def _fit(self, gamma: int, seconds: float, weight: float = 1.0) -> None:
+        keep = 1 - self.fit_decay
+        w, x, y, xx, xy = (v * keep for v in self._sums)
+        g = float(gamma)
+        self._sums = [w + weight, x + weight * g, y + weight * seconds]
+        self._sums += [xx + weight * g * g, xy + weight * g * seconds]
+
+    def _line(self) -> tuple[float, float] | None:
+        """(a, b) of round(γ) = a + b·γ, or None while the rounds seen span too few γ."""
+        w, x, y, xx, xy = self._sums
+        if w <= 0:
+            return None
+        mean_g, mean_t = x / w, y / w
+        spread = xx / w - mean_g**2
+        if spread < 0.1:
+            return None
+        slope = max((xy / w - mean_g * mean_t) / spread, 0.0)
+        return mean_t - slope * mean_g, slope
 
     def cost(self, gamma: int) -> float:
-        """Estimated seconds of a round drafting γ tokens: measured if seen, else the nearest
-        measured γ plus (or minus) draft steps."""
+        """Estimated seconds of a round drafting γ tokens: from the fitted line; before there
+        is one, the nearest measured γ plus (or minus) draft steps."""
+        line = self._line()
+        if line is not None:
+            return max(line[0] + line[1] * gamma, 1e-9)
         nearest = min(self.round_time, key=lambda g: (abs(g - gamma), -g))
         estimate = self.round_time[nearest] + (gamma - nearest) * (self.t_draft or 0.0)
         return max(estimate, 1e-9)
@@ -218,9 +254,18 @@ class DynamicExit:
         self.costs[k].observe(stats)
 
 
-def make_policy(spec: str, exits: list[int] | None = None) -> DraftLengthPolicy:
-    """Parse "fixed:4", "confidence:0.4", "acceptance", "auto" or "dynamic-exit"."""
+def make_policy(
+    spec: str,
+    exits: list[int] | None = None,
+    energy_budget: float | None = None,
+    device_profile: Mapping[str, object] | None = None,
+) -> DraftLengthPolicy:
+    """Parse "fixed:4", "confidence:0.4", "acceptance", "auto", "dynamic-exit" or
+    "channel-aware[:J]" (split decoding; J: energy budget per token, also `energy_budget`;
+    `device_profile` may carry its energy model, see `channel_policy.EnergyModel`)."""
     name, _, arg = spec.partition(":")
+    if energy_budget is not None and name != "channel-aware":
+        raise ValueError(f"an energy budget needs the channel-aware policy, not {spec!r}")
     policy: DraftLengthPolicy | None = None
     try:
         if name == "fixed" and 0 <= int(arg or 4) <= 64:
@@ -233,12 +278,16 @@ def make_policy(spec: str, exits: list[int] | None = None) -> DraftLengthPolicy:
             policy = Auto()
         elif name == "dynamic-exit" and not arg:
             policy = DynamicExit(sorted(exits or []))
+        elif name == "channel-aware":
+            from edgespec.runtime.channel_policy import parse_channel_aware
+
+            policy = parse_channel_aware(arg, energy_budget, device_profile)
     except ValueError:
-        if name == "dynamic-exit":  # its own message (no exit layers in the bundle)
-            raise
+        if name == "dynamic-exit" or (name == "channel-aware" and not arg):
+            raise  # their own messages (no exit layers; bad budget or device profile)
     if policy is None:
         raise ValueError(
             f"draft policy {spec!r} is not one of: fixed:N (0..64), confidence:T (0..1), "
-            "acceptance, auto, dynamic-exit"
+            "acceptance, auto, dynamic-exit, channel-aware[:J per token > 0]"
         )
     return policy
