@@ -8,8 +8,10 @@ included, greedy, same prompts, same thread count) of:
   edgespec ar, spec / self-spec (each exit) / lookup under fixed:γ, confidence, acceptance,
   dynamic-exit; transformers generate plain, with assistant_model, with assistant_early_exit.
 Every edgespec mode's output is checked against edgespec ar token for token (lossless).
+The edgespec rows are timed interleaved (every config on each prompt in turn, several passes),
+so ratios between them hold on a shared, noisy machine.
 
-    python benchmarks/bench_spec.py                      # 8 prompts x 128 tokens, 3 repeats
+    python benchmarks/bench_spec.py                      # 8 prompts x 128 tokens x 3 passes
     python benchmarks/bench_spec.py --prompts 16 --json results.json
 """
 
@@ -61,41 +63,70 @@ def edgespec_configs(exits: list[int]) -> list[tuple[str, dict]]:
     return configs
 
 
-def run_edgespec(
+@dataclass
+class Tally:
+    tokens: int = 0
+    seconds: float = 0.0
+    rounds: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    lossless: bool = True
+
+
+def bench_edgespec(
     bundle: Path,
     prompts: list[str],
     n_new: int,
     threads: int,
-    label: str,
+    configs: list[tuple[str, dict]],
     set_name: str,
-    reference: dict[int, list[int]] | None,
-    options: dict,
-) -> Row:
+    reference: dict[int, list[int]],
+    repeats: int,
+) -> list[Row]:
+    """Every config on every prompt, `repeats` times, interleaved: for each (repeat, prompt)
+    each config runs once, in a rotating order. On a shared machine a burst of load from
+    other tenants then lands on all rows alike instead of on whichever row ran at the time."""
     import edgespec
 
-    model = edgespec.load(bundle, threads=threads, **options)
-    model.generate(prompts[0], max_new_tokens=8, ignore_eos=True)  # warm-up
-    tokens = rounds = drafted = accepted = 0
-    seconds = 0.0
-    same = True
-    for i, prompt in enumerate(prompts):
-        start = time.perf_counter()
-        out = model.generate(prompt, max_new_tokens=n_new, ignore_eos=True)
-        seconds += time.perf_counter() - start
-        tokens += len(out.tokens)
-        rounds += out.stats.rounds
-        drafted += out.stats.drafted
-        accepted += out.stats.accepted
-        if reference is not None:
-            same &= out.tokens == reference[i]
-    return Row(
-        set_name,
-        f"edgespec {label}",
-        tokens / seconds,
-        (accepted + rounds) / rounds if rounds else 1.0,
-        accepted / drafted if drafted else 0.0,
-        "yes" if same else "NO",
-    )
+    models = {}
+    for label, options in configs:
+        models[label] = edgespec.load(bundle, threads=threads, **options)
+        models[label].generate(prompts[0], max_new_tokens=8, ignore_eos=True)  # warm-up
+    tallies = {label: Tally() for label, _ in configs}
+    labels = [label for label, _ in configs]
+    turn = 0
+    for rep in range(repeats):
+        for i, prompt in enumerate(prompts):
+            turn += 1
+            for label in labels[turn % len(labels) :] + labels[: turn % len(labels)]:
+                start = time.perf_counter()
+                out = models[label].generate(prompt, max_new_tokens=n_new, ignore_eos=True)
+                t = tallies[label]
+                t.seconds += time.perf_counter() - start
+                t.tokens += len(out.tokens)
+                t.rounds += out.stats.rounds
+                t.drafted += out.stats.drafted
+                t.accepted += out.stats.accepted
+                t.lossless &= out.tokens == reference[i]
+        print(f"{set_name}: repeat {rep + 1}/{repeats} done", flush=True)
+    rows = []
+    for label in labels:
+        t = tallies[label]
+        row = Row(
+            set_name,
+            f"edgespec {label}",
+            t.tokens / t.seconds,
+            (t.accepted + t.rounds) / t.rounds if t.rounds else 1.0,
+            t.accepted / t.drafted if t.drafted else 0.0,
+            "yes" if t.lossless else "NO",
+        )
+        print(
+            f"{set_name:5s} {row.engine:40s} {row.tokens_per_s:8.1f} tok/s "
+            f"{row.tokens_per_round:5.2f} tok/round  lossless={row.lossless}",
+            flush=True,
+        )
+        rows.append(row)
+    return rows
 
 
 def reference_tokens(bundle: Path, prompts: list[str], n_new: int, threads: int) -> dict:
@@ -185,7 +216,7 @@ def main() -> None:
     ap.add_argument("--sets", default="code,text", help="prompt sets: code,text")
     ap.add_argument("--no-transformers", action="store_true")
     ap.add_argument("--only", default="", help="comma-separated substrings of engine labels")
-    ap.add_argument("--repeats", type=int, default=3, help="runs per config (median kept)")
+    ap.add_argument("--repeats", type=int, default=3, help="passes over the prompts per config")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
 
@@ -203,25 +234,9 @@ def main() -> None:
     for set_name in args.sets.split(","):
         prompts = load_prompts(args.models / f"prompts_{set_name}.jsonl", args.prompts)
         ref = reference_tokens(bundle, prompts, args.max_new_tokens, args.threads)
-        # Repeats go round-robin over the configs and each row keeps its median, so a burst
-        # of load from other tenants of a shared machine hits one sample, not one row.
-        samples: dict[str, list[Row]] = {label: [] for label, _ in configs}
-        for rep in range(args.repeats):
-            for label, options in configs:
-                n_new, threads = args.max_new_tokens, args.threads
-                row = run_edgespec(bundle, prompts, n_new, threads, label, set_name, ref, options)
-                samples[label].append(row)
-                print(
-                    f"{set_name:5s} [{rep + 1}/{args.repeats}] {row.engine:36s} "
-                    f"{row.tokens_per_s:8.1f} tok/s {row.tokens_per_round:5.2f} tok/round  "
-                    f"lossless={row.lossless}",
-                    flush=True,
-                )
-        for label, _ in configs:
-            runs = samples[label]
-            row = sorted(runs, key=lambda r: r.tokens_per_s)[len(runs) // 2]
-            row.lossless = "yes" if all(r.lossless == "yes" for r in runs) else "NO"
-            rows.append(row)
+        rows += bench_edgespec(
+            bundle, prompts, args.max_new_tokens, args.threads, configs, set_name, ref, args.repeats
+        )
         if not args.no_transformers:
             for row in run_transformers(
                 args.models, prompts, args.max_new_tokens, args.threads, set_name
