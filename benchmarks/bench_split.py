@@ -1,0 +1,375 @@
+"""Edge-cloud split decoding benchmark: tokens/s over emulated channels, in one run.
+
+Starts `edgespec serve BUNDLE` as a subprocess (the cloud), puts the channel emulator
+(`edgespec.channel`, a TCP proxy on loopback) in front of it, and for each channel condition
+— RTT 10/50/150 ms × bandwidth 1/10/100 Mbit/s, plus a time-varying trace — measures on the
+device side (greedy, same prompts, device threads fixed):
+
+  cloud-only      split with γ = 0: the server generates, one round trip per token
+  device-only     the best local mode (ar, spec auto), no network (the same for every row)
+  split fixed:γ   draft γ = 1..8 here with the bundle's draft model, verify on the server
+  channel-aware   split with the FlexSpec policy (`edgespec.runtime.channel_policy`)
+
+Each configuration runs for a fixed wall time (`--seconds`) over the prompts (prefill
+included), so every one sees the same stretch of a time-varying trace (replayed from its
+start for each). Then a load test: N concurrent emulated devices (threads, lookup drafter,
+fixed γ) against the one server: total tokens/s and p50/p99 round latency as N grows.
+Prints markdown tables.
+
+    python benchmarks/bench_split.py --quick          # RTT 10/50/150 at 10 Mbit/s, γ 1,2,4,8
+    python benchmarks/bench_split.py                  # the full grid (~15 minutes)
+    python benchmarks/bench_split.py --json split.json
+
+Uses the trained benchmark pair (`benchmarks/train_models.py`; bundle with `full`, `draft`)
+from ~/.cache/edgespec-bench/trained, or EDGESPEC_BENCH.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from edgespec.channel import Channel, ChannelConfig, Trace, TraceRow
+
+DEFAULT_MODELS = Path(os.environ.get("EDGESPEC_BENCH", Path.home() / ".cache" / "edgespec-bench"))
+# a time-varying channel: good Wi-Fi, a congested cell, a mid link (looping)
+TRACE = Trace(
+    (
+        TraceRow(0.0, 10, 100),
+        TraceRow(4.0, 150, 1),
+        TraceRow(8.0, 50, 10),
+    ),
+    loop=True,
+)
+
+
+@dataclass
+class Row:
+    condition: str
+    engine: str
+    tokens_per_s: float
+    tokens_per_round: float
+    mean_gamma: float
+    acceptance: float
+    rtt_estimate_ms: float | None = None
+    extra: dict = field(default_factory=dict)
+
+
+def load_prompts(path: Path, n: int) -> list[str]:
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [r["prompt"] if isinstance(r, dict) else r for r in rows][:n]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(bundle: Path, port: int, threads: int | None, max_sessions: int):
+    cmd = [sys.executable, "-m", "edgespec.cli", "serve", str(bundle), "--host", "127.0.0.1"]
+    cmd += ["--port", str(port), "--max-sessions", str(max_sessions), "--log-level", "warning"]
+    if threads:
+        cmd += ["--threads", str(threads)]
+    server = subprocess.Popen(cmd)
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        if server.poll() is not None:
+            raise SystemExit(f"the server exited with {server.returncode}: {' '.join(cmd)}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                if r.status == 200:
+                    return server
+        except OSError:
+            time.sleep(0.5)
+    server.terminate()
+    raise SystemExit("the server did not become healthy within 120 s")
+
+
+def timed(model, prompts: list[str], n_new: int, seconds: float) -> dict:
+    """Generate over the prompts (repeating) for `seconds` of wall time; round stats summed."""
+    tokens = rounds = drafted = accepted = 0
+    rtt = None
+    start = time.perf_counter()
+    i = 0
+    while time.perf_counter() - start < seconds:
+        for chunk in model.stream(prompts[i % len(prompts)], max_new_tokens=n_new, ignore_eos=True):
+            tokens += len(chunk.tokens)
+            s = chunk.stats
+            if s.phase == "decode":
+                rounds += 1
+                drafted += s.drafted
+                accepted += s.accepted
+                rtt = s.rtt_estimate if s.rtt_estimate is not None else rtt
+            if time.perf_counter() - start >= seconds:
+                break
+        i += 1
+    elapsed = time.perf_counter() - start
+    return {
+        "tokens_per_s": tokens / elapsed,
+        "tokens_per_round": (accepted + rounds) / rounds if rounds else 1.0,
+        "mean_gamma": drafted / rounds if rounds else 0.0,
+        "acceptance": accepted / drafted if drafted else 0.0,
+        "rtt_estimate_ms": None if rtt is None else rtt * 1000,
+    }
+
+
+def split_engines(fixed: list[int]) -> list[tuple[str, str]]:
+    return [
+        ("cloud-only (γ=0)", "fixed:0"),
+        *[(f"split fixed:{g}", f"fixed:{g}") for g in fixed],
+        ("split channel-aware", "channel-aware"),
+    ]
+
+
+def run_conditions(args, bundle: Path, prompts: list[str], port: int) -> list[Row]:
+    import edgespec
+    from edgespec.runtime.policies import make_policy
+
+    fixed = [1, 2, 4, 8] if args.quick else list(range(1, 9))
+    engines = split_engines(fixed)
+    rtts, bws = ([10, 50, 150], [10]) if args.quick else ([10, 50, 150], [1, 10, 100])
+    conditions: list[tuple[str, ChannelConfig | Trace]] = [
+        (f"{rtt} ms, {bw} Mbit/s", ChannelConfig(rtt_ms=rtt, bandwidth_mbit=bw))
+        for rtt in rtts
+        for bw in bws
+    ]
+    conditions.append(("trace 10/150/50 ms, 100/1/10 Mbit/s, 4 s each", TRACE))
+    rows: list[Row] = []
+
+    # device-only: local modes, no network (both cores are the device's here)
+    local = {
+        "device-only ar": edgespec.load(bundle, threads=args.device_threads),
+        "device-only spec auto": edgespec.load(
+            bundle, mode="spec", draft_policy="auto", threads=args.device_threads
+        ),
+    }
+    device_rows = []
+    for label, model in local.items():
+        model.generate(prompts[0], max_new_tokens=8, ignore_eos=True)
+        device_rows.append((label, timed(model, prompts, args.max_new_tokens, args.seconds)))
+    reference = (
+        local["device-only ar"]
+        .generate(prompts[0], max_new_tokens=args.max_new_tokens, ignore_eos=True)
+        .tokens
+    )
+
+    with Channel(f"127.0.0.1:{port}") as channel:
+        server = f"ws://{channel.address}"
+        models = {
+            label: edgespec.load(
+                bundle,
+                mode="split",
+                server=server,
+                drafter="draft",
+                draft_policy=policy,
+                threads=args.device_threads,
+                local_fallback=False,
+                timeout=30.0,
+            )
+            for label, policy in engines
+        }
+        out = models["split channel-aware"].generate(
+            prompts[0], max_new_tokens=args.max_new_tokens, ignore_eos=True
+        )
+        print(f"lossless (split channel-aware == local ar): {out.tokens == reference}", flush=True)
+        for name, condition in conditions:
+            is_trace = isinstance(condition, Trace)
+            if not is_trace:
+                channel.config = condition
+            for label, policy in engines:
+                model = models[label]
+                model.policy = make_policy(policy)  # each condition from a cold start
+                channel.replay(None)
+                if is_trace:
+                    channel.config = ChannelConfig(rtt_ms=10, bandwidth_mbit=100)
+                model.generate(prompts[0], max_new_tokens=16, ignore_eos=True)  # warm-up
+                if is_trace:
+                    channel.replay(condition)
+                r = timed(
+                    model,
+                    prompts,
+                    args.max_new_tokens,
+                    args.trace_seconds if is_trace else args.seconds,
+                )
+                rows.append(Row(name, label, **r))
+                print(
+                    f"  {name:<28} {label:<22} {r['tokens_per_s']:7.1f} tok/s  "
+                    f"γ̄ {r['mean_gamma']:.1f}",
+                    flush=True,
+                )
+            for label, r in device_rows:
+                rows.append(Row(name, label, **r))
+        channel.replay(None)
+    return rows
+
+
+def run_load(args, bundle: Path, prompts: list[str], port: int) -> list[dict]:
+    """N devices at once through one emulated 50 ms / 10 Mbit/s channel."""
+    results = []
+    with Channel(f"127.0.0.1:{port}", ChannelConfig(rtt_ms=50, bandwidth_mbit=10)) as channel:
+        for n in args.devices:
+            r = load_step(args, bundle, prompts, f"ws://{channel.address}", n)
+            results.append(r)
+            print(
+                f"  load N={n}: {r['tokens_per_s']:.1f} tok/s, p50 {r['p50_ms']:.0f} ms, "
+                f"p99 {r['p99_ms']:.0f} ms",
+                flush=True,
+            )
+    return results
+
+
+def load_step(args, bundle: Path, prompts: list[str], server: str, n: int) -> dict:
+    import edgespec
+
+    models = [
+        edgespec.load(
+            bundle,
+            mode="split",
+            server=server,
+            drafter="lookup",
+            draft_policy="fixed:4",
+            threads=1,
+            local_fallback=False,
+            timeout=60.0,
+        )
+        for _ in range(n)
+    ]
+    latencies: list[float] = []
+    counts = [0] * n
+    lock = threading.Lock()
+    stop = time.perf_counter() + args.seconds
+
+    def device(i: int) -> None:
+        k = i
+        while time.perf_counter() < stop:
+            stream = models[i].stream(
+                prompts[k % len(prompts)], max_new_tokens=args.max_new_tokens, ignore_eos=True
+            )
+            for chunk in stream:
+                with lock:
+                    counts[i] += len(chunk.tokens)
+                    if chunk.stats.phase == "decode":
+                        latencies.append(chunk.stats.seconds)
+                if time.perf_counter() >= stop:
+                    break
+            k += 1
+
+    start = time.perf_counter()
+    threads = [threading.Thread(target=device, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - start
+    lat = sorted(latencies) or [0.0]
+    return {
+        "devices": n,
+        "tokens_per_s": sum(counts) / elapsed,
+        "per_device": sum(counts) / elapsed / n,
+        "p50_ms": lat[int(0.50 * (len(lat) - 1))] * 1000,
+        "p99_ms": lat[int(0.99 * (len(lat) - 1))] * 1000,
+        "rounds": len(latencies),
+    }
+
+
+def tables(rows: list[Row], load: list[dict]) -> str:
+    out = []
+    conditions = list(dict.fromkeys(r.condition for r in rows))
+    engines = list(dict.fromkeys(r.engine for r in rows))
+    table = {(r.condition, r.engine): r for r in rows}
+    out.append("| engine | " + " | ".join(conditions) + " |")
+    out.append("|---|" + "---:|" * len(conditions))
+    for e in engines:
+        cells = []
+        for c in conditions:
+            r = table.get((c, e))
+            cells.append("-" if r is None else f"{r.tokens_per_s:.1f}")
+        out.append(f"| {e} | " + " | ".join(cells) + " |")
+    out.append("")
+    out.append(
+        "tokens/s (greedy, prefill included). Per condition: channel-aware vs cloud-only "
+        "and vs the best fixed γ:"
+    )
+    out.append("")
+    out.append(
+        "| condition | channel-aware | γ̄ | cloud-only | × cloud-only | best fixed γ | "
+        "aware / best fixed |"
+    )
+    out.append("|---|---:|---:|---:|---:|---|---:|")
+    for c in conditions:
+        aware = table.get((c, "split channel-aware"))
+        cloud = table.get((c, "cloud-only (γ=0)"))
+        fixed = [r for (cc, e), r in table.items() if cc == c and e.startswith("split fixed:")]
+        if not (aware and cloud and fixed):
+            continue
+        best = max(fixed, key=lambda r: r.tokens_per_s)
+        out.append(
+            f"| {c} | {aware.tokens_per_s:.1f} | {aware.mean_gamma:.1f} | "
+            f"{cloud.tokens_per_s:.1f} | {aware.tokens_per_s / cloud.tokens_per_s:.2f}x | "
+            f"{best.engine.split(':')[1]} ({best.tokens_per_s:.1f}) | "
+            f"{aware.tokens_per_s / best.tokens_per_s:.2f} |"
+        )
+    if load:
+        out.append("")
+        out.append("Load: N devices (lookup drafter, fixed:4) at 50 ms / 10 Mbit/s, one server:")
+        out.append("")
+        out.append("| devices | total tok/s | tok/s per device | p50 round ms | p99 round ms |")
+        out.append("|---:|---:|---:|---:|---:|")
+        for r in load:
+            out.append(
+                f"| {r['devices']} | {r['tokens_per_s']:.1f} | {r['per_device']:.1f} | "
+                f"{r['p50_ms']:.0f} | {r['p99_ms']:.0f} |"
+            )
+    return "\n".join(out)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--models", type=Path, default=DEFAULT_MODELS / "trained")
+    ap.add_argument("--prompts", type=int, default=4)
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--seconds", type=float, default=5.0, help="wall time per configuration")
+    ap.add_argument("--trace-seconds", type=float, default=24.0, help="per config on the trace")
+    ap.add_argument("--device-threads", type=int, default=1, help="the device's threads")
+    ap.add_argument("--server-threads", type=int, default=1)
+    ap.add_argument("--devices", default="1,2,4,8", help="load test: concurrent devices")
+    ap.add_argument("--no-load", action="store_true")
+    ap.add_argument("--quick", action="store_true", help="a small subset (~3 minutes)")
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    if args.quick:
+        args.seconds, args.trace_seconds = min(args.seconds, 3.0), min(args.trace_seconds, 12.0)
+        args.devices = "1,4" if args.devices == "1,2,4,8" else args.devices
+    args.devices = [int(n) for n in args.devices.split(",") if n]
+    bundle = args.models / "bundle"
+    if not (bundle / "manifest.json").exists():
+        raise SystemExit(f"no benchmark bundle in {bundle}: run benchmarks/bench_spec.py first")
+    prompts = load_prompts(args.models / "prompts_code.jsonl", args.prompts)
+    port = free_port()
+    server = start_server(bundle, port, args.server_threads, max(16, max(args.devices)))
+    try:
+        rows = run_conditions(args, bundle, prompts, port)
+        load = [] if args.no_load else run_load(args, bundle, prompts, port)
+    finally:
+        server.terminate()
+        server.wait(30)
+    print()
+    print(tables(rows, load))
+    if args.json:
+        args.json.write_text(
+            json.dumps({"rows": [asdict(r) for r in rows], "load": load}, indent=1)
+        )
+
+
+if __name__ == "__main__":
+    main()
