@@ -126,7 +126,8 @@ def export(
     type=click.Choice(MODES),
     default="ar",
     show_default=True,
-    help="ar, spec (draft model), self-spec (early exit), lookup (prompt lookup).",
+    help="ar, spec (draft model), self-spec (early exit), lookup (prompt lookup), "
+    "split (draft here, verify on --server).",
 )
 @click.option(
     "--draft-policy",
@@ -135,6 +136,11 @@ def export(
 )
 @click.option("--exit-layer", default=None, type=int, help="Exit layer for self-spec.")
 @click.option("--lookup", is_flag=True, help="Try prompt lookup before the model drafter.")
+@click.option("--server", default=None, help="split: the verifier server, ws://HOST:PORT.")
+@click.option("--drafter", default=None, help="split: draft | exit:K | lookup.")
+@click.option("--token-file", default=None, type=click.Path(), help="split: bearer token file.")
+@click.option("--energy-budget", default=None, type=float, help="split: joules per token.")
+@click.option("--timeout", default=10.0, show_default=True, help="split: seconds per answer.")
 @_friendly
 def generate(bundle: str, prompt: str, max_new_tokens: int, **options: Any) -> None:
     """Generate text from BUNDLE."""
@@ -142,6 +148,17 @@ def generate(bundle: str, prompt: str, max_new_tokens: int, **options: Any) -> N
 
     sampling = {k: options.pop(k) for k in ("temperature", "top_p", "top_k", "seed", "ignore_eos")}
     stream, stats = options.pop("stream"), options.pop("stats")
+    token_file = options.pop("token_file")
+    if options["mode"] == "split":
+        options["token"] = _read_token(token_file)
+    else:
+        split_only = ("server", "drafter", "energy_budget")
+        if token_file or any(options[k] is not None for k in split_only):
+            raise click.UsageError(
+                "--server/--drafter/--token-file/--energy-budget need --mode split"
+            )
+        for k in (*split_only, "timeout"):
+            options.pop(k)
     model = edgespec.load(bundle, **options)
     _generate(model, prompt, max_new_tokens, sampling, stream, stats)
 
@@ -168,14 +185,21 @@ def _generate(
             pieces.append(chunk.text)
     click.echo("" if stream else "".join(pieces))
     if stats:
-        click.echo(format_stats(totals, finish), err=True)
+        click.echo(format_stats(totals, finish, getattr(model, "mode", "") == "split"), err=True)
 
 
-def format_stats(s: Any, finish: str) -> str:
+def format_stats(s: Any, finish: str, split: bool = False) -> str:
     line = (
         f"prefill: {s.prompt_tokens} tokens, {s.prefill_tokens_per_s:.1f} tok/s | "
         f"decode: {s.decode_tokens} tokens, {s.decode_tokens_per_s:.1f} tok/s | finish: {finish}"
     )
+    if split:
+        line += (
+            f"\nsplit: {s.remote_rounds} rounds verified by the server, {s.local_rounds} locally"
+            + (" (server unreachable: continued on the local verifier)" if s.local_rounds else "")
+            + f" | network {s.network_seconds:.2f}s, server {s.server_seconds:.2f}s | "
+            f"{s.bytes_up} B up, {s.bytes_down} B down"
+        )
     if s.drafted:
         lengths = " ".join(f"{k}:{v}" for k, v in sorted(s.accepted_lengths.items()))
         line += (
@@ -318,6 +342,46 @@ def inspect(bundle: str) -> None:
         click.echo(f"{g.role:<10} {g.file:<16} {layers:<8} {size:>8.2f}  {inputs}, past KV")
     weights = (folder / m.weights_file).stat().st_size / 2**20
     click.echo(f"{'weights':<10} {m.weights_file:<16} {'shared':<8} {weights:>8.1f}")
+
+
+def _read_token(path: str | None) -> str | None:
+    if path is None:
+        return None
+    try:
+        token = Path(path).read_text().strip()
+    except OSError as e:
+        raise click.BadParameter(
+            f"cannot read {path}: {e.strerror}", param_hint="--token-file"
+        ) from None
+    if not token:
+        raise click.BadParameter(f"{path} is empty", param_hint="--token-file")
+    return token
+
+
+@main.command()
+@click.argument("bundle", type=click.Path())
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8700, show_default=True, type=int)
+@click.option("--token-file", default=None, type=click.Path(), help="Require this bearer token.")
+@click.option("--max-sessions", default=16, show_default=True, type=click.IntRange(1))
+@click.option("--max-context", default=None, type=click.IntRange(2), help="Positions per session.")
+@click.option("--max-request-bytes", default=1 << 20, show_default=True, type=click.IntRange(64))
+@click.option("--idle-timeout", default=300.0, show_default=True, help="Seconds; frees the cache.")
+@click.option("--threads", default=None, type=int, help="Intra-op threads (default: all cores).")
+@click.option("--log-level", default="info", show_default=True)
+@_friendly
+def serve(bundle: str, host: str, port: int, token_file: str | None, log_level: str, **limits):
+    """Serve BUNDLE's target as the verifier of split decoding (and /v1/completions)."""
+    try:
+        from edgespec.serve.server import ServerConfig, run
+    except ImportError as e:
+        raise click.ClickException(
+            f"serve needs the [serve] extra ({e.name} is missing): pip install 'edgespec[serve]'"
+        ) from None
+    token = _read_token(token_file)
+    if token is None and host not in ("127.0.0.1", "localhost", "::1"):
+        click.echo(f"warning: serving on {host} without --token-file: anyone can connect", err=True)
+    run(ServerConfig(bundle, token, **limits), host, port, log_level)
 
 
 @main.command()

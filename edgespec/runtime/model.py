@@ -12,6 +12,7 @@ import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -66,7 +67,7 @@ class Generation:
     stats: GenerationStats = field(default_factory=GenerationStats)
 
 
-MODES = ("ar", "spec", "self-spec", "lookup")
+MODES = ("ar", "spec", "self-spec", "lookup", "split")
 
 
 class Model:
@@ -74,11 +75,12 @@ class Model:
         self,
         folder: Path,
         manifest: Manifest,
-        target: Target,
+        target: Target | None,
         tokenizer: Tokenizer,
         mode: str,
         drafter: Drafter,
         policy: DraftLengthPolicy,
+        remote: Any = None,
     ) -> None:
         self.folder, self.manifest, self.target, self.tokenizer = (
             folder,
@@ -87,6 +89,7 @@ class Model:
             tokenizer,
         )
         self.mode, self.drafter, self.policy = mode, drafter, policy
+        self.remote = remote  # split mode: the server session (`edgespec.serve.client.Remote`)
 
     @classmethod
     def load(
@@ -101,6 +104,12 @@ class Model:
         threads: int | None = None,
         verifier: str = "full",
         shared_threads: bool = True,
+        server: str | None = None,
+        drafter: str | None = None,
+        token: str | None = None,
+        energy_budget: float | None = None,
+        timeout: float = 10.0,
+        local_fallback: bool = True,
     ) -> Model:
         """Open a bundle for decoding.
 
@@ -114,6 +123,12 @@ class Model:
         onnxruntime's process-wide thread pool, sized by the first load (see
         `graph.session_options`; False gives each graph its own pool, which is slower for
         speculative modes but leaves the process free of a global pool).
+
+        mode "split" (needs the [serve] extra): draft here with `drafter` ("draft" | "exit:K"
+        | "lookup"), verify on `server` ("ws://HOST:PORT", bearer `token`); draft_policy
+        defaults to channel-aware; `energy_budget` (J per token) goes to the policy;
+        `timeout`: seconds to wait for one answer; `local_fallback`: continue on the
+        bundle's own `full` graph when the server cannot be reached.
         """
         folder = Path(bundle)
         manifest = load_manifest(folder)
@@ -121,6 +136,26 @@ class Model:
             raise InputError(f"mode {mode!r} is not one of: {', '.join(MODES)}")
         open_graph = _graph_opener(folder, manifest, device, threads, shared_threads)
         exits = manifest.exit_layers
+        if mode == "split":
+            from edgespec.serve.split import build_split
+
+            if lookup or exit_layer is not None or verifier != "full":
+                raise InputError("split mode: choose the drafter with drafter=draft|exit:K|lookup")
+            remote, local, split_drafter, policy = build_split(
+                manifest,
+                open_graph,
+                server,
+                drafter,
+                draft_policy,
+                token,
+                energy_budget,
+                timeout,
+                local_fallback,
+            )
+            tokenizer = Tokenizer.from_dir(folder)
+            return cls(folder, manifest, local, tokenizer, mode, split_drafter, policy, remote)
+        if server or drafter or token or energy_budget is not None:
+            raise InputError("server=/drafter=/token=/energy_budget= are options of mode='split'")
         if mode == "self-spec":
             if not exits:
                 raise InputError(
@@ -175,7 +210,7 @@ class Model:
         bad = [i for i in ids if not 0 <= i < vocab]
         if bad:
             raise InputError(f"token id {bad[0]} is outside the vocabulary (0..{vocab - 1})")
-        context = self.target.max_positions
+        context = self.manifest.target.max_position_embeddings
         if len(ids) >= context:
             raise InputError(
                 f"the prompt is {len(ids)} tokens but the model's context is {context}: "
@@ -204,7 +239,25 @@ class Model:
         ids = self.encode(prompt)
         stop = frozenset() if ignore_eos else frozenset(self.manifest.eos_token_ids)
         detok = self.tokenizer.stream_decoder(skip_special_tokens=True)
-        steps = decode(self.target, self.drafter, self.policy, ids, params, max_new_tokens, stop)
+        if self.remote is not None:
+            from edgespec.serve.split import split_decode
+
+            steps = split_decode(
+                self.remote,
+                self.target,
+                self.drafter,
+                self.policy,
+                ids,
+                params,
+                max_new_tokens,
+                stop,
+                self.manifest.target.max_position_embeddings,
+            )
+        else:
+            assert self.target is not None
+            steps = decode(
+                self.target, self.drafter, self.policy, ids, params, max_new_tokens, stop
+            )
         for step in steps:
             # ids past the tokenizer's vocab (padded embedding rows) have no text, as in
             # transformers: they stay in .tokens but are not decoded

@@ -52,8 +52,23 @@ class GenerationStats:
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
     accepted_lengths: Counter[int] = field(default_factory=Counter)
+    # split decoding: where rounds were verified and what the channel carried
+    remote_rounds: int = 0  # prefill included
+    local_rounds: int = 0
+    network_seconds: float = 0.0
+    server_seconds: float = 0.0
+    bytes_up: int = 0
+    bytes_down: int = 0
 
     def add(self, r: RoundStats) -> None:
+        if r.verifier == "remote":
+            self.remote_rounds += 1
+            self.network_seconds += r.network_seconds
+            self.server_seconds += r.server_seconds
+            self.bytes_up += r.bytes_up
+            self.bytes_down += r.bytes_down
+        else:
+            self.local_rounds += 1
         if r.phase == "prefill":
             self.prompt_tokens += r.input_tokens
             self.prefill_seconds += r.seconds

@@ -1,0 +1,255 @@
+"""The device's connection to a split-decoding server.
+
+`Link` is one WebSocket (websockets' sync client, imported lazily: the runtime does not need
+it) with a reader thread that timestamps every answer as it arrives, so the decode loop can
+keep drafting while a round is in flight and still measure the round trip exactly.
+`Remote` is the server session on top of it: START (with retries and exponential backoff,
+re-sending the committed sequence after a reconnect), VERIFY, END.
+
+Failures come in two kinds. `LinkError`: the connection failed, closed, or an answer did not
+come within the timeout: retry, reconnect, or fall back to the local verifier. `SplitError`:
+the server refused the request (wrong token, incompatible bundle, bad request): retrying
+would not help, so the message says what to change.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import queue
+import threading
+from dataclasses import dataclass
+from time import perf_counter, sleep
+
+from edgespec.runtime.model import InputError
+from edgespec.runtime.sampling import SamplingParams
+from edgespec.serve import protocol as P
+
+
+class LinkError(Exception):
+    """The link failed or timed out; the server may be fine later."""
+
+
+class SplitError(InputError):
+    """The server refused the request; the message says what to change."""
+
+
+def _connect_fn():
+    try:
+        from websockets.sync.client import connect
+    except ImportError:
+        raise SplitError(
+            "split mode needs `pip install edgespec[serve]` (the websockets package is missing)"
+        ) from None
+    return connect
+
+
+def frame_bytes(payload: int, masked: bool) -> int:
+    """Bytes a WebSocket frame of `payload` bytes takes on the wire (TCP/IP not counted)."""
+    header = 2 + (2 if payload >= 126 else 0) + (6 if payload >= 1 << 16 else 0)
+    return payload + header + (4 if masked else 0)
+
+
+@dataclass
+class Arrival:
+    at: float  # perf_counter() when the reader thread got it
+    message: P.Message
+    size: int  # bytes on the wire
+
+
+class Link:
+    """One WebSocket to the server's /v1/session."""
+
+    def __init__(self, url: str, token: str | None, open_timeout: float) -> None:
+        connect = _connect_fn()
+        from websockets.exceptions import InvalidStatus
+
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        # websockets >= 17 wants a context manager unless told we hold the connection
+        extra = {"legacy": True} if "legacy" in inspect.signature(connect).parameters else {}
+        try:
+            self.ws = connect(
+                url,
+                additional_headers=headers,
+                open_timeout=open_timeout,
+                close_timeout=0.5,  # closing a dead link must not stall the device
+                ping_interval=None,  # rounds and their timeouts are the liveness check
+                compression=None,  # token ids barely compress; keep byte counts honest
+                proxy=None,
+                max_size=1 << 24,
+                **extra,
+            )
+        except InvalidStatus as e:
+            status = e.response.status_code
+            if status == 401:
+                raise SplitError(
+                    f"the server at {url} refused the bearer token (HTTP 401): pass the "
+                    "server's token (token=..., --token-file FILE)"
+                ) from None
+            raise LinkError(f"the server at {url} answered HTTP {status}") from None
+        except Exception as e:  # refused, unreachable, handshake timed out or failed
+            raise LinkError(f"cannot connect to {url}: {e}") from None
+        self.inbox: queue.SimpleQueue[Arrival | Exception] = queue.SimpleQueue()
+        self.reader = threading.Thread(target=self._read, daemon=True, name="edgespec-link")
+        self.reader.start()
+
+    def _read(self) -> None:
+        from websockets.exceptions import ConnectionClosedOK
+
+        try:
+            while True:
+                try:
+                    data = self.ws.recv()
+                except ConnectionClosedOK:
+                    break
+                at = perf_counter()
+                size = len(data)
+                try:
+                    msg = P.decode(data)
+                except P.ProtocolError as e:
+                    self.inbox.put(LinkError(f"the server sent a malformed message: {e}"))
+                    return
+                self.inbox.put(Arrival(at, msg, frame_bytes(size, masked=False)))
+            self.inbox.put(LinkError(f"the server closed the connection ({self._close_reason()})"))
+        except Exception as e:  # connection reset, closed abnormally
+            self.inbox.put(LinkError(f"the connection broke: {e}"))
+
+    def _close_reason(self) -> str:
+        rcvd = getattr(self.ws.protocol, "close_rcvd", None)
+        return f"code {rcvd.code}: {rcvd.reason}" if rcvd else "no close frame"
+
+    def send(self, msg: P.Message) -> tuple[float, int]:
+        """(send time, bytes on the wire)."""
+        data = P.encode(msg)
+        t = perf_counter()
+        try:
+            self.ws.send(data)
+        except Exception as e:
+            raise LinkError(f"sending failed: {e}") from None
+        return t, frame_bytes(len(data), masked=True)
+
+    def poll(self, timeout: float | None) -> Arrival | None:
+        """The next answer; None if none came within timeout (0: do not wait)."""
+        try:
+            item = self.inbox.get(timeout=timeout) if timeout else self.inbox.get_nowait()
+        except queue.Empty:
+            return None
+        if isinstance(item, Exception):
+            self.inbox.put(item)  # the link stays broken for every later call
+            raise item
+        return item
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):  # already dead: nothing to close
+            self.ws.close()
+
+
+@dataclass
+class Exchange:
+    """One request and its answer, as the channel saw them."""
+
+    result: P.Result
+    sent_at: float
+    arrived_at: float
+    bytes_up: int
+    bytes_down: int
+
+    @property
+    def network_seconds(self) -> float:
+        """The round trip less the server's own work: wire, queueing, framing."""
+        return max(0.0, self.arrived_at - self.sent_at - self.result.server_seconds)
+
+
+@dataclass
+class Remote:
+    """The server session of one generation, surviving reconnects."""
+
+    url: str
+    token: str | None = None
+    fingerprint: str = ""
+    timeout: float = 10.0  # seconds to wait for one answer
+    connect_timeout: float = 3.0
+    retries: int = 2  # reconnect attempts after a failure, before falling back
+    backoff: float = 0.2  # first wait between attempts; doubles each time
+    link: Link | None = None
+    round: int = 0
+    pending: tuple[float, int] | None = None  # (sent_at, bytes_up) of the round in flight
+    early: Arrival | None = None  # an answer `answered()` already took off the link
+
+    def start(
+        self, ids: list[int], capacity: int, params: SamplingParams, attempts: int | None = None
+    ) -> Exchange:
+        """(Re)connect and START a session holding `ids`; returns the first answer.
+        Tries `attempts` times (default 1 + retries), waiting backoff, 2x backoff, ..."""
+        delay, error = self.backoff, None
+        for attempt in range(attempts or self.retries + 1):
+            if attempt:
+                sleep(delay)
+                delay *= 2
+            try:
+                if self.link is None:
+                    self.link = Link(self.url, self.token, self.connect_timeout)
+                msg = P.Start(
+                    ids,
+                    capacity,
+                    params.temperature,
+                    params.top_p,
+                    params.top_k,
+                    params.seed,
+                    self.fingerprint,
+                )
+                self.send(msg)
+                return self.receive()
+            except LinkError as e:
+                self.drop()
+                error = e
+        assert error is not None
+        raise error
+
+    def send(self, msg: P.Start | P.Verify) -> None:
+        assert self.link is not None
+        self.round += 1
+        msg.round = self.round
+        self.pending = self.link.send(msg)
+
+    def answered(self) -> bool:
+        """Whether the answer to the round in flight is here (never waits)."""
+        assert self.link is not None
+        if self.early is None:
+            self.early = self.link.poll(0)
+        return self.early is not None
+
+    def receive(self) -> Exchange:
+        """The answer to the round in flight, within `timeout`; LinkError otherwise."""
+        assert self.link is not None and self.pending is not None
+        arrival, self.early = self.early, None
+        if arrival is None:
+            arrival = self.link.poll(self.timeout)
+        if arrival is None:
+            self.drop()
+            raise LinkError(f"no answer from {self.url} within {self.timeout:g}s")
+        msg = arrival.message
+        if isinstance(msg, P.Error):
+            self.drop()
+            if msg.code in (P.UNAVAILABLE, P.IDLE_TIMEOUT):
+                raise LinkError(f"server: {msg.text}")
+            raise SplitError(f"the server refused the round ({msg.code}): {msg.text}")
+        if not isinstance(msg, P.Result) or msg.round != self.round:
+            self.drop()
+            raise LinkError(f"unexpected answer from the server: {msg!r}")
+        sent_at, up = self.pending
+        self.pending = None
+        return Exchange(msg, sent_at, arrival.at, up, arrival.size)
+
+    def end(self) -> None:
+        """Tell the server the generation is over (frees its cache), keep the link."""
+        if self.link is not None:
+            try:
+                self.link.send(P.End())
+            except LinkError:
+                self.drop()
+
+    def drop(self) -> None:
+        if self.link is not None:
+            self.link.close()
+        self.link, self.pending, self.early = None, None, None
