@@ -113,6 +113,16 @@ def test_trace_switching_changes_the_measured_rtt(echo):
     assert early < 0.06 and 0.14 < late < 0.25
 
 
+def test_config_changes_live_and_replay_restarts_a_trace(echo):
+    with Channel(echo) as ch:
+        ch.config = ChannelConfig(rtt_ms=100)
+        assert median_rtt(ch, 1) > 0.09
+        ch.replay(Trace((TraceRow(0.0, 30, 100),), loop=False))
+        assert 0.025 < median_rtt(ch, 3) < 0.08
+        ch.replay(None)
+        assert median_rtt(ch, 1) > 0.09
+
+
 def test_trace_loops_or_holds_its_last_row():
     rows = (TraceRow(0.0, 10, 1), TraceRow(1.0, 50, 1))
     base = ChannelConfig()
