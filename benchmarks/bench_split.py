@@ -19,6 +19,8 @@ Prints markdown tables.
     python benchmarks/bench_split.py --quick          # RTT 10/50/150 at 10 Mbit/s, γ 1,2,4,8
     python benchmarks/bench_split.py                  # the full grid (~15 minutes)
     python benchmarks/bench_split.py --json split.json
+    python benchmarks/bench_split.py --rtts 50 --temperature 0.8 --no-trace --no-load
+                                      # sampling: rounds carry q rows, bandwidth matters
 
 Uses the trained benchmark pair (`benchmarks/train_models.py`; bundle with `full`, `draft`)
 from ~/.cache/edgespec-bench/trained, or EDGESPEC_BENCH.
@@ -95,14 +97,17 @@ def start_server(bundle: Path, port: int, threads: int | None, max_sessions: int
     raise SystemExit("the server did not become healthy within 120 s")
 
 
-def timed(model, prompts: list[str], n_new: int, seconds: float) -> dict:
+def timed(model, prompts: list[str], n_new: int, seconds: float, **sampling) -> dict:
     """Generate over the prompts (repeating) for `seconds` of wall time; round stats summed."""
     tokens = rounds = drafted = accepted = 0
     rtt = None
     start = time.perf_counter()
     i = 0
     while time.perf_counter() - start < seconds:
-        for chunk in model.stream(prompts[i % len(prompts)], max_new_tokens=n_new, ignore_eos=True):
+        stream = model.stream(
+            prompts[i % len(prompts)], max_new_tokens=n_new, ignore_eos=True, **sampling
+        )
+        for chunk in stream:
             tokens += len(chunk.tokens)
             s = chunk.stats
             if s.phase == "decode":
@@ -137,13 +142,15 @@ def run_conditions(args, bundle: Path, prompts: list[str], port: int) -> list[Ro
 
     fixed = [1, 2, 4, 8] if args.quick else list(range(1, 9))
     engines = split_engines(fixed)
-    rtts, bws = ([10, 50, 150], [10]) if args.quick else ([10, 50, 150], [1, 10, 100])
+    rtts, bws = args.rtts, args.bandwidths
+    sampling = {"temperature": args.temperature, "seed": 0} if args.temperature else {}
     conditions: list[tuple[str, ChannelConfig | Trace]] = [
-        (f"{rtt} ms, {bw} Mbit/s", ChannelConfig(rtt_ms=rtt, bandwidth_mbit=bw))
+        (f"{rtt:g} ms, {bw:g} Mbit/s", ChannelConfig(rtt_ms=rtt, bandwidth_mbit=bw))
         for rtt in rtts
         for bw in bws
     ]
-    conditions.append(("trace 10/150/50 ms, 100/1/10 Mbit/s, 4 s each", TRACE))
+    if not args.no_trace:
+        conditions.append(("trace 10/150/50 ms, 100/1/10 Mbit/s, 4 s each", TRACE))
     rows: list[Row] = []
 
     # device-only: local modes, no network (both cores are the device's here)
@@ -156,7 +163,8 @@ def run_conditions(args, bundle: Path, prompts: list[str], port: int) -> list[Ro
     device_rows = []
     for label, model in local.items():
         model.generate(prompts[0], max_new_tokens=8, ignore_eos=True)
-        device_rows.append((label, timed(model, prompts, args.max_new_tokens, args.seconds)))
+        r = timed(model, prompts, args.max_new_tokens, args.seconds, **sampling)
+        device_rows.append((label, r))
     reference = (
         local["device-only ar"]
         .generate(prompts[0], max_new_tokens=args.max_new_tokens, ignore_eos=True)
@@ -200,6 +208,7 @@ def run_conditions(args, bundle: Path, prompts: list[str], port: int) -> list[Ro
                     prompts,
                     args.max_new_tokens,
                     args.trace_seconds if is_trace else args.seconds,
+                    **sampling,
                 )
                 rows.append(Row(name, label, **r))
                 print(
@@ -344,10 +353,17 @@ def main() -> None:
     ap.add_argument("--server-threads", type=int, default=1)
     ap.add_argument("--devices", default="1,2,4,8", help="load test: concurrent devices")
     ap.add_argument("--no-load", action="store_true")
+    ap.add_argument("--rtts", default="10,50,150", help="ms, comma-separated")
+    ap.add_argument("--bandwidths", default="1,10,100", help="Mbit/s, comma-separated")
+    ap.add_argument("--no-trace", action="store_true")
+    ap.add_argument("--temperature", type=float, default=0.0, help="0: greedy; > 0: sampling")
     ap.add_argument("--quick", action="store_true", help="a small subset (~3 minutes)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
+    args.rtts = [float(x) for x in args.rtts.split(",") if x]
+    args.bandwidths = [float(x) for x in args.bandwidths.split(",") if x]
     if args.quick:
+        args.bandwidths = [10.0] if args.bandwidths == [1.0, 10.0, 100.0] else args.bandwidths
         args.seconds, args.trace_seconds = min(args.seconds, 3.0), min(args.trace_seconds, 12.0)
         args.devices = "1,4" if args.devices == "1,2,4,8" else args.devices
     args.devices = [int(n) for n in args.devices.split(",") if n]

@@ -110,6 +110,15 @@ def test_a_tiny_uplink_drafts_shorter_and_its_bandwidth_is_measured():
     assert p.bandwidth is not None and 700 < p.bandwidth < 1400
 
 
+@pytest.mark.parametrize("bandwidth", [125_000, 1_250_000, 12_500_000])
+def test_big_messages_price_the_link_within_a_few_rounds(bandwidth):
+    # sampling sends a q row (16 KiB here) per draft: at 1 Mbit/s a draft costs 130 ms
+    sim = Sim(alpha=0.9, bandwidth=bandwidth, per_token=16384)
+    p = settled(sim, rounds=8)
+    assert p.bandwidth == pytest.approx(bandwidth, rel=0.05)
+    assert sim.rate(p.best().length) >= 0.9 * sim.rate(sim.best_fixed())
+
+
 def test_rtt_estimate_is_the_fixed_part_of_the_network_time():
     p = settled(Sim(rtt=0.08, bandwidth=50_000, per_token=256, jitter=0.002), rounds=300)
     assert p.rtt is not None and abs(p.rtt - 0.08) < 0.01

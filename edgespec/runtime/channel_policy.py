@@ -79,7 +79,8 @@ class OnlineLinear:
     Slopes b from consecutive rounds' differences, Δy ≈ b·Δx, by exponentially weighted
     least squares (decay `slow`, ridge toward `prior`): a level shift of y (the RTT
     changing) is then one outlying difference, not a trend, and that difference's residual
-    is clipped at `clip` × its running scale (at least `min_clip`). The intercept a is a fast
+    is clipped at `clip` × the running scale of residuals (at least `min_clip`; the first
+    difference, which sets the scale, is not clipped). The intercept a is a fast
     EWMA (decay `fast`) of y - b·x, so a level shift is followed within a few rounds while
     the slopes keep a longer memory. Features that never vary leave their slopes at `prior`."""
 
@@ -88,7 +89,8 @@ class OnlineLinear:
     slow: float = 0.05
     ridge: float = 1.0  # in units of (feature)²·rounds
     prior: Sequence[float] | None = None
-    clip: float = 4.0
+    clip: float = 3.0
+    scale_rate: float = 0.3  # how fast the residual scale follows (up quickly: a real change)
     min_clip: float = float("inf")  # no clipping unless set (y in seconds: a few ms)
     nonnegative: bool = True
     a: float | None = None
@@ -96,7 +98,7 @@ class OnlineLinear:
     _cxx: list[list[float]] = field(default_factory=list)
     _cxy: list[float] = field(default_factory=list)
     _last: tuple[list[float], float] | None = None
-    _scale: float = 0.0
+    _scale: float | None = None  # None until the first difference: that one is not clipped
 
     def __post_init__(self) -> None:
         self.b = list(self.prior or [0.0] * self.n)
@@ -105,13 +107,17 @@ class OnlineLinear:
 
     def observe(self, x: Sequence[float], y: float) -> None:
         x = [float(v) for v in x]
+        first = self._scale is None  # the first slope: the intercept restarts from it
         if self._last is not None:
             dx = [xi - li for xi, li in zip(x, self._last[0], strict=True)]
             if any(dx):
                 expected = sum(bi * d for bi, d in zip(self.b, dx, strict=True))
                 residual = y - self._last[1] - expected
-                bound = max(self.clip * self._scale, self.min_clip)
-                self._scale += self.slow * 2 * (abs(residual) - self._scale)
+                if self._scale is None:
+                    bound, self._scale = float("inf"), abs(residual)
+                else:
+                    bound = max(self.clip * self._scale, self.min_clip)
+                    self._scale += self.scale_rate * (abs(residual) - self._scale)
                 dy = expected + min(max(residual, -bound), bound)
                 keep = 1 - self.slow
                 for i in range(self.n):
@@ -121,7 +127,8 @@ class OnlineLinear:
                 self.b = self._solve()
         self._last = (x, y)
         level = y - sum(bi * xi for bi, xi in zip(self.b, x, strict=True))
-        self.a = level if self.a is None else self.a + self.fast * (level - self.a)
+        restart = self.a is None or (first and self._scale is not None)
+        self.a = level if restart else self.a + self.fast * (level - self.a)
 
     def _solve(self) -> list[float]:
         prior = list(self.prior or [0.0] * self.n)
@@ -190,6 +197,7 @@ class ChannelAware:
     _accepted: float = 1.2  # decayed counts of accepted and rejected drafts (prior α = 0.6)
     _rejected: float = 0.8
     _round: int = 0
+    _remote_rounds: int = 0
     _gap: int = 4
     _plain_rounds: int = 0
 
@@ -255,8 +263,10 @@ class ChannelAware:
     # -- the DraftLengthPolicy protocol -------------------------------------------------------
     def next_length(self) -> int:
         self._round += 1
-        if self.t_draft is None or self.link.a is None:
-            self.last = Choice(min(4, self.max_length), 0.0, 0.0, probe=True)  # learn first
+        if self._remote_rounds < 2 or self.t_draft is None:
+            # learn first: two rounds of different sizes give the link's first slope
+            self.last = Choice(min(4 if self._remote_rounds == 0 else 1, self.max_length), 0, 0)
+            self.last.probe = True
             return self.last.length
         choice = self.best()
         g = choice.length
@@ -264,7 +274,7 @@ class ChannelAware:
             self._plain_rounds += 1
             if self._plain_rounds >= self._gap:
                 self._plain_rounds, self._gap = 0, min(2 * self._gap, self.max_probe_gap)
-                g = min(2, self.max_length)
+                g = min(1, self.max_length)  # one draft: the cheapest look at α
         else:
             self._gap, self._plain_rounds = self.probe_gap, 0
             if self.dither_every and self._round % self.dither_every == 0:
@@ -293,6 +303,7 @@ class ChannelAware:
             )
         if stats.verifier != "remote":
             return  # a round verified locally (the link was down) says nothing of the link
+        self._remote_rounds += 1
         g = stats.drafted
         self.up_bytes.observe([g], stats.bytes_up)
         self.down_bytes.observe([g], stats.bytes_down)
