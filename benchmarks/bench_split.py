@@ -200,7 +200,8 @@ def run_conditions(args, bundle: Path, prompts: list[str], port: int) -> list[Ro
                 channel.replay(None)
                 if is_trace:
                     channel.config = ChannelConfig(rtt_ms=10, bandwidth_mbit=100)
-                model.generate(prompts[0], max_new_tokens=16, ignore_eos=True)  # warm-up
+                # warm-up, on the same traffic (sampling sends q rows: far bigger rounds)
+                model.generate(prompts[0], max_new_tokens=16, ignore_eos=True, **sampling)
                 if is_trace:
                     channel.replay(condition)
                 r = timed(

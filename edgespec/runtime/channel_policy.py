@@ -79,8 +79,9 @@ class OnlineLinear:
     Slopes b from consecutive rounds' differences, Δy ≈ b·Δx, by exponentially weighted
     least squares (decay `slow`, ridge toward `prior`): a level shift of y (the RTT
     changing) is then one outlying difference, not a trend, and that difference's residual
-    is clipped at `clip` × the running scale of residuals (at least `min_clip`; the first
-    difference, which sets the scale, is not clipped). The intercept a is a fast
+    is clipped at `clip` × the running scale of residuals (at least `min_clip`). The first
+    difference, and one 8x larger than any recent (a new regime of message sizes), is not
+    clipped: it restarts the scale and the intercept. The intercept a is a fast
     EWMA (decay `fast`) of y - b·x, so a level shift is followed within a few rounds while
     the slopes keep a longer memory. Features that never vary leave their slopes at `prior`."""
 
@@ -99,6 +100,7 @@ class OnlineLinear:
     _cxy: list[float] = field(default_factory=list)
     _last: tuple[list[float], float] | None = None
     _scale: float | None = None  # None until the first difference: that one is not clipped
+    _span: float = 0.0  # the largest |Δx| seen (decaying): the regime the scale was learned in
 
     def __post_init__(self) -> None:
         self.b = list(self.prior or [0.0] * self.n)
@@ -107,17 +109,22 @@ class OnlineLinear:
 
     def observe(self, x: Sequence[float], y: float) -> None:
         x = [float(v) for v in x]
-        first = self._scale is None  # the first slope: the intercept restarts from it
+        first = False  # a first slope (of a regime): the intercept restarts from it
         if self._last is not None:
             dx = [xi - li for xi, li in zip(x, self._last[0], strict=True)]
             if any(dx):
                 expected = sum(bi * d for bi, d in zip(self.b, dx, strict=True))
                 residual = y - self._last[1] - expected
-                if self._scale is None:
+                size = sum(abs(d) for d in dx)
+                if self._scale is None or size > 8 * self._span:
+                    # first difference, or far bigger messages than any before (greedy ids,
+                    # then sampling's q rows): a new regime, trust it and restart the scale
                     bound, self._scale = float("inf"), abs(residual)
+                    first = True
                 else:
                     bound = max(self.clip * self._scale, self.min_clip)
                     self._scale += self.scale_rate * (abs(residual) - self._scale)
+                self._span = max(size, (1 - self.slow) * self._span)
                 dy = expected + min(max(residual, -bound), bound)
                 keep = 1 - self.slow
                 for i in range(self.n):
@@ -127,7 +134,7 @@ class OnlineLinear:
                 self.b = self._solve()
         self._last = (x, y)
         level = y - sum(bi * xi for bi, xi in zip(self.b, x, strict=True))
-        restart = self.a is None or (first and self._scale is not None)
+        restart = self.a is None or first
         self.a = level if restart else self.a + self.fast * (level - self.a)
 
     def _solve(self) -> list[float]:
