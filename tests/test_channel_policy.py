@@ -119,6 +119,14 @@ def test_big_messages_price_the_link_within_a_few_rounds(bandwidth):
     assert sim.rate(p.best().length) >= 0.9 * sim.rate(sim.best_fixed())
 
 
+def test_switching_from_token_ids_to_q_rows_is_priced_at_once():
+    sim = Sim(alpha=0.9, bandwidth=125_000)  # greedy: 4 bytes per draft, γ long
+    p = settled(sim, rounds=20)
+    assert p.best().length >= 8
+    drive(p, replace(sim, per_token=16384), 3)  # sampling: 130 ms per draft on the uplink
+    assert p.best().length == 0 and p.bandwidth == pytest.approx(125_000, rel=0.05)
+
+
 def test_rtt_estimate_is_the_fixed_part_of_the_network_time():
     p = settled(Sim(rtt=0.08, bandwidth=50_000, per_token=256, jitter=0.002), rounds=300)
     assert p.rtt is not None and abs(p.rtt - 0.08) < 0.01

@@ -195,10 +195,10 @@ class ChannelAware:
     )
     verify: OnlineLinear = field(default_factory=lambda: OnlineLinear(1, ridge=0.5, min_clip=0.002))
     up_bytes: OnlineLinear = field(
-        default_factory=lambda: OnlineLinear(1, fast=0.5, slow=0.2, ridge=0.1, prior=[4.0])
+        default_factory=lambda: OnlineLinear(1, fast=0.5, slow=0.6, ridge=0.1, prior=[4.0])
     )
     down_bytes: OnlineLinear = field(
-        default_factory=lambda: OnlineLinear(1, fast=0.5, slow=0.2, ridge=0.1)
+        default_factory=lambda: OnlineLinear(1, fast=0.5, slow=0.6, ridge=0.1)
     )
     last: Choice | None = None
     _accepted: float = 1.2  # decayed counts of accepted and rejected drafts (prior α = 0.6)
