@@ -292,7 +292,7 @@ def load_step(args, bundle: Path, prompts: list[str], server: str, n: int) -> di
     }
 
 
-def tables(rows: list[Row], load: list[dict]) -> str:
+def tables(rows: list[Row], load: list[dict], decoding: str = "greedy") -> str:
     out = []
     conditions = list(dict.fromkeys(r.condition for r in rows))
     engines = list(dict.fromkeys(r.engine for r in rows))
@@ -307,7 +307,7 @@ def tables(rows: list[Row], load: list[dict]) -> str:
         out.append(f"| {e} | " + " | ".join(cells) + " |")
     out.append("")
     out.append(
-        "tokens/s (greedy, prefill included). Per condition: channel-aware vs cloud-only "
+        f"tokens/s ({decoding}, prefill included). Per condition: channel-aware vs cloud-only "
         "and vs the best fixed γ:"
     )
     out.append("")
@@ -381,7 +381,8 @@ def main() -> None:
         server.terminate()
         server.wait(30)
     print()
-    print(tables(rows, load))
+    decoding = f"sampling at T={args.temperature:g}" if args.temperature else "greedy"
+    print(tables(rows, load, decoding))
     if args.json:
         args.json.write_text(
             json.dumps({"rows": [asdict(r) for r in rows], "load": load}, indent=1)
