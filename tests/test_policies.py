@@ -109,3 +109,29 @@ def test_auto_speculates_when_it_wins_from_the_start():
     assert p.next_length() == 0  # then measures one plain step
     rounds(p, accepted=0, drafted=0, t_draft=0.0, t_verify=0.02, n=1)
     assert p.next_length() >= 3
+
+
+def test_auto_prices_plain_steps_by_their_own_time_not_the_speculative_line():
+    # speculative rounds carry a fixed overhead (draft call, wider verify): 3 ms + 0.5 ms/γ;
+    # a plain step takes 2 ms. At this acceptance speculation loses, though a line through
+    # all rounds would price the plain step near its intercept (~2.6 ms) and call it a win.
+    p = Auto()
+    for g in (1, 2, 3, 4, 1, 2):
+        rounds(p, accepted=1, drafted=g, t_draft=0.0005, t_verify=0.003, n=1)
+        rounds(p, accepted=0, drafted=g, t_draft=0.0005, t_verify=0.003, n=2)
+    rounds(p, accepted=0, drafted=0, t_draft=0.0, t_verify=0.002, n=3)
+    assert 0.15 < p.cost.alpha < 0.5
+    assert abs(p.cost.cost(0) - 0.002) < 1e-6
+    assert [p.next_length() for _ in range(3)] == [0, 0, 0]
+
+
+def test_a_burst_of_slow_rounds_before_a_plain_stretch_does_not_price_speculation_out():
+    # the rounds that made auto stop speculating were slow (another process took the CPU);
+    # after a long plain stretch, speculation is still priced by all recent speculative
+    # rounds, not by the last slow ones at one γ, so a probe can switch it back on
+    p = Auto()
+    for g in (1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3, 4):
+        rounds(p, accepted=g, drafted=g, t_draft=0.0005, t_verify=0.003, n=2)
+    rounds(p, accepted=0, drafted=3, t_draft=0.0015, t_verify=0.009, n=4)  # 3x slower
+    rounds(p, accepted=0, drafted=0, t_draft=0.0, t_verify=0.002, n=200)
+    assert p.cost.cost(3) < 1.5 * 0.0045

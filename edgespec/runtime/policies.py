@@ -78,23 +78,33 @@ def expected_tokens(alpha: float, gamma: int) -> float:
 @dataclass
 class CostModel:
     """Online estimates for one drafter: per-token acceptance α (EWMA), the cost of one draft
-    token, and the wall time of a whole round as a line in γ, round(γ) ≈ a + b·γ (verifying
-    γ + 1 positions, drafting γ tokens and any per-round overhead of the mode), fitted by
-    exponentially weighted least squares over recent rounds. A line rather than a table per γ:
-    every round refines the price of every γ, and one slow round (a scheduler hiccup) cannot
-    leave one γ looking expensive forever because the policy never tries it again."""
+    token, the wall time of a plain step (γ = 0) and of a speculative round as a line in γ,
+    round(γ) ≈ a + b·γ for γ ≥ 1 (verifying γ + 1 positions, drafting γ tokens and any
+    per-round overhead of the mode), fitted by exponentially weighted least squares over
+    recent speculative rounds. A line rather than a table per γ: every round refines the
+    price of every γ, and one slow round (a scheduler hiccup) cannot leave one γ looking
+    expensive forever because the policy never tries it again.
+
+    A plain step is priced by its own measurements, never by the line's intercept: a
+    speculative round has costs a plain step does not (a draft call, a wider verify), so
+    the line through γ ≥ 1 overprices γ = 0 (by ~50% on a small CPU model) and would make
+    speculation look better than it is. The line forgets per speculative round, so a long
+    stretch of plain steps leaves what speculation costs as it was last seen."""
 
     alpha: float = 0.6  # prior: typical acceptance of a decent drafter
     decay: float = 0.15
     t_draft: float | None = None  # seconds per drafted token
     round_time: dict[int, float] = field(default_factory=dict)  # γ -> EWMA seconds, as seen
     rounds: int = 0
-    fit_decay: float = 0.03  # forgetting per round of the line fit (~30 rounds of memory)
+    fit_decay: float = 0.03  # forgetting per speculative round of the line (~30 rounds)
     _sums: list[float] = field(default_factory=lambda: [0.0] * 5)  # Σw, Σwγ, Σwt, Σwγ², Σwγt
+    _seen: dict[int, int] = field(default_factory=dict)  # γ -> rounds measured
 
     def __post_init__(self) -> None:
         for g, t in self.round_time.items():  # calibrated: worth a few live rounds each
-            self._fit(g, t, weight=3.0)
+            self._seen[g] = 3
+            if g > 0:
+                self._fit(g, t, weight=3.0)
 
     def observe(self, s: RoundStats) -> None:
         self.rounds += 1
@@ -107,12 +117,17 @@ class CostModel:
             self.t_draft = (
                 per_token if self.t_draft is None else _ewma(self.t_draft, per_token, self.decay)
             )
+        g = s.drafted
         seconds = s.seconds - s.catchup_seconds  # a one-off, not a cost of this γ
         if self.round_time:  # a round 3x slower than expected is noise, not a price
-            seconds = min(seconds, 3 * self.cost(s.drafted))
-        old = self.round_time.get(s.drafted)
-        self.round_time[s.drafted] = seconds if old is None else _ewma(old, seconds, self.decay)
-        self._fit(s.drafted, seconds)
+            seconds = min(seconds, 3 * self.cost(g))
+        # a running mean over the first rounds of a γ, then an EWMA: the first measurement
+        # (maybe a noisy one) does not linger, which matters for rarely run γ = 0 steps
+        n = self._seen[g] = self._seen.get(g, 0) + 1
+        old = self.round_time.get(g)
+        self.round_time[g] = seconds if old is None else _ewma(old, seconds, max(self.decay, 1 / n))
+        if g > 0:
+            self._fit(g, seconds)
 
     def _fit(self, gamma: int, seconds: float, weight: float = 1.0) -> None:
         keep = 1 - self.fit_decay
@@ -122,7 +137,8 @@ class CostModel:
         self._sums += [xx + weight * g * g, xy + weight * g * seconds]
 
     def _line(self) -> tuple[float, float] | None:
-        """(a, b) of round(γ) = a + b·γ, or None while the rounds seen span too few γ."""
+        """(a, b) of round(γ) = a + b·γ for γ ≥ 1, or None while the speculative rounds seen
+        span too few γ."""
         w, x, y, xx, xy = self._sums
         if w <= 0:
             return None
@@ -134,12 +150,17 @@ class CostModel:
         return mean_t - slope * mean_g, slope
 
     def cost(self, gamma: int) -> float:
-        """Estimated seconds of a round drafting γ tokens: from the fitted line; before there
-        is one, the nearest measured γ plus (or minus) draft steps."""
+        """Estimated seconds of a round drafting γ tokens. γ = 0: measured plain steps (the
+        line's intercept only while none was measured). γ ≥ 1: the fitted line; before there
+        is one, the nearest measured γ ≥ 1 plus (or minus) draft steps, or a plain step plus γ
+        draft steps while no speculative round was measured."""
+        if gamma == 0 and 0 in self.round_time:
+            return self.round_time[0]
         line = self._line()
         if line is not None:
             return max(line[0] + line[1] * gamma, 1e-9)
-        nearest = min(self.round_time, key=lambda g: (abs(g - gamma), -g))
+        spec = [g for g in self.round_time if g > 0] or list(self.round_time)
+        nearest = min(spec, key=lambda g: (abs(g - gamma), -g))
         estimate = self.round_time[nearest] + (gamma - nearest) * (self.t_draft or 0.0)
         return max(estimate, 1e-9)
 
