@@ -97,3 +97,24 @@ def spec_bundles(checkpoints: dict[str, Path], tmp_path_factory) -> dict[str, Pa
     out["self-draft"] = root / "self-draft"
     export_bundle(ckpt, out["self-draft"], draft=ckpt, progress=False)
     return out
+
+
+@pytest.fixture(scope="session")
+def tiny_vocab_bundle(tmp_path_factory) -> Path:
+    """A 16-token model and a different 16-token draft: exact distributions are computable."""
+    from edgespec.export import export_bundle
+    from edgespec.export.builtin import write_checkpoint
+
+    root = tmp_path_factory.mktemp("tiny_vocab")
+    dims = dict(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=64,
+    )
+    target = write_checkpoint(root / "t", "llama", seed=1, vocab_size=16, **dims)
+    draft = write_checkpoint(root / "d", "llama", seed=2, vocab_size=16, **dims)
+    export_bundle(target, root / "b", draft=draft, exit_layers=[1], progress=False)
+    return root / "b"

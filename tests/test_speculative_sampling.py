@@ -5,8 +5,6 @@ biased sampler, so they can fail."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 from speculative_reference import reference_speculative_step
@@ -68,27 +66,6 @@ def test_emitted_tokens_follow_the_target_distribution(deterministic_draft):
     assert chi_square(second, p_rows[1]) < CHI2_CRITICAL_P001[v - 1]
     # the test has power: the drafts' own distribution is rejected
     assert chi_square(first, q_rows[0]) > CHI2_CRITICAL_P001[v - 1]
-
-
-@pytest.fixture(scope="module")
-def tiny_vocab_bundle(tmp_path_factory) -> Path:
-    """A 16-token model and a different 16-token draft: exact distributions are computable."""
-    from edgespec.export import export_bundle
-    from edgespec.export.builtin import write_checkpoint
-
-    root = tmp_path_factory.mktemp("tiny_vocab")
-    dims = dict(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=64,
-    )
-    target = write_checkpoint(root / "t", "llama", seed=1, vocab_size=16, **dims)
-    draft = write_checkpoint(root / "d", "llama", seed=2, vocab_size=16, **dims)
-    export_bundle(target, root / "b", draft=draft, exit_layers=[1], progress=False)
-    return root / "b"
 
 
 @pytest.mark.parametrize(

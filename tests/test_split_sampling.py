@@ -4,8 +4,6 @@ while rounds are in flight) match the exact marginals of the target's own sampli
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 from split_server import TOKEN, start_server
@@ -13,27 +11,6 @@ from test_speculative_sampling import CHI2_CRITICAL_P001, chi_square
 
 import edgespec
 from edgespec.runtime.sampling import SamplingParams, probabilities
-
-
-@pytest.fixture(scope="module")
-def tiny_vocab_bundle(tmp_path_factory) -> Path:
-    """A 16-token model and a different 16-token draft: exact distributions are computable."""
-    from edgespec.export import export_bundle
-    from edgespec.export.builtin import write_checkpoint
-
-    root = tmp_path_factory.mktemp("tiny_vocab_split")
-    dims = dict(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=64,
-    )
-    target = write_checkpoint(root / "t", "llama", seed=1, vocab_size=16, **dims)
-    draft = write_checkpoint(root / "d", "llama", seed=2, vocab_size=16, **dims)
-    export_bundle(target, root / "b", draft=draft, exit_layers=[1], progress=False)
-    return root / "b"
 
 
 @pytest.mark.parametrize("drafter", ["draft", "lookup"])
