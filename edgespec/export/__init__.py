@@ -12,6 +12,8 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
@@ -138,11 +140,14 @@ def _prepare_out(out: Path, overwrite: bool) -> Path:
 
 
 class _Progress:
-    """A progress line per export step (tqdm when installed and wanted, silent otherwise)."""
+    """The export step being worked on: one live line with the elapsed time on a terminal
+    (tqdm), one plain line per step in a log (a redrawn line there is an unreadable run-on)."""
 
     def __init__(self, enabled: bool) -> None:
         self.bar: Any = None
-        if enabled:
+        self.lines = enabled and not sys.stderr.isatty()
+        self.start = time.perf_counter()
+        if enabled and not self.lines:
             from tqdm import tqdm
 
             self.bar = tqdm(total=0, bar_format="{desc} [{elapsed}]", leave=True)
@@ -151,10 +156,12 @@ class _Progress:
         if self.bar is not None:
             self.bar.set_description_str(f"export: {what}")
             self.bar.refresh()
+        elif self.lines:
+            print(f"export: {what} [{time.perf_counter() - self.start:.1f} s]", file=sys.stderr)
 
     def close(self) -> None:
+        self("done")
         if self.bar is not None:
-            self.bar.set_description_str("export: done")
             self.bar.close()
 
 
