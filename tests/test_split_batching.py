@@ -3,6 +3,7 @@ session still gets exactly what it gets alone (greedy: what local `ar` generates
 
 from __future__ import annotations
 
+import asyncio
 import threading
 
 import numpy as np
@@ -13,7 +14,8 @@ from websockets.sync.client import connect
 import edgespec
 from edgespec.runtime.target import Target
 from edgespec.serve import protocol as P
-from edgespec.serve.batching import KVPool, _alone, _steps, plan
+from edgespec.serve.batching import KVPool, _alone, _steps, forward_rounds, plan
+from edgespec.serve.worker import Worker
 
 ARCH = "llama-gqa-tied"
 
@@ -31,8 +33,9 @@ def pool_for(stages, sessions: int, context: int = 96) -> KVPool:
 
 @pytest.mark.parametrize("verifier", ["full", "exit:2"])
 def test_stepped_batch_matches_each_row_alone(bundle, verifier):
-    """Rows of different lengths and round widths, idle rows inside the range, free slots:
-    every row's logits equal a batch-1 forward of its whole sequence."""
+    """Rows of different lengths and round widths, idle rows inside the range, free slots,
+    stepped and alone rounds in one batch: every row's logits equal a batch-1 forward of its
+    whole sequence."""
     stages = edgespec.load(bundle, mode="ar", verifier=verifier, threads=1).target.stages
     pool = pool_for(stages, 6)
     rng = np.random.default_rng(0)
@@ -41,9 +44,12 @@ def test_stepped_batch_matches_each_row_alone(bundle, verifier):
         slot = pool.acquire()
         seqs[slot] = [int(t) for t in rng.integers(1, 500, int(rng.integers(1, 30)))]
         _alone(stages, pool, slot, np.asarray(seqs[slot]))
-    for widths in ([1, 3, 0, 2, 1], [4, 0, 0, 1, 1], [1, 1, 1, 1, 1], [0, 2, 1, 3, 0]):
+    cases = ([1, 3, 0, 2, 1], [4, 1, 1, 1, 1], [1, 1, 1, 1, 1], [2, 1, 1, 6, 1], [0, 2, 1, 3, 0])
+    for k, widths in enumerate(cases):
         work = [(s, rng.integers(1, 500, w)) for s, w in enumerate(widths) if w]
-        logits, per_forward = _steps(stages, pool, work)
+        # all stepped (narrower rounds get dummies), or planned: some stepped, wide ones alone
+        run = _steps if k % 2 == 0 else forward_rounds
+        logits, per_forward = run(stages, pool, work)
         assert max(per_forward) > 1
         for (slot, ids), got in zip(work, logits, strict=True):
             seqs[slot] += [int(t) for t in ids]
@@ -54,11 +60,12 @@ def test_stepped_batch_matches_each_row_alone(bundle, verifier):
             assert pool.lengths[slot] == len(seqs[slot])
 
 
-def test_plan_batches_only_when_it_saves_forwards():
-    assert plan([5]) == "alone"
-    assert plan([1, 1]) == "steps"  # γ = 0 rounds: one forward instead of two
-    assert plan([5, 5, 5]) == "alone"  # width 5 needs 5 steps: no better than 3 forwards
-    assert plan([5, 1, 1, 1, 1, 1]) == "steps"
+def test_plan_steps_rounds_together_only_where_it_saves_forwards():
+    assert plan([5]) == 0  # alone
+    assert plan([1, 1]) == 1  # γ = 0 rounds: one forward instead of two
+    assert plan([5, 5, 5]) == 0  # 5 steps are no better than 3 forwards
+    assert plan([5, 1, 1, 1, 1, 1]) == 1  # five rounds in 1 step, the wide one alone: 2
+    assert plan([3, 3, 3, 3, 3, 9]) == 3  # 3 steps + 1 instead of 6 forwards
 
 
 def ws(server):
@@ -154,3 +161,56 @@ def test_concurrent_split_clients_generate_what_each_generates_alone(bundle, tmp
         assert server.health()["rounds_served"] > 0
     finally:
         server.stop()
+
+
+def test_worker_batches_queued_rounds_in_order_up_to_max_batch():
+    """Rounds queued while the worker is busy form batches of at most max_batch, in order;
+    a call between rounds splits them; an error reaches only its own round."""
+    seen: list[list] = []
+
+    def rounds(items):
+        seen.append(list(items))
+        return [(None, ValueError("bad")) if i == 3 else (i * 10, None) for i in items]
+
+    worker = Worker(rounds, max_batch=2)
+    gate = threading.Event()
+
+    async def main():
+        worker.submit(gate.wait)  # hold the worker while everything below queues up
+        tasks = [asyncio.ensure_future(worker.round(i)) for i in range(5)]
+        await asyncio.sleep(0.05)
+        tasks.append(asyncio.ensure_future(worker.run(lambda: "call")))
+        await asyncio.sleep(0.05)
+        tasks.append(asyncio.ensure_future(worker.round(5)))
+        await asyncio.sleep(0.05)
+        gate.set()
+        return await asyncio.gather(*tasks, return_exceptions=True)
+
+    try:
+        results = asyncio.run(main())
+    finally:
+        worker.stop()
+    assert seen == [[0, 1], [2, 3], [4], [5]]
+    assert results[:3] == [0, 10, 20] and isinstance(results[3], ValueError)
+    assert results[4:] == [40, "call", 50]
+
+
+def test_worker_window_waits_for_a_late_round():
+    seen: list[list] = []
+
+    def rounds(items):
+        seen.append(list(items))
+        return [(i, None) for i in items]
+
+    worker = Worker(rounds, max_batch=8, window=1.0)
+
+    async def main():
+        first = asyncio.ensure_future(worker.round(0))
+        await asyncio.sleep(0.1)  # well inside the window
+        return await asyncio.gather(first, worker.round(1))
+
+    try:
+        assert asyncio.run(main()) == [0, 1]
+    finally:
+        worker.stop()
+    assert seen == [[0, 1]]

@@ -7,12 +7,12 @@ range of rows of a C-order buffer is contiguous memory, so a `KVCache` over rows
 
 `forward_rounds(stages, pool, work)` takes the new token ids of several rows, appends them to
 their rows and returns each row's logits for all its ids (the caller truncates rejected
-positions). Two plans, the one with fewer forwards wins:
+positions). Two ways to run a round, mixed so that the batch takes the fewest forwards:
 
-  alone   each row on its one-row view, one forward of its W_r positions (what an
-          unbatched server does; also every prefill)
-  steps   W = the widest round; step j feeds token j of every row in one forward over the row
-          range: batch > 1, one position per row, each row at its own length
+  alone   a row on its one-row view, one forward of its W_r positions (what an unbatched
+          server does; also every prefill)
+  steps   rounds of width ≤ W together: step j feeds token j of each of them in one forward
+          over their row range (batch > 1, one position per row, each at its own length)
 
 Why steps and not one [rows, W] forward: onnxruntime's GroupQueryAttention (CPU and CUDA
 share the check) refuses batch > 1 with more than one new position after a past ("batch_size
@@ -96,9 +96,17 @@ class KVPool:
         return view
 
 
-def plan(widths: list[int]) -> str:
-    """'steps' when stepping needs fewer forwards than running each round alone."""
-    return "steps" if len(widths) > 1 and max(widths) < len(widths) else "alone"
+def plan(widths: list[int]) -> int:
+    """The width w up to which rounds are stepped together (w forwards), the wider ones run
+    alone (one forward each): the w with the fewest forwards; 0 = every round alone (also
+    on ties: alone is the batch-1 path, and each forward of a step carries more rows)."""
+    best, best_cost = 0, len(widths)
+    for w in sorted(set(widths)):
+        stepped = sum(1 for x in widths if x <= w)
+        cost = w + len(widths) - stepped
+        if stepped > 1 and cost < best_cost:
+            best, best_cost = w, cost
+    return best
 
 
 def forward_rounds(
@@ -106,10 +114,15 @@ def forward_rounds(
 ) -> tuple[list[np.ndarray], list[int]]:
     """Logits [len(ids), vocab] per (slot, ids) in `work` (distinct slots), the ids appended
     to their rows (lengths advanced); also how many of the rounds each forward served."""
-    if plan([len(ids) for _, ids in work]) == "alone":
-        logits = [_alone(stages, pool, slot, ids) for slot, ids in work]
-        return logits, [1] * len(work)
-    return _steps(stages, pool, work)
+    w = plan([len(ids) for _, ids in work])
+    stepped = [(slot, ids) for slot, ids in work if len(ids) <= w]
+    logits, per_forward = _steps(stages, pool, stepped) if stepped else ([], [])
+    by_slot = dict(zip([slot for slot, _ in stepped], logits, strict=True))
+    for slot, ids in work:
+        if len(ids) > w:
+            by_slot[slot] = _alone(stages, pool, slot, ids)
+            per_forward.append(1)
+    return [by_slot[slot] for slot, _ in work], per_forward
 
 
 def _alone(stages: list[GraphSession], pool: KVPool, slot: int, ids: np.ndarray) -> np.ndarray:
