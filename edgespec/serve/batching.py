@@ -22,7 +22,8 @@ rounds of width W cost W forwards instead of N: rounds of width 1 (γ = 0 device
 /v1/completions) batch fully, speculative rounds gain when more rounds than their width
 arrive together. Rows of a step's range without a token there (a narrower round, a session
 not in this batch, a free slot) get a dummy token written just beyond their valid positions,
-where nothing reads it; hence the pool's rows have one position more than the context.
+where nothing reads it; a round that fills its row to the end (no room for a dummy after
+it: the position would be past the model's position table) runs alone.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ class KVPool:
         dtype: np.dtype,
     ) -> KVPool:
         # np.zeros maps untouched pages lazily: memory grows with the positions used
-        shape = (max_sessions, kv_heads, context + 1, head_dim)
+        shape = (max_sessions, kv_heads, context, head_dim)
         keys = [np.zeros(shape, dtype) for _ in layers]
         values = [np.zeros(shape, dtype) for _ in layers]
         return cls(
@@ -67,8 +68,7 @@ class KVPool:
 
     @property
     def capacity(self) -> int:
-        """Positions a session may hold (one is left for the dummy tokens of `steps`)."""
-        return self.keys[0].shape[2] - 1
+        return self.keys[0].shape[2]
 
     def acquire(self) -> int | None:
         if not self.free:
@@ -114,12 +114,14 @@ def forward_rounds(
 ) -> tuple[list[np.ndarray], list[int]]:
     """Logits [len(ids), vocab] per (slot, ids) in `work` (distinct slots), the ids appended
     to their rows (lengths advanced); also how many of the rounds each forward served."""
-    w = plan([len(ids) for _, ids in work])
-    stepped = [(slot, ids) for slot, ids in work if len(ids) <= w]
+    # a stepped row also writes one dummy position after its round: it must fit
+    fits = [(slot, ids) for slot, ids in work if pool.lengths[slot] + len(ids) < pool.capacity]
+    w = plan([len(ids) for _, ids in fits])
+    stepped = [(slot, ids) for slot, ids in fits if len(ids) <= w]
     logits, per_forward = _steps(stages, pool, stepped) if stepped else ([], [])
     by_slot = dict(zip([slot for slot, _ in stepped], logits, strict=True))
     for slot, ids in work:
-        if len(ids) > w:
+        if slot not in by_slot:
             by_slot[slot] = _alone(stages, pool, slot, ids)
             per_forward.append(1)
     return [by_slot[slot] for slot, _ in work], per_forward
