@@ -33,7 +33,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from edgespec.runtime.model import Model
 from edgespec.serve import protocol as P
 from edgespec.serve.batching import KVPool
-from edgespec.serve.session import BatchStats, ServerSession, release, start, verify_rounds
+from edgespec.serve.session import BatchStats, ServerSession, release_all, start, verify_rounds
 from edgespec.serve.worker import Worker
 
 log = logging.getLogger("edgespec.serve")
@@ -132,9 +132,8 @@ async def _serve_session(ws: WebSocket, state: State, sid: int) -> None:
     held: list[ServerSession] = []  # the session's slot, freed however the connection ends
     try:
         await _session_rounds(ws, state, sid, held)
-    finally:
-        for session in held:  # on the worker, after any round of it still queued there
-            state.worker.submit(release, state.pool, session)
+    finally:  # on the worker, after any job of this session still queued there
+        state.worker.submit(release_all, state.pool, held)
 
 
 async def _session_rounds(ws: WebSocket, state: State, sid: int, held: list[ServerSession]) -> None:
@@ -167,23 +166,18 @@ async def _session_rounds(ws: WebSocket, state: State, sid: int, held: list[Serv
                         "export both from the same base model",
                         P.INCOMPATIBLE,
                     )
-                if session is not None:  # free the old slot before taking a new one
-                    state.worker.submit(release, state.pool, session)
-                    held.clear()
-                session = None
+                session = None  # free the old slot before taking a new one
+                state.worker.submit(release_all, state.pool, held)
                 session, reply = await state.worker.run(
-                    start, state.pool, state.model.target.stages, msg, state.max_context
+                    start, state.pool, state.model.target.stages, msg, state.max_context, held
                 )
-                held.append(session)
             elif isinstance(msg, P.Verify):
                 if session is None:
                     raise P.ProtocolError("VERIFY before START: start the session first")
                 reply = await state.worker.round((session, msg))
             elif isinstance(msg, P.End):
-                if session is not None:
-                    state.worker.submit(release, state.pool, session)
-                    held.clear()
                 session = None
+                state.worker.submit(release_all, state.pool, held)
                 continue
             else:
                 raise P.ProtocolError(
@@ -320,10 +314,11 @@ def _completion_request(state: State, body: bytes) -> tuple[P.Start, int, bool]:
 
 async def _complete(state: State, msg: P.Start, max_tokens: int, ignore_eos: bool):
     """Plain decoding, one round per token, batched with other sessions' rounds."""
-    session, reply = await state.worker.run(
-        start, state.pool, state.model.target.stages, msg, state.max_context
-    )
+    held: list[ServerSession] = []
     try:
+        session, reply = await state.worker.run(
+            start, state.pool, state.model.target.stages, msg, state.max_context, held
+        )
         stop = frozenset() if ignore_eos else frozenset(state.model.manifest.eos_token_ids)
         tokens = [reply.token]
         while True:
@@ -336,7 +331,7 @@ async def _complete(state: State, msg: P.Start, max_tokens: int, ignore_eos: boo
             reply = await state.worker.round((session, P.Verify(len(session.seq), [])))
             tokens.append(reply.token)
     finally:
-        state.worker.submit(release, state.pool, session)
+        state.worker.submit(release_all, state.pool, held)
 
 
 # -- app and process ------------------------------------------------------------------------

@@ -68,9 +68,14 @@ class BatchStats:
 
 
 def start(
-    pool: KVPool, stages: list[GraphSession], msg: Start, max_context: int
+    pool: KVPool,
+    stages: list[GraphSession],
+    msg: Start,
+    max_context: int,
+    held: list[ServerSession] | None = None,
 ) -> tuple[ServerSession, Result]:
-    """A new session for msg.ids, with the first token after them."""
+    """A new session for msg.ids, with the first token after them; appended to `held` as
+    soon as it owns a slot (so a handler that is gone by the time it ends can free it)."""
     t0 = perf_counter()
     if not msg.ids:
         raise ProtocolError("START carries no token ids: send the prompt's ids", BAD_REQUEST)
@@ -93,6 +98,8 @@ def start(
     # uniforms that sampled the drafts, and the two would be correlated (a biased output)
     rng = np.random.default_rng(None if msg.seed is None else [msg.seed, 0x5E4E4])
     session = ServerSession(slot, params, rng, [*msg.ids], capacity)
+    if held is not None:
+        held.append(session)
     try:
         logits = _alone(stages, pool, slot, np.asarray(msg.ids, np.int64))[-1]
     except BaseException:
@@ -107,6 +114,13 @@ def release(pool: KVPool, s: ServerSession) -> None:
     if s.slot is not None:
         pool.release(s.slot)
         s.slot = None
+
+
+def release_all(pool: KVPool, held: list[ServerSession]) -> None:
+    """Free every slot in `held` (run on the worker, after the jobs queued before it)."""
+    for s in held:
+        release(pool, s)
+    held.clear()
 
 
 def check(s: ServerSession, msg: Verify) -> np.ndarray:
