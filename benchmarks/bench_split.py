@@ -404,8 +404,9 @@ def load_table(load: list[dict]) -> str:
         "batched; tok/s total, round p50/p99 ms:",
         "",
         "| γ | devices | unbatched tok/s | batched tok/s | batched / unbatched | "
-        "unbatched p50 / p99 | batched p50 / p99 | rounds per batch | rounds per forward |",
-        "|---:|---:|---:|---:|---:|---|---|---:|---:|",
+        "unbatched p50 / p99 | batched p50 / p99 | drafts per round | rounds per batch | "
+        "rounds per forward |",
+        "|---:|---:|---:|---:|---:|---|---|---:|---:|---:|",
     ]
     for gamma, n, _ in sorted(k for k in by if k[2] == "batched"):
         b, u = by[(gamma, n, "batched")], by.get((gamma, n, "unbatched"))
@@ -415,7 +416,8 @@ def load_table(load: list[dict]) -> str:
             f"| {gamma} | {n} | {u['tokens_per_s']:.1f} | {b['tokens_per_s']:.1f} | "
             f"{b['tokens_per_s'] / u['tokens_per_s']:.2f}x | {u['p50_ms']:.0f} / "
             f"{u['p99_ms']:.0f} | {b['p50_ms']:.0f} / {b['p99_ms']:.0f} | "
-            f"{b['mean_batch']:.2f} | {b['rounds_per_forward']:.2f} |"
+            f"{b.get('mean_drafted', 0):.1f} | {b['mean_batch']:.2f} | "
+            f"{b['rounds_per_forward']:.2f} |"
         )
     return "\n".join(out)
 
