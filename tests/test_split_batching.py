@@ -271,3 +271,38 @@ def test_worker_window_waits_for_a_late_round():
     finally:
         worker.stop()
     assert seen == [[0, 1]]
+
+
+def test_concurrent_completions_batch_and_match_ar(bundle, tmp_path):
+    """/v1/completions decodes one token per round: requests at once share forwards and
+    each answer is plain greedy decoding of its prompt."""
+    import json
+    import urllib.request
+
+    ar = edgespec.load(bundle, threads=1)
+    prompts = ["x = ", "def g(", "import sys", "for i in"]
+    server = start_server(bundle, tmp_path, TOKEN, "--batch-window-ms", "50")
+    texts: list = [None] * len(prompts)
+
+    def post(i):
+        body = {"prompt": prompts[i], "max_tokens": 8, "temperature": 0, "ignore_eos": True}
+        req = urllib.request.Request(
+            f"{server.http}/v1/completions",
+            data=json.dumps(body).encode(),
+            headers={"Authorization": f"Bearer {TOKEN}"},
+            method="POST",
+        )
+        with urllib.request.urlopen(req, timeout=60) as r:
+            texts[i] = json.load(r)["choices"][0]["text"]
+
+    try:
+        threads = [threading.Thread(target=post, args=(i,)) for i in range(len(prompts))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=90)
+        for prompt, text in zip(prompts, texts, strict=True):
+            assert text == ar.generate(prompt, max_new_tokens=8, ignore_eos=True).text
+        assert max(int(k) for k in server.health()["rounds_per_forward"]) > 1
+    finally:
+        server.stop()
