@@ -14,7 +14,7 @@ from websockets.sync.client import connect
 import edgespec
 from edgespec.runtime.target import Target
 from edgespec.serve import protocol as P
-from edgespec.serve.batching import KVPool, _alone, _steps, forward_rounds, plan
+from edgespec.serve.batching import KVPool, forward_alone, forward_rounds, forward_steps, plan
 from edgespec.serve.worker import Worker
 
 ARCH = "llama-gqa-tied"
@@ -43,12 +43,12 @@ def test_stepped_batch_matches_each_row_alone(bundle, verifier):
     for _ in range(5):  # slot 5 stays free
         slot = pool.acquire()
         seqs[slot] = [int(t) for t in rng.integers(1, 500, int(rng.integers(1, 30)))]
-        _alone(stages, pool, slot, np.asarray(seqs[slot]))
+        forward_alone(stages, pool, slot, np.asarray(seqs[slot]))
     cases = ([1, 3, 0, 2, 1], [4, 1, 1, 1, 1], [1, 1, 1, 1, 1], [2, 1, 1, 6, 1], [0, 2, 1, 3, 0])
     for k, widths in enumerate(cases):
         work = [(s, rng.integers(1, 500, w)) for s, w in enumerate(widths) if w]
         # all stepped (narrower rounds get dummies), or planned: some stepped, wide ones alone
-        run = _steps if k % 2 == 0 else forward_rounds
+        run = forward_steps if k % 2 == 0 else forward_rounds
         logits, per_forward = run(stages, pool, work)
         assert max(per_forward) > 1
         for (slot, ids), got in zip(work, logits, strict=True):
@@ -67,7 +67,7 @@ def test_round_that_fills_its_row_runs_alone(bundle):
     pool = pool_for(stages, 3, context=40)
     seqs = [list(range(1, 37)), [3, 4, 5], [6, 7]]
     for seq in seqs:
-        _alone(stages, pool, pool.acquire(), np.asarray(seq))
+        forward_alone(stages, pool, pool.acquire(), np.asarray(seq))
     work = [(0, np.asarray([9, 10, 11, 12])), (1, np.asarray([13])), (2, np.asarray([14]))]
     logits, per_forward = forward_rounds(stages, pool, work)
     assert sorted(per_forward) == [1, 2]  # rows 1 and 2 in one step, row 0 alone

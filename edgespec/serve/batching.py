@@ -118,16 +118,19 @@ def forward_rounds(
     fits = [(slot, ids) for slot, ids in work if pool.lengths[slot] + len(ids) < pool.capacity]
     w = plan([len(ids) for _, ids in fits])
     stepped = [(slot, ids) for slot, ids in fits if len(ids) <= w]
-    logits, per_forward = _steps(stages, pool, stepped) if stepped else ([], [])
+    logits, per_forward = forward_steps(stages, pool, stepped) if stepped else ([], [])
     by_slot = dict(zip([slot for slot, _ in stepped], logits, strict=True))
     for slot, ids in work:
         if slot not in by_slot:
-            by_slot[slot] = _alone(stages, pool, slot, ids)
+            by_slot[slot] = forward_alone(stages, pool, slot, ids)
             per_forward.append(1)
     return [by_slot[slot] for slot, _ in work], per_forward
 
 
-def _alone(stages: list[GraphSession], pool: KVPool, slot: int, ids: np.ndarray) -> np.ndarray:
+def forward_alone(
+    stages: list[GraphSession], pool: KVPool, slot: int, ids: np.ndarray
+) -> np.ndarray:
+    """Logits [len(ids), vocab] for ids appended to one row, in one batch-1 forward."""
     view, past = pool.rows(slot, slot + 1), int(pool.lengths[slot])
     x: dict[str, np.ndarray] = {"input_ids": ids[None, :]}
     for stage in stages:
@@ -138,9 +141,11 @@ def _alone(stages: list[GraphSession], pool: KVPool, slot: int, ids: np.ndarray)
     return out["logits"][0]
 
 
-def _steps(
+def forward_steps(
     stages: list[GraphSession], pool: KVPool, work: list[tuple[int, np.ndarray]]
 ) -> tuple[list[np.ndarray], list[int]]:
+    """Every row of `work` in max(width) one-position steps over their row range; returns
+    logits per row and the rounds each step served."""
     width = {slot: len(ids) for slot, ids in work}
     ids_of = dict(work)
     base = pool.lengths.copy()

@@ -21,7 +21,7 @@ import numpy as np
 from edgespec.runtime.graph import GraphSession
 from edgespec.runtime.sampling import SamplingParams, next_token
 from edgespec.runtime.speculative import Proposal, accept_greedy, accept_sampled
-from edgespec.serve.batching import KVPool, _alone, forward_rounds
+from edgespec.serve.batching import KVPool, forward_alone, forward_rounds
 from edgespec.serve.protocol import (
     BAD_REQUEST,
     OUT_OF_SYNC,
@@ -101,7 +101,7 @@ def start(
     if held is not None:
         held.append(session)
     try:
-        logits = _alone(stages, pool, slot, np.asarray(msg.ids, np.int64))[-1]
+        logits = forward_alone(stages, pool, slot, np.asarray(msg.ids, np.int64))[-1]
     except BaseException:
         release(pool, session)
         raise
