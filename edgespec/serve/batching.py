@@ -14,8 +14,8 @@ positions). Two ways to run a round, mixed so that the batch takes the fewest fo
   steps   rounds of width ≤ W together: step j feeds token j of each of them in one forward
           over their row range (batch > 1, one position per row, each at its own length)
 
-Why steps and not one [rows, W] forward: onnxruntime's GroupQueryAttention (CPU and CUDA
-share the check) refuses batch > 1 with more than one new position after a past ("batch_size
+Why steps and not one [rows, W] forward: onnxruntime's GroupQueryAttention (its input
+check, group_query_attention_helper.h) refuses batch > 1 with more than one new position after a past ("batch_size
 must be 1 when sequence_length > 1 and past context is given"); one position per row with
 per-row lengths is its decode path and matches batch-1 results (checked in the tests). So N
 rounds of width W cost W forwards instead of N: rounds of width 1 (γ = 0 devices,
