@@ -92,17 +92,20 @@ def ws(server):
     return connect(f"{server.url}/v1/session", additional_headers=headers, proxy=None, legacy=True)
 
 
-def test_rounds_arriving_together_share_forwards_and_stay_lossless(bundle, tmp_path):
+@pytest.mark.parametrize("max_batch", [8, 1])
+def test_rounds_arriving_together_share_forwards_and_stay_lossless(bundle, tmp_path, max_batch):
     """Six sessions, different prompts and draft lengths (0..4), drafts right for a prefix
     then wrong, all sent before any answer is read: every answer is what `ar` decides, and
-    the server reports forwards that served several rounds."""
+    the server reports forwards that served several rounds (none with --max-batch 1)."""
     ar = edgespec.load(bundle, threads=1)
     vocab = ar.manifest.target.vocab_size
     prompts = [ar.encode(p) for p in ("def f(x):", "import os\n", "x = 1", "# a", "class A:")]
     prompts.append(list(range(5, 18)))
     n_new = 14
     wants = [ar.generate(p, max_new_tokens=n_new, ignore_eos=True).tokens for p in prompts]
-    server = start_server(bundle, tmp_path, TOKEN, "--max-batch", "8", "--batch-window-ms", "200")
+    server = start_server(
+        bundle, tmp_path, TOKEN, "--max-batch", str(max_batch), "--batch-window-ms", "200"
+    )
     try:
         conns = [ws(server) for _ in prompts]
         seqs = []
@@ -132,8 +135,11 @@ def test_rounds_arriving_together_share_forwards_and_stay_lossless(bundle, tmp_p
         for conn in conns:
             conn.close()
         health = server.health()
-        assert health["largest_batch"] > 1, health
-        assert max(int(k) for k in health["rounds_per_forward"]) > 1, health
+        if max_batch == 1:
+            assert health["largest_batch"] == 1 and set(health["rounds_per_forward"]) == {"1"}
+        else:
+            assert health["largest_batch"] > 1, health
+            assert max(int(k) for k in health["rounds_per_forward"]) > 1, health
     finally:
         server.stop()
 
