@@ -15,15 +15,16 @@ positions). Two ways to run a round, mixed so that the batch takes the fewest fo
           over their row range (batch > 1, one position per row, each at its own length)
 
 Why steps and not one [rows, W] forward: onnxruntime's GroupQueryAttention (its input
-check, group_query_attention_helper.h) refuses batch > 1 with more than one new position after a past ("batch_size
-must be 1 when sequence_length > 1 and past context is given"); one position per row with
-per-row lengths is its decode path and matches batch-1 results (checked in the tests). So N
-rounds of width W cost W forwards instead of N: rounds of width 1 (γ = 0 devices,
-/v1/completions) batch fully, speculative rounds gain when more rounds than their width
-arrive together. Rows of a step's range without a token there (a narrower round, a session
-not in this batch, a free slot) get a dummy token written just beyond their valid positions,
-where nothing reads it; a round that fills its row to the end (no room for a dummy after
-it: the position would be past the model's position table) runs alone.
+check, group_query_attention_helper.h) refuses batch > 1 with more than one new position
+after a past ("batch_size must be 1 when sequence_length > 1 and past context is given");
+one position per row with per-row lengths is its decode path and matches batch-1 results
+(checked in the tests). So N rounds of width W cost W forwards instead of N: rounds of
+width 1 (γ = 0 devices, /v1/completions) batch fully, speculative rounds gain when more
+rounds than their width arrive together. Rows of a step's range without a token there (a
+narrower round, a session not in this batch, a free slot) get a dummy token written just
+beyond their valid positions, where nothing reads it; a round that fills its row to the end
+(no room for a dummy after it: the position would be past the model's position table) runs
+alone.
 """
 
 from __future__ import annotations
