@@ -13,14 +13,19 @@ device side (greedy, same prompts, device threads fixed):
 Each configuration runs for a fixed wall time (`--seconds`) over the prompts (prefill
 included), so every one sees the same stretch of a time-varying trace (replayed from its
 start for each). Then a load test: N concurrent emulated devices (threads, lookup drafter,
-fixed γ) against the one server: total tokens/s and p50/p99 round latency as N grows.
-Prints markdown tables.
+fixed γ) against a batched server (`--max-batch 16`: rounds that arrive together share
+forwards) and an unbatched one (`--max-batch 1`), both up for the whole test, each behind its
+own emulated channel, measured alternately for every N (the order flips from N to N so drift
+on a shared machine hits both): total tokens/s, p50/p99 round latency, and the batched
+server's rounds per batch and per forward (from its /health). Prints markdown tables.
 
     python benchmarks/bench_split.py --quick          # RTT 10/50/150 at 10 Mbit/s, γ 1,2,4,8
     python benchmarks/bench_split.py                  # the full grid (~15 minutes)
     python benchmarks/bench_split.py --json split.json
     python benchmarks/bench_split.py --rtts 50 --temperature 0.8 --no-trace --no-load
                                       # sampling: rounds carry q rows, bandwidth matters
+    python benchmarks/bench_split.py --load-only --devices 1,2,4,8,16 --load-gammas 0,4
+                                      # batched vs unbatched serving only
 
 Uses the trained benchmark pair (`benchmarks/train_models.py`; bundle with `full`, `draft`)
 from ~/.cache/edgespec-bench/trained, or EDGESPEC_BENCH.
@@ -77,9 +82,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(bundle: Path, port: int, threads: int | None, max_sessions: int):
+def start_server(bundle: Path, port: int, threads: int | None, max_sessions: int, *extra: str):
     cmd = [sys.executable, "-m", "edgespec.cli", "serve", str(bundle), "--host", "127.0.0.1"]
     cmd += ["--port", str(port), "--max-sessions", str(max_sessions), "--log-level", "warning"]
+    cmd += list(extra)
     if threads:
         cmd += ["--threads", str(threads)]
     server = subprocess.Popen(cmd)
@@ -223,22 +229,70 @@ def run_conditions(args, bundle: Path, prompts: list[str], port: int) -> list[Ro
     return rows
 
 
-def run_load(args, bundle: Path, prompts: list[str], port: int) -> list[dict]:
-    """N devices at once through one emulated 50 ms / 10 Mbit/s channel."""
+def health(port: int) -> dict:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=10) as r:
+        return json.load(r)
+
+
+def run_load(args, bundle: Path, prompts: list[str]) -> list[dict]:
+    """N devices at once, each server behind its own channel (`--load-rtt`, 10 Mbit/s);
+    batched and unbatched servers measured alternately for each γ and N."""
+    servers = {
+        "unbatched": ["--max-batch", "1"],
+        "batched": ["--max-batch", str(args.max_batch)]
+        + ["--batch-window-ms", str(args.batch_window_ms)],
+    }
+    ports = {name: free_port() for name in servers}
+    procs = []
     results = []
-    with Channel(f"127.0.0.1:{port}", ChannelConfig(rtt_ms=50, bandwidth_mbit=10)) as channel:
-        for n in args.devices:
-            r = load_step(args, bundle, prompts, f"ws://{channel.address}", n)
-            results.append(r)
-            print(
-                f"  load N={n}: {r['tokens_per_s']:.1f} tok/s, p50 {r['p50_ms']:.0f} ms, "
-                f"p99 {r['p99_ms']:.0f} ms",
-                flush=True,
-            )
+    try:
+        for name, extra in servers.items():
+            sessions = max(16, max(args.devices))
+            procs.append(start_server(bundle, ports[name], args.server_threads, sessions, *extra))
+        config = ChannelConfig(rtt_ms=args.load_rtt, bandwidth_mbit=10)
+        with (
+            Channel(f"127.0.0.1:{ports['unbatched']}", config) as ch_u,
+            Channel(f"127.0.0.1:{ports['batched']}", config) as ch_b,
+        ):
+            channels = {"unbatched": ch_u, "batched": ch_b}
+            flip = False
+            for gamma in args.load_gammas:
+                for n in args.devices:
+                    order = ["batched", "unbatched"] if flip else ["unbatched", "batched"]
+                    flip = not flip
+                    for name in order:
+                        before = health(ports[name])
+                        url = f"ws://{channels[name].address}"
+                        r = load_step(args, bundle, prompts, url, n, gamma)
+                        r |= {"server": name, "gamma": gamma}
+                        r |= batch_stats(before, health(ports[name]))
+                        results.append(r)
+                        print(
+                            f"  load γ={gamma} N={n} {name:<9}: {r['tokens_per_s']:.1f} tok/s, "
+                            f"p50 {r['p50_ms']:.0f} ms, p99 {r['p99_ms']:.0f} ms, "
+                            f"batch {r['mean_batch']:.2f}, rounds/forward "
+                            f"{r['rounds_per_forward']:.2f}",
+                            flush=True,
+                        )
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.wait(30)
     return results
 
 
-def load_step(args, bundle: Path, prompts: list[str], server: str, n: int) -> dict:
+def batch_stats(before: dict, after: dict) -> dict:
+    """Mean rounds per batch and per forward between two /health reports."""
+
+    def mean(key: str) -> float:
+        diff = {int(k): v - before.get(key, {}).get(k, 0) for k, v in after.get(key, {}).items()}
+        count = sum(diff.values())
+        return sum(k * v for k, v in diff.items()) / count if count else 0.0
+
+    return {"mean_batch": mean("batches"), "rounds_per_forward": mean("rounds_per_forward")}
+
+
+def load_step(args, bundle: Path, prompts: list[str], server: str, n: int, gamma: int) -> dict:
     import edgespec
 
     models = [
@@ -247,15 +301,18 @@ def load_step(args, bundle: Path, prompts: list[str], server: str, n: int) -> di
             mode="split",
             server=server,
             drafter="lookup",
-            draft_policy="fixed:4",
+            draft_policy=f"fixed:{gamma}",
             threads=1,
             local_fallback=False,
             timeout=60.0,
         )
         for _ in range(n)
     ]
+    for model in models:  # connect and warm up before the clock starts
+        model.generate(prompts[0], max_new_tokens=4, ignore_eos=True)
     latencies: list[float] = []
     counts = [0] * n
+    drafted = [0]
     lock = threading.Lock()
     stop = time.perf_counter() + args.seconds
 
@@ -270,6 +327,7 @@ def load_step(args, bundle: Path, prompts: list[str], server: str, n: int) -> di
                     counts[i] += len(chunk.tokens)
                     if chunk.stats.phase == "decode":
                         latencies.append(chunk.stats.seconds)
+                        drafted[0] += chunk.stats.drafted
                 if time.perf_counter() >= stop:
                     break
             k += 1
@@ -281,6 +339,8 @@ def load_step(args, bundle: Path, prompts: list[str], server: str, n: int) -> di
     for t in threads:
         t.join()
     elapsed = time.perf_counter() - start
+    for model in models:  # close the connections: the next step's devices need the slots
+        model.remote.drop()
     lat = sorted(latencies) or [0.0]
     return {
         "devices": n,
@@ -289,6 +349,7 @@ def load_step(args, bundle: Path, prompts: list[str], server: str, n: int) -> di
         "p50_ms": lat[int(0.50 * (len(lat) - 1))] * 1000,
         "p99_ms": lat[int(0.99 * (len(lat) - 1))] * 1000,
         "rounds": len(latencies),
+        "mean_drafted": drafted[0] / max(len(latencies), 1),
     }
 
 
@@ -331,15 +392,33 @@ def tables(rows: list[Row], load: list[dict], decoding: str = "greedy") -> str:
         )
     if load:
         out.append("")
-        out.append("Load: N devices (lookup drafter, fixed:4) at 50 ms / 10 Mbit/s, one server:")
-        out.append("")
-        out.append("| devices | total tok/s | tok/s per device | p50 round ms | p99 round ms |")
-        out.append("|---:|---:|---:|---:|---:|")
-        for r in load:
-            out.append(
-                f"| {r['devices']} | {r['tokens_per_s']:.1f} | {r['per_device']:.1f} | "
-                f"{r['p50_ms']:.0f} | {r['p99_ms']:.0f} |"
-            )
+        out.append(load_table(load))
+    return "\n".join(out)
+
+
+def load_table(load: list[dict]) -> str:
+    """Unbatched vs batched server, per γ and N (rows of the same run, measured alternately)."""
+    by = {(r["gamma"], r["devices"], r["server"]): r for r in load}
+    out = [
+        "Load: N devices (lookup drafter, fixed:γ), one server, unbatched (--max-batch 1) vs "
+        "batched; tok/s total, round p50/p99 ms:",
+        "",
+        "| γ | devices | unbatched tok/s | batched tok/s | batched / unbatched | "
+        "unbatched p50 / p99 | batched p50 / p99 | drafts per round | rounds per batch | "
+        "rounds per forward |",
+        "|---:|---:|---:|---:|---:|---|---|---:|---:|---:|",
+    ]
+    for gamma, n, _ in sorted(k for k in by if k[2] == "batched"):
+        b, u = by[(gamma, n, "batched")], by.get((gamma, n, "unbatched"))
+        if u is None:
+            continue
+        out.append(
+            f"| {gamma} | {n} | {u['tokens_per_s']:.1f} | {b['tokens_per_s']:.1f} | "
+            f"{b['tokens_per_s'] / u['tokens_per_s']:.2f}x | {u['p50_ms']:.0f} / "
+            f"{u['p99_ms']:.0f} | {b['p50_ms']:.0f} / {b['p99_ms']:.0f} | "
+            f"{b.get('mean_drafted', 0):.1f} | {b['mean_batch']:.2f} | "
+            f"{b['rounds_per_forward']:.2f} |"
+        )
     return "\n".join(out)
 
 
@@ -354,6 +433,11 @@ def main() -> None:
     ap.add_argument("--server-threads", type=int, default=1)
     ap.add_argument("--devices", default="1,2,4,8", help="load test: concurrent devices")
     ap.add_argument("--no-load", action="store_true")
+    ap.add_argument("--load-only", action="store_true", help="only the load test")
+    ap.add_argument("--load-gammas", default="4", help="load test: the devices' fixed γ values")
+    ap.add_argument("--load-rtt", type=float, default=50.0, help="load test: channel RTT, ms")
+    ap.add_argument("--max-batch", type=int, default=16, help="the batched server's --max-batch")
+    ap.add_argument("--batch-window-ms", type=float, default=0.0)
     ap.add_argument("--rtts", default="10,50,150", help="ms, comma-separated")
     ap.add_argument("--bandwidths", default="1,10,100", help="Mbit/s, comma-separated")
     ap.add_argument("--no-trace", action="store_true")
@@ -368,21 +452,24 @@ def main() -> None:
         args.seconds, args.trace_seconds = min(args.seconds, 3.0), min(args.trace_seconds, 12.0)
         args.devices = "1,4" if args.devices == "1,2,4,8" else args.devices
     args.devices = [int(n) for n in args.devices.split(",") if n]
+    args.load_gammas = [int(g) for g in args.load_gammas.split(",") if g]
     bundle = args.models / "bundle"
     if not (bundle / "manifest.json").exists():
         raise SystemExit(f"no benchmark bundle in {bundle}: run benchmarks/bench_spec.py first")
     prompts = load_prompts(args.models / "prompts_code.jsonl", args.prompts)
-    port = free_port()
-    server = start_server(bundle, port, args.server_threads, max(16, max(args.devices)))
-    try:
-        rows = run_conditions(args, bundle, prompts, port)
-        load = [] if args.no_load else run_load(args, bundle, prompts, port)
-    finally:
-        server.terminate()
-        server.wait(30)
+    rows: list[Row] = []
+    if not args.load_only:
+        port = free_port()
+        server = start_server(bundle, port, args.server_threads, max(16, max(args.devices)))
+        try:
+            rows = run_conditions(args, bundle, prompts, port)
+        finally:
+            server.terminate()
+            server.wait(30)
+    load = [] if args.no_load else run_load(args, bundle, prompts)
     print()
     decoding = f"sampling at T={args.temperature:g}" if args.temperature else "greedy"
-    print(tables(rows, load, decoding))
+    print(tables(rows, load, decoding) if rows else load_table(load))
     if args.json:
         args.json.write_text(
             json.dumps({"rows": [asdict(r) for r in rows], "load": load}, indent=1)

@@ -368,6 +368,20 @@ def _read_token(path: str | None) -> str | None:
 @click.option("--max-request-bytes", default=1 << 20, show_default=True, type=click.IntRange(64))
 @click.option("--idle-timeout", default=300.0, show_default=True, help="Seconds; frees the cache.")
 @click.option("--threads", default=None, type=int, help="Intra-op threads (default: all cores).")
+@click.option(
+    "--max-batch",
+    default=16,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Verify rounds batched together (1: each round alone).",
+)
+@click.option(
+    "--batch-window-ms",
+    default=0.0,
+    show_default=True,
+    type=click.FloatRange(0, 1000),
+    help="Wait this long for more rounds when a batch is not full (adds latency when idle).",
+)
 @click.option("--log-level", default="info", show_default=True)
 @_friendly
 def serve(bundle: str, host: str, port: int, token_file: str | None, log_level: str, **limits):

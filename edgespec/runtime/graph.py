@@ -85,6 +85,8 @@ class GraphSession:
         # Rebuilding all of that per call cost ~40% of a small draft model's step.
         self._io = self.session.io_binding()
         self._bound_cache: KVCache | None = None
+        self._batch_io = self.session.io_binding()  # run_batch's own (see there)
+        self._batch_cache: KVCache | None = None
         self._seqlens = np.zeros(1, np.int32)
         self._total = np.zeros((), np.int32)
         self._keep = np.zeros((), np.int64)
@@ -129,6 +131,50 @@ class GraphSession:
                     io.bind_ortvalue_input(f"past_{kind}.{i}", buffer)
                     io.bind_ortvalue_output(f"present_{kind}.{i}", buffer)
             self._bound_cache = cache
+        self.session.run_with_iobinding(io)
+        outputs = io.get_outputs()
+        return {name: outputs[j].numpy() for j, name in enumerate(self.output_names)}
+
+    def run_batch(
+        self,
+        cache: KVCache,
+        positions: np.ndarray,
+        *,
+        input_ids: np.ndarray | None = None,
+        hidden: np.ndarray | None = None,
+    ) -> dict[str, np.ndarray]:
+        """One new position for each of B rows ([B, 1] ids or [B, 1, H] hidden states), row b's
+        at `positions[b]` (its cache length before the call): `cache` holds B rows, so each
+        row's keys/values go to its own row in place. Returns the outputs for the one position.
+
+        One position per row only: onnxruntime's GroupQueryAttention refuses batch > 1 with
+        more than one new position after a past ("batch_size must be 1 when sequence_length
+        > 1 and past context is given"), so a batch of multi-token rounds is run as a series
+        of these calls (see `edgespec.serve.batching`). A separate binding from `run()`'s, so
+        alternating the two rebinds nothing."""
+        new = input_ids if input_ids is not None else hidden
+        assert new is not None and new.shape[1] == 1 and new.shape[0] == cache.keys[0].shape[0]
+        seqlens = np.asarray(positions, np.int32)
+        total = int(seqlens.max()) + 1
+        if total > cache.capacity:
+            raise ValueError(f"KV cache full: {total} positions > capacity {cache.capacity}")
+        io = self._batch_io
+        if self.takes_hidden:
+            io.bind_cpu_input("hidden", np.ascontiguousarray(hidden, dtype=self.kv_dtype))
+        else:
+            io.bind_cpu_input("input_ids", np.ascontiguousarray(input_ids, dtype=np.int64))
+        io.bind_cpu_input("seqlens_k", seqlens)
+        io.bind_cpu_input("total_seq_len", np.array(total, np.int32))
+        io.bind_cpu_input("num_logits_to_keep", np.array(1, np.int64))
+        for name in self.output_names:
+            io.bind_output(name, "cpu")
+        if cache is not self._batch_cache:
+            for i in self.graph.kv_layers:
+                for kind in ("key", "value"):
+                    buffer = cache.bound[f"{kind}.{i}"]
+                    io.bind_ortvalue_input(f"past_{kind}.{i}", buffer)
+                    io.bind_ortvalue_output(f"present_{kind}.{i}", buffer)
+            self._batch_cache = cache
         self.session.run_with_iobinding(io)
         outputs = io.get_outputs()
         return {name: outputs[j].numpy() for j, name in enumerate(self.output_names)}

@@ -10,7 +10,8 @@ requests larger than `max_request_bytes`, malformed messages, bad ids and out-of
 get an ERROR naming the problem and close only that session; a session idle for
 `idle_timeout` seconds is closed and its cache freed. On shutdown new rounds are refused
 (ERROR 503) while rounds already running are answered, then connections close.
-All model work runs on one `Worker` thread.
+All model work runs on one `Worker` thread; each session owns a slot of one `KVPool`, and
+verify rounds that arrive together share forwards (`batching`; `max_batch = 1`: each alone).
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from edgespec.runtime.model import Model
 from edgespec.serve import protocol as P
-from edgespec.serve.session import ServerSession, start, verify
+from edgespec.serve.batching import KVPool
+from edgespec.serve.session import BatchStats, ServerSession, release_all, start, verify_rounds
 from edgespec.serve.worker import Worker
 
 log = logging.getLogger("edgespec.serve")
@@ -47,6 +49,8 @@ class ServerConfig:
     idle_timeout: float = 300.0
     threads: int | None = None
     drain_seconds: float = 10.0  # how long shutdown waits for running rounds
+    max_batch: int = 16  # rounds per batch (1: every round alone, unbatched)
+    batch_window_ms: float = 0.0  # wait this long for more rounds when a batch is not full
 
 
 @dataclass
@@ -56,6 +60,8 @@ class State:
     worker: Worker
     max_context: int
     limits: P.Limits
+    pool: KVPool
+    stats: BatchStats
     sessions: set[int] = field(default_factory=set)
     ids: itertools.count = field(default_factory=lambda: itertools.count(1))
     closing: bool = False
@@ -68,7 +74,22 @@ def load_state(config: ServerConfig) -> State:
     if config.max_context is not None:
         context = min(context, config.max_context)
     limits = P.Limits(model.manifest.target.vocab_size, config.max_request_bytes, context)
-    return State(config, model, Worker(), context, limits)
+    stages, m = model.target.stages, model.target.model
+    pool = KVPool.allocate(
+        list(range(m.num_layers)),
+        m.num_kv_heads,
+        m.head_dim,
+        context,
+        config.max_sessions,
+        stages[0].kv_dtype,
+    )
+    stats = BatchStats()
+    worker = Worker(
+        lambda rounds: verify_rounds(pool, stages, rounds, stats),
+        config.max_batch,
+        config.batch_window_ms / 1000,
+    )
+    return State(config, model, worker, context, limits, pool, stats)
 
 
 def authorized(config: ServerConfig, headers: Any) -> bool:
@@ -108,6 +129,14 @@ async def session_endpoint(ws: WebSocket) -> None:
 
 
 async def _serve_session(ws: WebSocket, state: State, sid: int) -> None:
+    held: list[ServerSession] = []  # the session's slot, freed however the connection ends
+    try:
+        await _session_rounds(ws, state, sid, held)
+    finally:  # on the worker, after any job of this session still queued there
+        state.worker.submit(release_all, state.pool, held)
+
+
+async def _session_rounds(ws: WebSocket, state: State, sid: int, held: list[ServerSession]) -> None:
     session: ServerSession | None = None
     while True:
         try:
@@ -137,16 +166,18 @@ async def _serve_session(ws: WebSocket, state: State, sid: int) -> None:
                         "export both from the same base model",
                         P.INCOMPATIBLE,
                     )
-                session = None  # free the old cache before allocating the new one
+                session = None  # free the old slot before taking a new one
+                state.worker.submit(release_all, state.pool, held)
                 session, reply = await state.worker.run(
-                    start, state.model.target.stages, msg, state.max_context
+                    start, state.pool, state.model.target.stages, msg, state.max_context, held
                 )
             elif isinstance(msg, P.Verify):
                 if session is None:
                     raise P.ProtocolError("VERIFY before START: start the session first")
-                reply = await state.worker.run(verify, session, msg)
+                reply = await state.worker.round((session, msg))
             elif isinstance(msg, P.End):
                 session = None
+                state.worker.submit(release_all, state.pool, held)
                 continue
             else:
                 raise P.ProtocolError(
@@ -192,7 +223,9 @@ async def health(request: Request) -> JSONResponse:
             "max_sessions": state.config.max_sessions,
             "max_context": state.max_context,
             "rounds_served": state.rounds,
-            "largest_batch": state.worker.largest_batch,
+            "max_batch": state.config.max_batch,
+            "batch_window_ms": state.config.batch_window_ms,
+            **state.stats.report(),
         }
     )
 
@@ -280,21 +313,25 @@ def _completion_request(state: State, body: bytes) -> tuple[P.Start, int, bool]:
 
 
 async def _complete(state: State, msg: P.Start, max_tokens: int, ignore_eos: bool):
-    """Plain decoding, one worker job per token so other sessions' rounds interleave."""
-    session, reply = await state.worker.run(
-        start, state.model.target.stages, msg, state.max_context
-    )
-    stop = frozenset() if ignore_eos else frozenset(state.model.manifest.eos_token_ids)
-    tokens = [reply.token]
-    while True:
-        if tokens[-1] in stop:
-            return tokens, "stop"
-        if len(tokens) >= max_tokens:
-            return tokens, "length"
-        if len(session.seq) >= session.capacity or state.closing:
-            return tokens, "length"
-        reply = await state.worker.run(verify, session, P.Verify(len(session.seq), []))
-        tokens.append(reply.token)
+    """Plain decoding, one round per token, batched with other sessions' rounds."""
+    held: list[ServerSession] = []
+    try:
+        session, reply = await state.worker.run(
+            start, state.pool, state.model.target.stages, msg, state.max_context, held
+        )
+        stop = frozenset() if ignore_eos else frozenset(state.model.manifest.eos_token_ids)
+        tokens = [reply.token]
+        while True:
+            if tokens[-1] in stop:
+                return tokens, "stop"
+            if len(tokens) >= max_tokens:
+                return tokens, "length"
+            if len(session.seq) >= session.capacity or state.closing:
+                return tokens, "length"
+            reply = await state.worker.round((session, P.Verify(len(session.seq), [])))
+            tokens.append(reply.token)
+    finally:
+        state.worker.submit(release_all, state.pool, held)
 
 
 # -- app and process ------------------------------------------------------------------------

@@ -1,16 +1,19 @@
-"""One generation on the server: its KV cache, committed tokens and acceptance rng.
+"""One generation on the server: its slot of the KV pool, committed tokens and acceptance rng.
 
-`start()` prefills a prompt (or, after a reconnect, the client's whole committed sequence)
-into a fresh cache and samples the next token; `verify()` runs one round for the client's
-drafts: the target scores [last, d_1..d_γ] in one forward, the drafts are accepted with the
-same `accept_greedy` / `accept_sampled` the local decode loop uses, and the cache is
-truncated to the accepted prefix in `finally`, so a failing round never leaves it
-half-advanced. Plain functions over a small dataclass; the worker thread calls them.
+`start()` takes a free slot and prefills a prompt (or, after a reconnect, the client's whole
+committed sequence) into it alone, then samples the next token; `verify_rounds()` runs the
+rounds of several sessions that arrived together: each is checked, the target scores every
+[last, d_1..d_γ] in shared forwards (`batching.forward_rounds`), each row's drafts are
+accepted with the same `accept_greedy` / `accept_sampled` the local decode loop uses, and
+each row is truncated to its accepted prefix in `finally`, so a failing round never leaves a
+cache half-advanced. A bad round fails alone: its error goes to its own session, and if a
+shared forward fails, the rounds are retried one by one so only the culprit fails.
+`release()` gives the slot back. Plain functions; the worker thread calls them all.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from time import perf_counter
 
 import numpy as np
@@ -18,13 +21,21 @@ import numpy as np
 from edgespec.runtime.graph import GraphSession
 from edgespec.runtime.sampling import SamplingParams, next_token
 from edgespec.runtime.speculative import Proposal, accept_greedy, accept_sampled
-from edgespec.runtime.target import Target
-from edgespec.serve.protocol import BAD_REQUEST, OUT_OF_SYNC, ProtocolError, Result, Start, Verify
+from edgespec.serve.batching import KVPool, forward_alone, forward_rounds
+from edgespec.serve.protocol import (
+    BAD_REQUEST,
+    OUT_OF_SYNC,
+    UNAVAILABLE,
+    ProtocolError,
+    Result,
+    Start,
+    Verify,
+)
 
 
 @dataclass
 class ServerSession:
-    target: Target  # its own KV cache over the shared graph sessions
+    slot: int | None  # its row of the pool; None once released
     params: SamplingParams
     rng: np.random.Generator
     seq: list[int]  # committed tokens; the cache holds all but the last
@@ -32,8 +43,39 @@ class ServerSession:
     rounds: int = 0
 
 
-def start(stages: list[GraphSession], msg: Start, max_context: int) -> tuple[ServerSession, Result]:
-    """A new session for msg.ids, with the first token after them."""
+@dataclass
+class BatchStats:
+    """What the worker ran: rounds per batch and rounds per forward (histograms)."""
+
+    batches: dict[int, int] = field(default_factory=dict)
+    forwards: dict[int, int] = field(default_factory=dict)
+
+    def add(self, rounds: int, per_forward: list[int]) -> None:
+        self.batches[rounds] = self.batches.get(rounds, 0) + 1
+        for n in per_forward:
+            self.forwards[n] = self.forwards.get(n, 0) + 1
+
+    def report(self) -> dict:
+        rounds = sum(k * v for k, v in self.batches.items())
+        served = sum(k * v for k, v in self.forwards.items())
+        return {
+            "batches": {str(k): v for k, v in sorted(self.batches.items())},
+            "rounds_per_forward": {str(k): v for k, v in sorted(self.forwards.items())},
+            "mean_batch": rounds / max(sum(self.batches.values()), 1),
+            "mean_rounds_per_forward": served / max(sum(self.forwards.values()), 1),
+            "largest_batch": max(self.batches, default=0),
+        }
+
+
+def start(
+    pool: KVPool,
+    stages: list[GraphSession],
+    msg: Start,
+    max_context: int,
+    held: list[ServerSession] | None = None,
+) -> tuple[ServerSession, Result]:
+    """A new session for msg.ids, with the first token after them; appended to `held` as
+    soon as it owns a slot (so a handler that is gone by the time it ends can free it)."""
     t0 = perf_counter()
     if not msg.ids:
         raise ProtocolError("START carries no token ids: send the prompt's ids", BAD_REQUEST)
@@ -47,24 +89,45 @@ def start(stages: list[GraphSession], msg: Start, max_context: int) -> tuple[Ser
         params = SamplingParams(msg.temperature, msg.top_p, msg.top_k, msg.seed)
     except ValueError as e:
         raise ProtocolError(f"START: {e}", BAD_REQUEST) from None
+    slot = pool.acquire()
+    if slot is None:
+        raise ProtocolError("the server is full (no free KV slot): try again later", UNAVAILABLE)
     # room for the prompt and the requested new tokens, within what the server allows
     capacity = max(min(msg.capacity, max_context), len(msg.ids) + 1)
-    target = Target(stages)
-    target.reset(capacity)
-    logits = target.forward(np.asarray(msg.ids, np.int64), keep=1)[-1]
     # a stream of its own: seeded like the device's, acceptance uniforms would equal the
     # uniforms that sampled the drafts, and the two would be correlated (a biased output)
     rng = np.random.default_rng(None if msg.seed is None else [msg.seed, 0x5E4E4])
-    session = ServerSession(target, params, rng, [*msg.ids], capacity)
+    session = ServerSession(slot, params, rng, [*msg.ids], capacity)
+    if held is not None:
+        held.append(session)
+    try:
+        logits = forward_alone(stages, pool, slot, np.asarray(msg.ids, np.int64))[-1]
+    except BaseException:
+        release(pool, session)
+        raise
     session.seq.append(next_token(logits, params, rng))
     seconds = perf_counter() - t0
     return session, Result(0, session.seq[-1], len(session.seq), seconds)
 
 
-def verify(s: ServerSession, msg: Verify) -> Result:
-    """One round: accept a prefix of msg.drafts, append it and the target's next token."""
-    t0 = perf_counter()
+def release(pool: KVPool, s: ServerSession) -> None:
+    if s.slot is not None:
+        pool.release(s.slot)
+        s.slot = None
+
+
+def release_all(pool: KVPool, held: list[ServerSession]) -> None:
+    """Free every slot in `held` (run on the worker, after the jobs queued before it)."""
+    for s in held:
+        release(pool, s)
+    held.clear()
+
+
+def check(s: ServerSession, msg: Verify) -> np.ndarray:
+    """The ids this round feeds: [last committed, drafts...]; a round that cannot run raises."""
     base, g = len(s.seq), len(msg.drafts)
+    if s.slot is None:
+        raise ProtocolError("this session was closed: START again", BAD_REQUEST)
     if msg.base != base:
         raise ProtocolError(
             f"VERIFY after {msg.base} tokens, but this session holds {base}: the device and "
@@ -77,17 +140,85 @@ def verify(s: ServerSession, msg: Verify) -> Result:
             f"{s.capacity}: draft fewer tokens or start with a larger capacity",
             BAD_REQUEST,
         )
-    valid = base - 1  # what stays valid in the cache if the forward raises
+    return np.asarray([s.seq[-1], *msg.drafts], np.int64)
+
+
+Outcome = tuple[Result | None, Exception | None]
+
+
+def verify_rounds(
+    pool: KVPool,
+    stages: list[GraphSession],
+    rounds: list[tuple[ServerSession, Verify]],
+    stats: BatchStats | None = None,
+) -> list[Outcome]:
+    """One outcome per round (a Result, or the error for that round's session only)."""
+    t0 = perf_counter()
+    out: list[Outcome] = [(None, None)] * len(rounds)
+    ready: list[int] = []
+    seen: set[int] = set()
+    for k, (s, msg) in enumerate(rounds):
+        try:
+            check(s, msg)
+            if s.slot in seen:  # a session has one round in flight; never two rows the same
+                raise ProtocolError("two rounds of one session at once: wait for the answer")
+            seen.add(s.slot)  # type: ignore[arg-type]
+            ready.append(k)
+        except ProtocolError as e:
+            out[k] = (None, e)
+    groups = [ready] if ready else []
+    while groups:
+        group = groups.pop()
+        try:
+            logits = _forward(pool, stages, [rounds[k] for k in group], stats)
+        except Exception as e:
+            if len(group) == 1:
+                out[group[0]] = (None, e)
+            else:  # find the culprit: every round alone
+                groups += [[k] for k in group]
+            continue
+        for k, row in zip(group, logits, strict=True):
+            try:
+                out[k] = (_accept(pool, *rounds[k], row, t0), None)
+            except Exception as e:
+                out[k] = (None, e)
+    return out
+
+
+def _forward(
+    pool: KVPool,
+    stages: list[GraphSession],
+    rounds: list[tuple[ServerSession, Verify]],
+    stats: BatchStats | None,
+) -> list[np.ndarray]:
+    """The logits of each round's ids; on failure every row is back at its length before."""
+    work = [(s.slot, check(s, msg)) for s, msg in rounds]
+    done = False
     try:
-        ids = np.asarray([s.seq[-1], *msg.drafts], np.int64)
-        logits = s.target.forward(ids, keep=g + 1)
+        logits, per_forward = forward_rounds(stages, pool, work)  # type: ignore[arg-type]
+        done = True
+    finally:
+        if not done:
+            for s, _ in rounds:
+                pool.lengths[s.slot] = len(s.seq) - 1
+    if stats is not None:
+        stats.add(len(rounds), per_forward)
+    return logits
+
+
+def _accept(pool: KVPool, s: ServerSession, msg: Verify, logits: np.ndarray, t0: float) -> Result:
+    """Accept a prefix of msg.drafts, append it and the target's next token."""
+    base = len(s.seq)
+    valid = base - 1  # what stays valid in the cache if acceptance raises
+    try:
         if s.params.greedy:
             n, token = accept_greedy(msg.drafts, logits)
         else:
             n, token = accept_sampled(Proposal(msg.drafts, msg.q, 0.0), logits, s.params, s.rng)
         valid = base + n
     finally:
-        s.target.truncate(valid)
+        assert s.slot is not None
+        pool.lengths[s.slot] = min(valid, int(pool.lengths[s.slot]))
     s.seq += [*msg.drafts[:n], token]
     s.rounds += 1
     return Result(n, token, len(s.seq), perf_counter() - t0)

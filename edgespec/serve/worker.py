@@ -1,10 +1,16 @@
-"""All model work of the server on one thread: rounds from every session, back to back.
+"""All model work of the server on one thread; verify rounds that arrive together run together.
 
-The ONNX graphs are batch-1 with a KV cache per session, so verify rounds from devices that
-arrive together cannot share one forward; what they can share is a thread that never idles
-between them. Handlers on the event loop submit jobs; this thread drains every job that is
-ready and runs them one after another (no per-request thread hop, no two forwards fighting
-over onnxruntime's thread pool), then hands each result back to its handler's future.
+Handlers on the event loop submit jobs: calls (`run(fn, *args)`: a prefill, a slot release)
+and rounds (`round(item)`). The thread takes every job queued when it becomes free, in
+arrival order; consecutive rounds (at most `max_batch`) go to `run_rounds` in one call, which
+shares forwards between them (continuous batching: a round that arrives while a batch runs
+joins the next one). `max_batch = 1` runs every round alone, as an unbatched server.
+
+`window` (seconds, default 0): when the thread finds fewer than `max_batch` rounds, it waits
+up to this long for more before running them. At 0 a batch is whatever queued up while the
+previous one ran, which under load is already most devices; a window of a millisecond or two
+catches rounds that were a moment late, at the price of that delay on every round when the
+server is idle (with one device, the window is pure added latency).
 """
 
 from __future__ import annotations
@@ -13,30 +19,54 @@ import asyncio
 import logging
 import queue
 import threading
+import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 log = logging.getLogger("edgespec.serve")
 
 _STOP = object()
+Outcome = tuple[Any, BaseException | None]
 
 
 class Worker:
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        run_rounds: Callable[[list[Any]], list[Outcome]] | None = None,
+        max_batch: int = 16,
+        window: float = 0.0,
+    ) -> None:
+        if max_batch < 1:
+            raise ValueError(f"max_batch={max_batch}: at least 1 round per batch")
+        if window < 0:
+            raise ValueError(f"batch window {window} s: must be 0 or more")
+        self.run_rounds, self.max_batch, self.window = run_rounds, max_batch, window
         self.jobs: queue.SimpleQueue = queue.SimpleQueue()
         self.busy = 0  # jobs submitted and not yet answered
         self.served = 0
-        self.largest_batch = 0
         self.thread = threading.Thread(target=self._loop, name="edgespec-worker", daemon=True)
         self.thread.start()
 
     async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run fn(*args) on the worker thread; its exception is raised here."""
+        return await self._submit("call", (fn, args))
+
+    async def round(self, item: Any) -> Any:
+        """Run one round in the next batch; its own error (only) is raised here."""
+        assert self.run_rounds is not None, "Worker(run_rounds=...) runs rounds"
+        return await self._submit("round", item)
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Queue fn(*args) without waiting for it (in order with the jobs queued before)."""
+        self.jobs.put(("call", (fn, args), None, None))
+
+    async def _submit(self, kind: str, payload: Any) -> Any:
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         self.busy += 1
         try:
-            self.jobs.put((fn, args, future, loop))
+            self.jobs.put((kind, payload, future, loop))
             return await future
         finally:
             self.busy -= 1
@@ -46,24 +76,60 @@ class Worker:
         self.thread.join(timeout=30)
 
     def _loop(self) -> None:
+        pending: deque = deque()
         while True:
-            batch = [self.jobs.get()]
-            while True:  # everything that arrived together is served in this pass
-                try:
-                    batch.append(self.jobs.get_nowait())
-                except queue.Empty:
-                    break
-            self.largest_batch = max(self.largest_batch, len(batch))
-            for job in batch:
-                if job is _STOP:
-                    return
-                fn, args, future, loop = job
+            if not pending:
+                pending.append(self.jobs.get())
+            self._gather(pending)
+            job = pending.popleft()
+            if job is _STOP:
+                return
+            if job[0] == "call":
+                _, (fn, args), future, loop = job
                 try:
                     result, error = fn(*args), None
                 except Exception as e:  # handed to the session's handler, never kills the loop
                     result, error = None, e
-                self.served += 1
-                loop.call_soon_threadsafe(_settle, future, result, error)
+                    if future is None:
+                        log.exception("background job %s failed", getattr(fn, "__name__", fn))
+                self._answer(future, loop, result, error)
+                continue
+            batch = [job]
+            while pending and pending[0] is not _STOP and pending[0][0] == "round":
+                if len(batch) >= self.max_batch:
+                    break
+                batch.append(pending.popleft())
+            try:
+                outcomes = self.run_rounds([j[1] for j in batch])  # type: ignore[misc]
+            except Exception as e:  # run_rounds answers per round; this is a bug in it
+                log.exception("a batch of %d rounds failed", len(batch))
+                outcomes = [(None, e)] * len(batch)
+            for (_, _, future, loop), (result, error) in zip(batch, outcomes, strict=True):
+                self._answer(future, loop, result, error)
+
+    def _gather(self, pending: deque) -> None:
+        """Move what is queued into `pending`; with a window, wait a little for more rounds."""
+        deadline = time.monotonic() + self.window
+        while True:
+            try:
+                pending.append(self.jobs.get_nowait())
+                continue
+            except queue.Empty:
+                pass
+            rounds = sum(1 for j in pending if j is not _STOP and j[0] == "round")
+            head_is_round = pending[0] is not _STOP and pending[0][0] == "round"
+            left = deadline - time.monotonic()
+            if not head_is_round or rounds >= self.max_batch or left <= 0:
+                return
+            try:
+                pending.append(self.jobs.get(timeout=left))
+            except queue.Empty:
+                return
+
+    def _answer(self, future, loop, result: Any, error: BaseException | None) -> None:
+        self.served += 1
+        if future is not None:
+            loop.call_soon_threadsafe(_settle, future, result, error)
 
 
 def _settle(future: asyncio.Future, result: Any, error: BaseException | None) -> None:
