@@ -73,6 +73,33 @@ class GraphInfo:
         return None
 
 
+@dataclass(frozen=True)
+class StaticVariants:
+    """Fixed-shape copies of the graphs, for NPUs that reject dynamic shapes.
+
+    Each graph takes exactly `verify_width` (W) new positions and a cache of exactly
+    `max_context` (C) positions: inputs `input_ids` [1, W] (tail@k: `hidden` [1, W, H]),
+    `position_ids` [1, W], `attention_mask` [1, 1, W, C + W] (additive, float32; columns
+    0..C-1 the cache, then the new tokens), `past_key.{i}` / `past_value.{i}`
+    [1, kv_heads, C, head_dim]; outputs the logits of all W positions and only the W new
+    positions `new_key.{i}` / `new_value.{i}` [1, kv_heads, W, head_dim], which the runtime
+    copies into its cache. Standard ONNX ops only (no com.microsoft contrib ops).
+    """
+
+    max_context: int
+    verify_width: int
+    graphs: list[GraphInfo]
+
+    def graph(self, role: str) -> GraphInfo:
+        for g in self.graphs:
+            if g.role == role:
+                return g
+        raise BundleError(
+            f"this bundle's static variants have no '{role}' graph (they have: "
+            f"{', '.join(g.role for g in self.graphs)}); " + _how_to_add(role)
+        )
+
+
 @dataclass
 class Manifest:
     source: dict[str, Any]  # {"model": id or path, "revision": str | None}
@@ -90,6 +117,7 @@ class Manifest:
     created_by: str = ""
     schema_version: int = SCHEMA_VERSION
     extra: dict[str, Any] = field(default_factory=dict)
+    static: StaticVariants | None = None  # optional: bundles exported with --static
 
     def graph(self, role: str) -> GraphInfo:
         for g in self.graphs:
@@ -176,21 +204,21 @@ def load_manifest(folder: str | os.PathLike) -> Manifest:
     return manifest
 
 
+def _graph_from_json(g: dict[str, Any]) -> GraphInfo:
+    if not ROLE_PATTERN.match(g["role"]):
+        raise ValueError(f"unknown graph role {g['role']!r}")
+    return GraphInfo(
+        role=g["role"],
+        file=g["file"],
+        model=g["model"],
+        kv_layers=[int(i) for i in g["kv_layers"]],
+        inputs=[TensorSpec(**t) for t in g["inputs"]],
+        outputs=[TensorSpec(**t) for t in g["outputs"]],
+    )
+
+
 def _from_json(raw: dict[str, Any]) -> Manifest:
-    graphs = []
-    for g in raw["graphs"]:
-        if not ROLE_PATTERN.match(g["role"]):
-            raise ValueError(f"unknown graph role {g['role']!r}")
-        graphs.append(
-            GraphInfo(
-                role=g["role"],
-                file=g["file"],
-                model=g["model"],
-                kv_layers=[int(i) for i in g["kv_layers"]],
-                inputs=[TensorSpec(**t) for t in g["inputs"]],
-                outputs=[TensorSpec(**t) for t in g["outputs"]],
-            )
-        )
+    graphs = [_graph_from_json(g) for g in raw["graphs"]]
     if not any(g.role == "full" for g in graphs) and not any(
         g.role.startswith("tail@") for g in graphs
     ):
@@ -212,11 +240,24 @@ def _from_json(raw: dict[str, Any]) -> Manifest:
         created_by=raw.get("created_by", ""),
         schema_version=raw["schema_version"],
         extra=raw.get("extra", {}),
+        static=_static_from_json(raw.get("static")),
+    )
+
+
+def _static_from_json(raw: dict[str, Any] | None) -> StaticVariants | None:
+    if raw is None:
+        return None
+    return StaticVariants(
+        max_context=int(raw["max_context"]),
+        verify_width=int(raw["verify_width"]),
+        graphs=[_graph_from_json(g) for g in raw["graphs"]],
     )
 
 
 def _check_files(manifest: Manifest, folder: Path) -> None:
     needed = [manifest.weights_file, *manifest.tokenizer_files, *(g.file for g in manifest.graphs)]
+    if manifest.static is not None:
+        needed += [g.file for g in manifest.static.graphs]
     missing = [f for f in needed if not (folder / f).exists()]
     if missing:
         raise BundleError(

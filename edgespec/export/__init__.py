@@ -21,10 +21,18 @@ import numpy as np
 import onnx
 
 from edgespec import __version__
-from edgespec.bundle import GraphInfo, Manifest, ModelInfo, TensorSpec, save_manifest
+from edgespec.bundle import (
+    GraphInfo,
+    Manifest,
+    ModelInfo,
+    StaticVariants,
+    TensorSpec,
+    save_manifest,
+)
 from edgespec.export import gpt2, llama
 from edgespec.export.builder import GraphBuilder, WeightStore, io_specs
 from edgespec.export.decoder import DecoderWeights, build_graph
+from edgespec.export.static import static_shape, verify_static, write_static_graph
 
 # model_type (transformers config) -> the family module that extracts its weights.
 FAMILIES: dict[str, ModuleType] = {"llama": llama, "qwen2": llama, "gpt2": gpt2}
@@ -48,8 +56,16 @@ def export_bundle(
     verify: bool = True,
     overwrite: bool = False,
     progress: bool = True,
+    static: bool = False,
+    max_context: int = 512,
+    verify_width: int = 8,
 ) -> Manifest:
-    """Export `model` (and `draft`) to an edgespec bundle in `out`; return its manifest."""
+    """Export `model` (and `draft`) to an edgespec bundle in `out`; return its manifest.
+
+    static: also write fixed-shape copies of every graph (`max_context` cache positions,
+    `verify_width` positions per call, standard ONNX ops only) for NPUs; the dynamic graphs
+    stay, so the bundle still runs anywhere (`edgespec.load(..., static=True)` picks these).
+    """
     if dtype not in DTYPES:
         raise ExportError(f"--dtype {dtype!r} is not supported; choose one of {', '.join(DTYPES)}")
     if quantize not in (None, "int8"):
@@ -73,9 +89,16 @@ def export_bundle(
         draft_model, draft_tok = load_checkpoint(draft, None)
         check_same_tokenizer(tokenizer, draft_tok, model, draft)
         draft_info = model_info(draft_model)
+    shape = None
+    if static:
+        try:
+            shape = static_shape(max_context, verify_width, quantize, [info, draft_info])
+        except ValueError as e:
+            raise ExportError(str(e)) from None
 
     store = WeightStore(out / WEIGHTS_FILE)
     graphs: list[GraphInfo] = []
+    static_graphs: list[GraphInfo] = []
     try:
         steps("extracting weights")
         weights = extract(target)
@@ -91,6 +114,15 @@ def export_bundle(
             graphs.append(
                 _write_graph(draft_weights, "draft", "draft", out, store, dtype, quantize)
             )
+        if shape is not None:
+            for g in graphs:
+                steps(f"building static {g.role} graph")
+                w = draft_weights if g.model == "draft" else weights
+                static_graphs.append(
+                    write_static_graph(
+                        w, g.role, g.model, out, store, np.dtype(DTYPES[dtype]), shape
+                    )
+                )
     finally:
         store.close()
 
@@ -111,12 +143,16 @@ def export_bundle(
         draft=draft_info,
         draft_source={"model": str(draft)} if draft is not None else None,
         created_by=f"edgespec {__version__}",
+        static=StaticVariants(max_context, verify_width, static_graphs) if static else None,
     )
     if verify:
         steps("checking the exported graph against transformers")
         manifest.extra["export_check"] = verify_export(
             target, out / "full.onnx", info, dtype, quantize
         )
+        if static:
+            steps("checking the static graph against transformers")
+            manifest.extra["static_check"] = verify_static(target, out, manifest)
     save_manifest(manifest, out)
     steps.close()
     return manifest

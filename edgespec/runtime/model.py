@@ -37,6 +37,7 @@ from edgespec.runtime.policies import (
 )
 from edgespec.runtime.sampling import SamplingParams
 from edgespec.runtime.speculative import Drafter
+from edgespec.runtime.static import StaticGraphSession
 from edgespec.runtime.stats import GenerationStats, RoundStats
 from edgespec.runtime.target import Target
 from edgespec.runtime.tokenizer import Tokenizer
@@ -110,6 +111,7 @@ class Model:
         energy_budget: float | None = None,
         timeout: float = 10.0,
         local_fallback: bool = True,
+        static: bool = False,
     ) -> Model:
         """Open a bundle for decoding.
 
@@ -129,12 +131,18 @@ class Model:
         defaults to channel-aware; `energy_budget` (J per token) goes to the policy;
         `timeout`: seconds to wait for one answer; `local_fallback`: continue on the
         bundle's own `full` graph when the server cannot be reached.
+
+        static: run the bundle's fixed-shape graphs (exported with `--static`; standard ONNX
+        ops, for NPUs that reject dynamic shapes) in every mode but split; prompt plus
+        max_new_tokens must then fit their max context.
         """
         folder = Path(bundle)
         manifest = load_manifest(folder)
         if mode not in MODES:
             raise InputError(f"mode {mode!r} is not one of: {', '.join(MODES)}")
-        open_graph = _graph_opener(folder, manifest, device, threads, shared_threads)
+        if static and mode == "split":
+            raise InputError("split mode does not run static graphs yet: drop static=True")
+        open_graph = _graph_opener(folder, manifest, device, threads, shared_threads, static)
         exits = manifest.exit_layers
         if mode == "split":
             from edgespec.serve.split import build_split
@@ -237,6 +245,14 @@ class Model:
         except ValueError as e:
             raise InputError(str(e)) from None
         ids = self.encode(prompt)
+        fixed = self.target.fixed_capacity if self.target is not None else None
+        if fixed is not None and len(ids) + max_new_tokens > fixed:
+            raise InputError(
+                f"the prompt ({len(ids)} tokens) plus max_new_tokens ({max_new_tokens}) is "
+                f"beyond the static graphs' max context of {fixed} positions: lower "
+                f"max_new_tokens to {max(fixed - len(ids), 0)} or less, shorten the prompt, or "
+                "re-export with a larger `--max-context`"
+            )
         stop = frozenset() if ignore_eos else frozenset(self.manifest.eos_token_ids)
         detok = self.tokenizer.stream_decoder(skip_special_tokens=True)
         if self.remote is not None:
@@ -299,14 +315,38 @@ def seed_from_calibration(
 
 
 def _graph_opener(
-    folder: Path, manifest: Manifest, device: str, threads: int | None, shared_threads: bool
+    folder: Path,
+    manifest: Manifest,
+    device: str,
+    threads: int | None,
+    shared_threads: bool,
+    static: bool = False,
 ):
-    """role -> GraphSession, all with the same device and thread settings."""
+    """role -> GraphSession (or StaticGraphSession), all with the same device and threads."""
+    if static and manifest.static is None:
+        raise BundleError(
+            f"bundle {folder} has no static graphs; re-export it with "
+            "`edgespec export MODEL --out FOLDER --static --max-context 512 --verify-width 8`"
+        )
     providers = providers_for(device)
     options = session_options(threads, shared_threads)
     kv_dtype = np.dtype(np.float16 if manifest.dtype == "fp16" else np.float32)
 
     def open_graph(role: str) -> GraphSession:
+        if static:
+            variants = manifest.static
+            assert variants is not None
+            graph = variants.graph(role)
+            return StaticGraphSession(  # type: ignore[return-value]  # same call interface
+                folder,
+                graph,
+                manifest.model_info(graph),
+                providers,
+                options,
+                kv_dtype,
+                variants.max_context,
+                variants.verify_width,
+            )
         graph = manifest.graph(role)
         return GraphSession(folder, graph, manifest.model_info(graph), providers, options, kv_dtype)
 
