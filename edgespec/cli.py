@@ -65,6 +65,13 @@ def main() -> None:
 @click.option("--revision", default=None, help="Hub revision (branch, tag or commit).")
 @click.option("--no-verify", is_flag=True, help="Skip the check against transformers.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing bundle in --out.")
+@click.option("--static", is_flag=True, help="Also write fixed-shape graphs for NPUs.")
+@click.option(
+    "--max-context", default=512, show_default=True, type=int, help="--static: cache positions."
+)
+@click.option(
+    "--verify-width", default=8, show_default=True, type=int, help="--static: positions per call."
+)
 @_friendly
 def export(
     model: str,
@@ -76,6 +83,9 @@ def export(
     revision: str | None,
     no_verify: bool,
     overwrite: bool,
+    static: bool,
+    max_context: int,
+    verify_width: int,
 ) -> None:
     """Export MODEL (a local checkpoint folder, a hub id, or builtin:tiny-llama) to a bundle."""
     try:
@@ -102,6 +112,9 @@ def export(
             revision=revision,
             verify=not no_verify,
             overwrite=overwrite,
+            static=static,
+            max_context=max_context,
+            verify_width=verify_width,
         )
     except ExportError as e:
         raise click.ClickException(str(e)) from None
@@ -141,6 +154,7 @@ def export(
 @click.option("--token-file", default=None, type=click.Path(), help="split: bearer token file.")
 @click.option("--energy-budget", default=None, type=float, help="split: joules per token.")
 @click.option("--timeout", default=10.0, show_default=True, help="split: seconds per answer.")
+@click.option("--static", is_flag=True, help="Run the bundle's fixed-shape (NPU) graphs.")
 @_friendly
 def generate(bundle: str, prompt: str, max_new_tokens: int, **options: Any) -> None:
     """Generate text from BUNDLE."""
@@ -325,6 +339,14 @@ def inspect(bundle: str) -> None:
                 "export check",
                 f"max |logit diff| {c['max_abs_logit_diff']:.2e}, "
                 f"argmax agreement {c['argmax_agreement']:.0%}",
+            )
+        )
+    if m.static is not None:
+        rows.append(
+            (
+                "static graphs (NPU)",
+                f"max context {m.static.max_context}, verify width {m.static.verify_width}: "
+                + ", ".join(g.role for g in m.static.graphs),
             )
         )
     width = max(len(k) for k, _ in rows)

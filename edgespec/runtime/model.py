@@ -141,7 +141,7 @@ class Model:
         if mode not in MODES:
             raise InputError(f"mode {mode!r} is not one of: {', '.join(MODES)}")
         if static and mode == "split":
-            raise InputError("split mode does not run static graphs yet: drop static=True")
+            raise InputError("split mode does not run static graphs yet: drop static (--static)")
         open_graph = _graph_opener(folder, manifest, device, threads, shared_threads, static)
         exits = manifest.exit_layers
         if mode == "split":
