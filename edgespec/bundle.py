@@ -100,6 +100,40 @@ class StaticVariants:
         )
 
 
+@dataclass(frozen=True)
+class CoreMLPackage:
+    """One Core ML ML program (.mlpackage folder) of a role, for Apple devices.
+
+    Fixed shapes like the static graphs (W positions per call), but the KV cache lives in
+    the model as Core ML states (`key_cache_{i}` / `value_cache_{i}`, [1, kv_heads, C + W,
+    head_dim], iOS 18 / macOS 15) written at `write_offset`; see edgespec/export/coreml.py.
+    """
+
+    role: str  # full | draft | head@k | tail@k
+    path: str  # the .mlpackage folder, relative to the bundle
+    model: str  # "target" or "draft"
+    kv_layers: list[int]
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+    states: list[TensorSpec]
+
+
+@dataclass(frozen=True)
+class CoreMLVariants:
+    max_context: int
+    verify_width: int
+    packages: list[CoreMLPackage]
+
+    def package(self, role: str) -> CoreMLPackage:
+        for p in self.packages:
+            if p.role == role:
+                return p
+        raise BundleError(
+            f"this bundle's Core ML packages have no '{role}' role (they have: "
+            f"{', '.join(p.role for p in self.packages)}); " + _how_to_add(role)
+        )
+
+
 @dataclass
 class Manifest:
     source: dict[str, Any]  # {"model": id or path, "revision": str | None}
@@ -118,6 +152,7 @@ class Manifest:
     schema_version: int = SCHEMA_VERSION
     extra: dict[str, Any] = field(default_factory=dict)
     static: StaticVariants | None = None  # optional: bundles exported with --static
+    coreml: CoreMLVariants | None = None  # optional: bundles exported with --coreml
 
     def graph(self, role: str) -> GraphInfo:
         for g in self.graphs:
@@ -241,6 +276,7 @@ def _from_json(raw: dict[str, Any]) -> Manifest:
         schema_version=raw["schema_version"],
         extra=raw.get("extra", {}),
         static=_static_from_json(raw.get("static")),
+        coreml=_coreml_from_json(raw.get("coreml")),
     )
 
 
@@ -254,10 +290,33 @@ def _static_from_json(raw: dict[str, Any] | None) -> StaticVariants | None:
     )
 
 
+def _coreml_from_json(raw: dict[str, Any] | None) -> CoreMLVariants | None:
+    if raw is None:
+        return None
+    packages = []
+    for p in raw["packages"]:
+        if not ROLE_PATTERN.match(p["role"]):
+            raise ValueError(f"unknown Core ML role {p['role']!r}")
+        packages.append(
+            CoreMLPackage(
+                role=p["role"],
+                path=p["path"],
+                model=p["model"],
+                kv_layers=[int(i) for i in p["kv_layers"]],
+                inputs=[TensorSpec(**t) for t in p["inputs"]],
+                outputs=[TensorSpec(**t) for t in p["outputs"]],
+                states=[TensorSpec(**t) for t in p["states"]],
+            )
+        )
+    return CoreMLVariants(int(raw["max_context"]), int(raw["verify_width"]), packages)
+
+
 def _check_files(manifest: Manifest, folder: Path) -> None:
     needed = [manifest.weights_file, *manifest.tokenizer_files, *(g.file for g in manifest.graphs)]
     if manifest.static is not None:
         needed += [g.file for g in manifest.static.graphs]
+    if manifest.coreml is not None:
+        needed += [p.path for p in manifest.coreml.packages]
     missing = [f for f in needed if not (folder / f).exists()]
     if missing:
         raise BundleError(

@@ -67,10 +67,21 @@ def main() -> None:
 @click.option("--overwrite", is_flag=True, help="Replace an existing bundle in --out.")
 @click.option("--static", is_flag=True, help="Also write fixed-shape graphs for NPUs.")
 @click.option(
-    "--max-context", default=512, show_default=True, type=int, help="--static: cache positions."
+    "--max-context",
+    default=512,
+    show_default=True,
+    type=int,
+    help="--static/--coreml: cache positions.",
 )
 @click.option(
-    "--verify-width", default=8, show_default=True, type=int, help="--static: positions per call."
+    "--verify-width",
+    default=8,
+    show_default=True,
+    type=int,
+    help="--static/--coreml: positions per call.",
+)
+@click.option(
+    "--coreml", is_flag=True, help="Also convert to Core ML packages (needs [coreml] extra)."
 )
 @_friendly
 def export(
@@ -86,6 +97,7 @@ def export(
     static: bool,
     max_context: int,
     verify_width: int,
+    coreml: bool,
 ) -> None:
     """Export MODEL (a local checkpoint folder, a hub id, or builtin:tiny-llama) to a bundle."""
     try:
@@ -115,6 +127,7 @@ def export(
             static=static,
             max_context=max_context,
             verify_width=verify_width,
+            coreml=coreml,
         )
     except ExportError as e:
         raise click.ClickException(str(e)) from None
@@ -155,6 +168,7 @@ def export(
 @click.option("--energy-budget", default=None, type=float, help="split: joules per token.")
 @click.option("--timeout", default=10.0, show_default=True, help="split: seconds per answer.")
 @click.option("--static", is_flag=True, help="Run the bundle's fixed-shape (NPU) graphs.")
+@click.option("--coreml", is_flag=True, help="Run the bundle's Core ML packages (macOS 15+).")
 @_friendly
 def generate(bundle: str, prompt: str, max_new_tokens: int, **options: Any) -> None:
     """Generate text from BUNDLE."""
@@ -347,6 +361,14 @@ def inspect(bundle: str) -> None:
                 "static graphs (NPU)",
                 f"max context {m.static.max_context}, verify width {m.static.verify_width}: "
                 + ", ".join(g.role for g in m.static.graphs),
+            )
+        )
+    if m.coreml is not None:
+        rows.append(
+            (
+                "Core ML packages",
+                f"max context {m.coreml.max_context}, verify width {m.coreml.verify_width}: "
+                + ", ".join(p.role for p in m.coreml.packages),
             )
         )
     width = max(len(k) for k, _ in rows)

@@ -22,6 +22,7 @@ import onnx
 
 from edgespec import __version__
 from edgespec.bundle import (
+    CoreMLVariants,
     GraphInfo,
     Manifest,
     ModelInfo,
@@ -59,12 +60,16 @@ def export_bundle(
     static: bool = False,
     max_context: int = 512,
     verify_width: int = 8,
+    coreml: bool = False,
 ) -> Manifest:
     """Export `model` (and `draft`) to an edgespec bundle in `out`; return its manifest.
 
     static: also write fixed-shape copies of every graph (`max_context` cache positions,
     `verify_width` positions per call, standard ONNX ops only) for NPUs; the dynamic graphs
     stay, so the bundle still runs anywhere (`edgespec.load(..., static=True)` picks these).
+    coreml: also convert every role to a Core ML ML program (.mlpackage: iOS 18 / macOS 15,
+    fp16, KV cache in Core ML states) with the same max context and verify width; needs
+    the [coreml] extra (coremltools).
     """
     if dtype not in DTYPES:
         raise ExportError(f"--dtype {dtype!r} is not supported; choose one of {', '.join(DTYPES)}")
@@ -89,8 +94,15 @@ def export_bundle(
         draft_model, draft_tok = load_checkpoint(draft, None)
         check_same_tokenizer(tokenizer, draft_tok, model, draft)
         draft_info = model_info(draft_model)
+    if coreml:
+        try:
+            import coremltools  # noqa: F401
+        except ImportError as e:
+            raise ExportError(
+                f"--coreml needs coremltools ({e}): pip install 'edgespec[coreml]'"
+            ) from None
     shape = None
-    if static:
+    if static or coreml:
         try:
             shape = static_shape(max_context, verify_width, quantize, [info, draft_info])
         except ValueError as e:
@@ -99,6 +111,7 @@ def export_bundle(
     store = WeightStore(out / WEIGHTS_FILE)
     graphs: list[GraphInfo] = []
     static_graphs: list[GraphInfo] = []
+    packages = []
     try:
         steps("extracting weights")
         weights = extract(target)
@@ -114,7 +127,14 @@ def export_bundle(
             graphs.append(
                 _write_graph(draft_weights, "draft", "draft", out, store, dtype, quantize)
             )
-        if shape is not None:
+        if coreml and shape is not None:
+            from edgespec.export.coreml import write_coreml_package
+
+            for g in graphs:
+                steps(f"converting {g.role} to Core ML")
+                w = draft_weights if g.model == "draft" else weights
+                packages.append(write_coreml_package(w, g.role, g.model, out, shape))
+        if static and shape is not None:
             for g in graphs:
                 steps(f"building static {g.role} graph")
                 w = draft_weights if g.model == "draft" else weights
@@ -144,6 +164,7 @@ def export_bundle(
         draft_source={"model": str(draft)} if draft is not None else None,
         created_by=f"edgespec {__version__}",
         static=StaticVariants(max_context, verify_width, static_graphs) if static else None,
+        coreml=CoreMLVariants(max_context, verify_width, packages) if coreml else None,
     )
     if verify:
         steps("checking the exported graph against transformers")

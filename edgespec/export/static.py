@@ -284,7 +284,7 @@ def static_shape(
     """Check the --static options against the models; a ValueError says what to change."""
     if quantize is not None:
         raise ValueError(
-            "--static with --quantize int8 is not supported: the static graphs use standard "
+            "--static/--coreml with --quantize int8 is not supported: those graphs use standard "
             "ONNX ops only and int8 here is onnxruntime's contrib DynamicQuantizeMatMul; "
             "export the static graphs in fp32 or fp16"
         )

@@ -19,6 +19,7 @@ import numpy as np
 from edgespec.bundle import BundleError, Manifest, load_manifest
 from edgespec.devices import providers_for
 from edgespec.runtime.calibrate import load_cost
+from edgespec.runtime.coreml import open_coreml
 from edgespec.runtime.decode import decode
 from edgespec.runtime.drafters import (
     DraftModelDrafter,
@@ -112,6 +113,7 @@ class Model:
         timeout: float = 10.0,
         local_fallback: bool = True,
         static: bool = False,
+        coreml: bool = False,
     ) -> Model:
         """Open a bundle for decoding.
 
@@ -135,14 +137,20 @@ class Model:
         static: run the bundle's fixed-shape graphs (exported with `--static`; standard ONNX
         ops, for NPUs that reject dynamic shapes) in every mode but split; prompt plus
         max_new_tokens must then fit their max context.
+        coreml: run the bundle's Core ML packages (exported with `--coreml`) through
+        coremltools — macOS 15+ only, written and tested off-device (runtime/coreml.py).
         """
         folder = Path(bundle)
         manifest = load_manifest(folder)
         if mode not in MODES:
             raise InputError(f"mode {mode!r} is not one of: {', '.join(MODES)}")
-        if static and mode == "split":
-            raise InputError("split mode does not run static graphs yet: drop static (--static)")
-        open_graph = _graph_opener(folder, manifest, device, threads, shared_threads, static)
+        if (static or coreml) and mode == "split":
+            raise InputError("split mode does not run static or Core ML graphs yet: drop them")
+        if static and coreml:
+            raise InputError("choose static=True (ONNX for NPUs) or coreml=True, not both")
+        open_graph = _graph_opener(
+            folder, manifest, device, threads, shared_threads, static, coreml
+        )
         exits = manifest.exit_layers
         if mode == "split":
             from edgespec.serve.split import build_split
@@ -201,6 +209,12 @@ class Model:
             raise InputError(str(e)) from None
         if isinstance(policy, DynamicExit) and mode != "self-spec":
             raise InputError("the dynamic-exit policy chooses exit layers: use it with self-spec")
+        if isinstance(policy, DynamicExit) and coreml:
+            raise InputError(
+                "dynamic-exit cannot run on Core ML packages: each head holds its layers' KV "
+                "in its own state, so switching exits would read stale caches; use a fixed "
+                "--exit-layer"
+            )
         seed_from_calibration(
             policy, folder, device, threads, mode, k if mode == "self-spec" else 0
         )
@@ -321,8 +335,23 @@ def _graph_opener(
     threads: int | None,
     shared_threads: bool,
     static: bool = False,
+    coreml: bool = False,
 ):
-    """role -> GraphSession (or StaticGraphSession), all with the same device and threads."""
+    """role -> GraphSession (or StaticGraphSession, CoreMLSession), same device and threads."""
+    if coreml:
+        variants = manifest.coreml
+        if variants is None:
+            raise BundleError(
+                f"bundle {folder} has no Core ML packages; re-export it with "
+                "`edgespec export MODEL --out FOLDER --coreml` (needs the [coreml] extra)"
+            )
+
+        def open_package(role: str) -> GraphSession:
+            package = variants.package(role)
+            session = open_coreml(folder, package, manifest.model_info(package), variants)  # type: ignore[arg-type]
+            return session  # type: ignore[return-value]  # same call interface
+
+        return open_package
     if static and manifest.static is None:
         raise BundleError(
             f"bundle {folder} has no static graphs; re-export it with "

@@ -32,6 +32,9 @@ class Target:
     def reset(self, capacity: int) -> None:
         """An empty cache with room for `capacity` positions (buffers reused when big enough)."""
         capacity = self.fixed_capacity or capacity
+        if getattr(self.stages[0], "holds_kv", False):  # Core ML: KV in the model's state
+            self.cache = KVCache([], [], [])  # only the length is kept here
+            return
         if self.cache is not None and self.cache.capacity >= capacity:
             self.cache.truncate(0)
             return
