@@ -78,12 +78,12 @@ class StaticVariants:
     """Fixed-shape copies of the graphs, for NPUs that reject dynamic shapes.
 
     Each graph takes exactly `verify_width` (W) new positions and a cache of exactly
-    `max_context` (C) positions: inputs `input_ids` [1, W] (tail@k: `hidden` [1, W, H]),
-    `position_ids` [1, W], `attention_mask` [1, 1, W, C + W] (additive, float32; columns
-    0..C-1 the cache, then the new tokens), `past_key.{i}` / `past_value.{i}`
-    [1, kv_heads, C, head_dim]; outputs the logits of all W positions and only the W new
-    positions `new_key.{i}` / `new_value.{i}` [1, kv_heads, W, head_dim], which the runtime
-    copies into its cache. Standard ONNX ops only (no com.microsoft contrib ops).
+    `max_context` (C) positions: inputs `input_ids` [1, W] int32 (tail@k: `hidden`
+    [1, W, H]), `position_ids` [1, W] int32, `attention_mask` [1, 1, W, C + W] (additive,
+    float32; columns 0..C-1 the cache, then the new tokens), `past_key.{i}` /
+    `past_value.{i}` [1, kv_heads, C, head_dim]; outputs the logits of all W positions and
+    only the W new positions `new_key.{i}` / `new_value.{i}` [1, kv_heads, W, head_dim],
+    which the runtime copies into its cache. Standard ONNX ops only (no com.microsoft contrib ops).
     """
 
     max_context: int

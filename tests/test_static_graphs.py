@@ -105,6 +105,40 @@ def test_static_graphs_use_only_standard_ops_and_fixed_shapes(static_bundles):
         kv = [s for s in g.outputs if s.name.startswith("new_key.")]
         assert len(kv) == len(g.kv_layers) and kv[0].shape == [1, 2, WIDTH, 16]
     assert m.extra["static_check"]["argmax_agreement"] == 1.0
+    onnx.checker.check_model(str(folder / "static_full.onnx"), full_check=True)
+
+
+def test_static_graphs_run_as_written_without_onnxruntime_fusions(static_bundles):
+    """With every graph optimisation off, onnxruntime runs the file's own standard ops (no
+    fused contrib kernels) and gets the logits the optimised session gets."""
+    import onnxruntime as ort
+
+    from edgespec.runtime.graph import session_options
+
+    folder = static_bundles["llama-gqa-tied"]
+    g = load_manifest(folder).static.graph("full")  # type: ignore[union-attr]
+    feeds = {
+        t.name: np.zeros(t.shape, np.dtype(t.dtype)) for t in g.inputs if t.name != "attention_mask"
+    }
+    feeds["input_ids"][0] = prompt_ids()[:WIDTH]
+    feeds["position_ids"][0] = np.arange(WIDTH)
+    mask = np.full((1, 1, WIDTH, MAX_CONTEXT + WIDTH), -30000.0, np.float32)
+    mask[0, 0, :, MAX_CONTEXT:] = np.where(np.tri(WIDTH, dtype=bool), 0.0, -30000.0)
+    feeds["attention_mask"] = mask
+    logits = []
+    for level in (
+        ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+        ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+    ):
+        opts = session_options(None)  # the process-wide pool the runtime made
+        opts.graph_optimization_level = level
+        sess = ort.InferenceSession(str(folder / g.file), opts, ["CPUExecutionProvider"])
+        logits.append(sess.run(["logits"], feeds)[0])
+    np.testing.assert_allclose(logits[0], logits[1], atol=1e-4)
+    target = edgespec.load(folder, static=True).target
+    target.reset(8)
+    want = target.forward(np.array(prompt_ids()[:WIDTH], np.int64), keep=WIDTH)
+    np.testing.assert_allclose(logits[0][0], want, atol=1e-4)
 
 
 def test_the_static_check_flags_contrib_ops_and_dynamic_dims(bundles):

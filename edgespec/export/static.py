@@ -6,8 +6,8 @@ compilers (QNN, Core ML's ANE through onnxruntime, OpenVINO NPU) accept: ONNX op
 default domain only (no GroupQueryAttention, fused norms, rotary or FastGelu contrib ops),
 no dynamic dimension anywhere.
 
-  inputs   input_ids [1, W] int64 (tail@k: hidden [1, W, H])
-           position_ids [1, W] int64          absolute position of each new token
+  inputs   input_ids [1, W] int32 (tail@k: hidden [1, W, H])   int32: NPUs lack int64
+           position_ids [1, W] int32          absolute position of each new token
            attention_mask [1, 1, W, C + W]    float32, additive: 0 attends, MASKED does not;
                                               columns 0..C-1 are the cache, C.. the new tokens
            past_key.{i}, past_value.{i} [1, kv_heads, C, head_dim]   the runtime's whole cache
@@ -67,12 +67,12 @@ def build_static_graph(w: DecoderWeights, role: str, gb: GraphBuilder, shape: St
     hidden_size = w.embed.shape[1]
     dt, p = gb.onnx_dtype, w.prefix
 
-    pos = gb.add_input("position_ids", TensorProto.INT64, [1, width])
+    pos = gb.add_input("position_ids", TensorProto.INT32, [1, width])
     mask = gb.add_input("attention_mask", TensorProto.FLOAT, [1, 1, width, c + width])
     if kind == "tail":
         x = gb.add_input("hidden", dt, [1, width, hidden_size])
     else:
-        ids = gb.add_input("input_ids", TensorProto.INT64, [1, width])
+        ids = gb.add_input("input_ids", TensorProto.INT32, [1, width])
         x = gb.op1("Gather", [gb.weight(f"{p}embed.weight", w.embed), ids], axis=0)
         if w.pos_embed is not None:
             table = gb.weight(f"{p}pos_embed.weight", w.pos_embed)
