@@ -1,7 +1,8 @@
 """Static (fixed-shape, standard-op, NPU) graphs vs the dynamic graphs, on the CPU.
 
 What it measures: greedy `ar` decoding of the same random-weight model from its dynamic
-graphs and from static graphs of verify width W (1 and 8 by default; max context C = 512),
+graphs and from static graphs of each verify-width set (`--widths 1 8 1,8`: W = 1 only,
+W = 8 only, and both — decode steps on W = 1, the prefill on W = 8; max context C = 512),
 same prompt ids (64), same new tokens (64), same threads, runs interleaved per repeat so
 the ratios hold on a shared machine; medians of --repeats. prefill tok/s = prompt tokens /
 (prompt pass + token 1); decode tok/s = the other tokens / their time (edgespec's stats).
@@ -12,7 +13,7 @@ logit rows and W positions of compute per decode step, and a mask over the whole
 cache — where the dynamic graphs use fused contrib kernels on exactly the valid positions.
 This shows that cost, not NPU speed.
 
-    python benchmarks/bench_static.py --shapes tiny-llama,smollm2-135m --threads 2 --repeats 3
+    python benchmarks/bench_static.py --shapes tiny-llama,smollm2-135m --widths 1 8 1,8
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ def checkpoint(name: str, root: Path) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default="tiny-llama")
-    ap.add_argument("--widths", default="1,8")
+    ap.add_argument("--widths", nargs="+", default=["1", "8", "1,8"])
     ap.add_argument("--max-context", type=int, default=512)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--prompt-tokens", type=int, default=64)
@@ -68,24 +69,26 @@ def main() -> None:
     from edgespec.export import export_bundle
 
     root = Path(tempfile.mkdtemp(prefix="bench_static_"))
-    widths = [int(w) for w in args.widths.split(",")]
+    sets = [[int(w) for w in ws.split(",")] for ws in args.widths]
     print("| shape | graphs | prefill tok/s | decode tok/s | decode vs dynamic | same tokens |")
     print("|---|---|---:|---:|---:|---:|")
     for shape in args.shapes.split(","):
         ckpt = checkpoint(shape, root)
-        bundles = {"dynamic": (root / f"{shape}-w{widths[0]}", False)}
-        for w in widths:
-            out = root / f"{shape}-w{w}"
+        bundles = {}
+        for ws in sets:
+            label = ",".join(map(str, ws))
+            out = root / f"{shape}-w{label}"
             export_bundle(
                 ckpt,
                 out,
                 static=True,
                 max_context=args.max_context,
-                verify_width=w,
+                verify_width=ws,
                 verify=False,
                 progress=False,
             )
-            bundles[f"static W={w}"] = (out, True)
+            bundles.setdefault("dynamic", (out, False))
+            bundles[f"static W={label}"] = (out, True)
         models = {
             k: edgespec.load(b, static=s, threads=args.threads) for k, (b, s) in bundles.items()
         }

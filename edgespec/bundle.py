@@ -77,7 +77,8 @@ class GraphInfo:
 class StaticVariants:
     """Fixed-shape copies of the graphs, for NPUs that reject dynamic shapes.
 
-    Each graph takes exactly `verify_width` (W) new positions and a cache of exactly
+    Each graph takes exactly W new positions (one set of graphs per width in
+    `verify_widths`, e.g. 1 for decoding and 8 for verification and prefill) and a cache of exactly
     `max_context` (C) positions: inputs `input_ids` [1, W] int32 (tail@k: `hidden`
     [1, W, H]), `position_ids` [1, W] int32, `attention_mask` [1, 1, W, C + W] (additive,
     float32; columns 0..C-1 the cache, then the new tokens), `past_key.{i}` /
@@ -87,17 +88,23 @@ class StaticVariants:
     """
 
     max_context: int
-    verify_width: int
-    graphs: list[GraphInfo]
+    verify_widths: list[int]  # ascending
+    graphs: list[GraphInfo]  # one per role and width
 
-    def graph(self, role: str) -> GraphInfo:
-        for g in self.graphs:
-            if g.role == role:
-                return g
-        raise BundleError(
-            f"this bundle's static variants have no '{role}' graph (they have: "
-            f"{', '.join(g.role for g in self.graphs)}); " + _how_to_add(role)
-        )
+    def graphs_for(self, role: str) -> dict[int, GraphInfo]:
+        """width -> the static graph of `role` with that width."""
+        found = {static_width(g): g for g in self.graphs if g.role == role}
+        if not found:
+            raise BundleError(
+                f"this bundle's static variants have no '{role}' graph (they have: "
+                f"{', '.join(sorted({g.role for g in self.graphs}))}); " + _how_to_add(role)
+            )
+        return found
+
+
+def static_width(graph: GraphInfo) -> int:
+    """W of a static graph: the length of its `position_ids` input [1, W]."""
+    return int(next(t.shape[1] for t in graph.inputs if t.name == "position_ids"))
 
 
 @dataclass(frozen=True)
@@ -285,7 +292,7 @@ def _static_from_json(raw: dict[str, Any] | None) -> StaticVariants | None:
         return None
     return StaticVariants(
         max_context=int(raw["max_context"]),
-        verify_width=int(raw["verify_width"]),
+        verify_widths=[int(w) for w in raw["verify_widths"]],
         graphs=[_graph_from_json(g) for g in raw["graphs"]],
     )
 

@@ -75,10 +75,9 @@ def main() -> None:
 )
 @click.option(
     "--verify-width",
-    default=8,
+    default="8",
     show_default=True,
-    type=int,
-    help="--static/--coreml: positions per call.",
+    help="--static/--coreml: positions per call; several (1,8) give a graph set per width.",
 )
 @click.option(
     "--coreml", is_flag=True, help="Also convert to Core ML packages (needs [coreml] extra)."
@@ -96,7 +95,7 @@ def export(
     overwrite: bool,
     static: bool,
     max_context: int,
-    verify_width: int,
+    verify_width: str,
     coreml: bool,
 ) -> None:
     """Export MODEL (a local checkpoint folder, a hub id, or builtin:tiny-llama) to a bundle."""
@@ -114,6 +113,13 @@ def export(
             param_hint="--exit-layers",
         ) from None
     try:
+        widths = [int(w) for w in verify_width.split(",") if w.strip()]
+    except ValueError:
+        raise click.BadParameter(
+            f"{verify_width!r} is not a width or a comma-separated list of widths",
+            param_hint="--verify-width",
+        ) from None
+    try:
         manifest = export_bundle(
             model,
             out,
@@ -126,7 +132,7 @@ def export(
             overwrite=overwrite,
             static=static,
             max_context=max_context,
-            verify_width=verify_width,
+            verify_width=widths,
             coreml=coreml,
         )
     except ExportError as e:
@@ -359,8 +365,9 @@ def inspect(bundle: str) -> None:
         rows.append(
             (
                 "static graphs (NPU)",
-                f"max context {m.static.max_context}, verify width {m.static.verify_width}: "
-                + ", ".join(g.role for g in m.static.graphs),
+                f"max context {m.static.max_context}, verify widths "
+                f"{', '.join(map(str, m.static.verify_widths))}: "
+                + ", ".join(dict.fromkeys(g.role for g in m.static.graphs)),
             )
         )
     if m.coreml is not None:

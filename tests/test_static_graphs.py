@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from conftest import ARCHS, DRAFT_FOR
 
 import edgespec
-from edgespec.bundle import BundleError, load_manifest
+from edgespec.bundle import BundleError, load_manifest, static_width
 from edgespec.cli import main
 from edgespec.export import ExportError, export_bundle
 from edgespec.export.static import check_static
@@ -21,6 +21,7 @@ from edgespec.runtime.model import InputError
 
 MAX_CONTEXT = 96
 WIDTH = 4  # small, so prompts, lookup drafts (γ = 5) and prefill all span several chunks
+WIDTHS = [1, WIDTH]  # decode steps run the W = 1 graphs, the rest the W = 4 ones
 N_NEW = 40
 MODES = [
     ("ar", {}),
@@ -47,7 +48,7 @@ def static_bundles(checkpoints, tmp_path_factory) -> dict[str, Path]:
             exit_layers=[1, 2],
             static=True,
             max_context=MAX_CONTEXT,
-            verify_width=WIDTH,
+            verify_width=WIDTHS,
             progress=False,
         )
     return out
@@ -95,7 +96,9 @@ def test_static_graphs_use_only_standard_ops_and_fixed_shapes(static_bundles):
     folder = static_bundles["llama-gqa-tied"]
     m = load_manifest(folder)
     assert m.static is not None and m.static.max_context == MAX_CONTEXT
-    assert sorted(g.role for g in m.static.graphs) == sorted(m.roles)
+    assert m.static.verify_widths == WIDTHS
+    for role in m.roles:
+        assert sorted(m.static.graphs_for(role)) == WIDTHS
     for g in m.static.graphs:
         model = onnx.load(str(folder / g.file), load_external_data=False)
         assert check_static(model) == [], g.file
@@ -103,9 +106,9 @@ def test_static_graphs_use_only_standard_ops_and_fixed_shapes(static_bundles):
         for spec in (*g.inputs, *g.outputs):
             assert all(isinstance(d, int) and d > 0 for d in spec.shape), spec
         kv = [s for s in g.outputs if s.name.startswith("new_key.")]
-        assert len(kv) == len(g.kv_layers) and kv[0].shape == [1, 2, WIDTH, 16]
+        assert len(kv) == len(g.kv_layers) and kv[0].shape == [1, 2, static_width(g), 16]
     assert m.extra["static_check"]["argmax_agreement"] == 1.0
-    onnx.checker.check_model(str(folder / "static_full.onnx"), full_check=True)
+    onnx.checker.check_model(str(folder / g.file), full_check=True)
 
 
 def test_static_graphs_run_as_written_without_onnxruntime_fusions(static_bundles):
@@ -116,7 +119,7 @@ def test_static_graphs_run_as_written_without_onnxruntime_fusions(static_bundles
     from edgespec.runtime.graph import session_options
 
     folder = static_bundles["llama-gqa-tied"]
-    g = load_manifest(folder).static.graph("full")  # type: ignore[union-attr]
+    g = load_manifest(folder).static.graphs_for("full")[WIDTH]  # type: ignore[union-attr]
     feeds = {
         t.name: np.zeros(t.shape, np.dtype(t.dtype)) for t in g.inputs if t.name != "attention_mask"
     }
@@ -225,9 +228,8 @@ def test_fp16_static_graphs_export_and_decode(checkpoints, tmp_path):
     )
     m = load_manifest(out)
     assert m.static is not None
-    assert {i.dtype for i in m.static.graph("full").inputs if i.name.startswith("past_")} == {
-        "float16"
-    }
+    full = m.static.graphs_for("full")[4]
+    assert {i.dtype for i in full.inputs if i.name.startswith("past_")} == {"float16"}
     assert m.extra["static_check"]["argmax_agreement"] >= 0.9
     got = edgespec.load(out, static=True).generate(prompt_ids(), max_new_tokens=20)
     assert len(got.tokens) >= 1
@@ -254,7 +256,7 @@ def test_cli_exports_and_generates_static(checkpoints, tmp_path):
     r = runner.invoke(main, ["generate", str(out), "-p", "def f(x):", "-n", "8", "--static"])
     assert r.exit_code == 0, r.output
     r = runner.invoke(main, ["inspect", str(out)])
-    assert "max context 64, verify width 4: full" in r.output
+    assert "max context 64, verify widths 4: full" in r.output
     r = runner.invoke(main, ["generate", str(out), "-p", "def f(x):", "-n", "200", "--static"])
     assert r.exit_code == 1 and "beyond the static graphs' max context of 64" in r.output
 
@@ -272,3 +274,22 @@ def test_seeded_sampling_on_static_graphs_reproduces_the_dynamic_graphs(mode, st
         for s in (True, False)
     ]
     assert got[0] == got[1]
+
+
+def test_each_chunk_runs_on_the_narrowest_graph_that_takes_it(static_bundles, monkeypatch):
+    from edgespec.runtime import static as runtime_static
+
+    widths: list[int] = []
+    real = runtime_static._FixedWidth.__call__
+
+    def counted(self, cache, past, chunk):
+        widths.append(self.width)
+        return real(self, cache, past, chunk)
+
+    monkeypatch.setattr(runtime_static._FixedWidth, "__call__", counted)
+    target = edgespec.load(static_bundles["llama-untied"], static=True).target
+    target.reset(32)
+    target.forward(np.arange(1, 12), keep=1)  # 11 positions: 4 + 4 + 3 (padded to 4)
+    target.forward(np.array([5]), keep=1)  # one decode step: the W = 1 graph
+    target.forward(np.array([6, 7]), keep=2)  # a verification of 2: W = 4, padded
+    assert widths == [4, 4, 4, 1, 4]

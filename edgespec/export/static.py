@@ -278,9 +278,9 @@ def _lm_head(gb: GraphBuilder, h: str, w: DecoderWeights, width: int) -> str:
 
 
 # -- bundle files ----------------------------------------------------------------------------
-def static_shape(
-    max_context: int, verify_width: int, quantize: str | None, models: list[ModelInfo | None]
-) -> StaticShape:
+def static_shapes(
+    max_context: int, widths: list[int], quantize: str | None, models: list[ModelInfo | None]
+) -> list[StaticShape]:
     """Check the --static options against the models; a ValueError says what to change."""
     if quantize is not None:
         raise ValueError(
@@ -288,11 +288,11 @@ def static_shape(
             "ONNX ops only and int8 here is onnxruntime's contrib DynamicQuantizeMatMul; "
             "export the static graphs in fp32 or fp16"
         )
-    if verify_width < 1:
-        raise ValueError(f"--verify-width must be at least 1, got {verify_width}")
-    if max_context < verify_width:
+    if not widths or min(widths) < 1:
+        raise ValueError(f"--verify-width must be at least 1, got {widths}")
+    if max_context < max(widths):
         raise ValueError(
-            f"--max-context {max_context} is smaller than --verify-width {verify_width}"
+            f"--max-context {max_context} is smaller than --verify-width {max(widths)}"
         )
     for m in models:
         if m is not None and max_context > m.max_position_embeddings:
@@ -301,7 +301,7 @@ def static_shape(
                 f"{m.max_position_embeddings} positions; choose at most "
                 f"{m.max_position_embeddings}"
             )
-    return StaticShape(max_context, verify_width)
+    return [StaticShape(max_context, w) for w in widths]
 
 
 def write_static_graph(
@@ -320,7 +320,7 @@ def write_static_graph(
     problems = check_static(proto)
     if problems:  # a bug in this module, not a user error
         raise RuntimeError(f"static {role} graph is not NPU-friendly: {'; '.join(problems[:5])}")
-    file = "static_" + role.replace("@", "_at_") + ".onnx"
+    file = f"static_w{shape.verify_width}_" + role.replace("@", "_at_") + ".onnx"
     onnx.save(proto, str(out / file))
     kind, _, k = role.partition("@")
     n = len(weights.layers)
@@ -346,20 +346,19 @@ def verify_static(hf_model: Any, folder: Path, manifest: Manifest) -> dict[str, 
 
     assert manifest.static is not None
     info = manifest.target
-    n = min(manifest.static.verify_width + 3, manifest.static.max_context)
+    n = min(max(manifest.static.verify_widths) + 3, manifest.static.max_context)
     ids = np.random.default_rng(0).integers(0, info.vocab_size, size=n, dtype=np.int64)
     with torch.no_grad():
         ref = hf_model(torch.from_numpy(ids[None])).logits.float().numpy()[0]
     kv_dtype = np.dtype(np.float16 if manifest.dtype == "fp16" else np.float32)
     session = StaticGraphSession(
         folder,
-        manifest.static.graph("full"),
+        manifest.static.graphs_for("full"),
         info,
         ["CPUExecutionProvider"],
         session_options(None),
         kv_dtype,
         manifest.static.max_context,
-        manifest.static.verify_width,
     )
     target = Target([session])
     target.reset(n)

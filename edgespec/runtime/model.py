@@ -365,16 +365,15 @@ def _graph_opener(
         if static:
             variants = manifest.static
             assert variants is not None
-            graph = variants.graph(role)
+            graphs = variants.graphs_for(role)
             return StaticGraphSession(  # type: ignore[return-value]  # same call interface
                 folder,
-                graph,
-                manifest.model_info(graph),
+                graphs,
+                manifest.model_info(next(iter(graphs.values()))),
                 providers,
                 options,
                 kv_dtype,
                 variants.max_context,
-                variants.verify_width,
             )
         graph = manifest.graph(role)
         return GraphSession(folder, graph, manifest.model_info(graph), providers, options, kv_dtype)
