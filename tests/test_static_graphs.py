@@ -293,3 +293,17 @@ def test_each_chunk_runs_on_the_narrowest_graph_that_takes_it(static_bundles, mo
     target.forward(np.array([5]), keep=1)  # one decode step: the W = 1 graph
     target.forward(np.array([6, 7]), keep=2)  # a verification of 2: W = 4, padded
     assert widths == [4, 4, 4, 1, 4]
+
+
+def test_manifests_from_before_static_and_core_ml_still_load(bundles, tmp_path):
+    import json
+    import shutil
+
+    old = tmp_path / "old"
+    shutil.copytree(bundles["gpt2"], old)
+    raw = json.loads((old / "manifest.json").read_text())
+    del raw["static"], raw["coreml"]  # what earlier exports wrote: neither key
+    (old / "manifest.json").write_text(json.dumps(raw))
+    m = load_manifest(old)
+    assert m.static is None and m.coreml is None and m.schema_version == 1
+    assert len(edgespec.load(old).generate([1, 2, 3], max_new_tokens=3).tokens) >= 1
