@@ -73,6 +73,74 @@ class GraphInfo:
         return None
 
 
+@dataclass(frozen=True)
+class StaticVariants:
+    """Fixed-shape copies of the graphs, for NPUs that reject dynamic shapes.
+
+    Each graph takes exactly W new positions (one set of graphs per width in
+    `verify_widths`, e.g. 1 for decoding and 8 for verification and prefill) and a cache of exactly
+    `max_context` (C) positions: inputs `input_ids` [1, W] int32 (tail@k: `hidden`
+    [1, W, H]), `position_ids` [1, W] int32, `attention_mask` [1, 1, W, C + W] (additive,
+    float32; columns 0..C-1 the cache, then the new tokens), `past_key.{i}` /
+    `past_value.{i}` [1, kv_heads, C, head_dim]; outputs the logits of all W positions and
+    only the W new positions `new_key.{i}` / `new_value.{i}` [1, kv_heads, W, head_dim],
+    which the runtime copies into its cache. Standard ONNX ops only (no com.microsoft contrib ops).
+    """
+
+    max_context: int
+    verify_widths: list[int]  # ascending
+    graphs: list[GraphInfo]  # one per role and width
+
+    def graphs_for(self, role: str) -> dict[int, GraphInfo]:
+        """width -> the static graph of `role` with that width."""
+        found = {static_width(g): g for g in self.graphs if g.role == role}
+        if not found:
+            raise BundleError(
+                f"this bundle's static variants have no '{role}' graph (they have: "
+                f"{', '.join(sorted({g.role for g in self.graphs}))}); " + _how_to_add(role)
+            )
+        return found
+
+
+def static_width(graph: GraphInfo) -> int:
+    """W of a static graph: the length of its `position_ids` input [1, W]."""
+    return int(next(t.shape[1] for t in graph.inputs if t.name == "position_ids"))
+
+
+@dataclass(frozen=True)
+class CoreMLPackage:
+    """One Core ML ML program (.mlpackage folder) of a role, for Apple devices.
+
+    Fixed shapes like the static graphs (W positions per call), but the KV cache lives in
+    the model as Core ML states (`key_cache_{i}` / `value_cache_{i}`, [1, kv_heads, C + W,
+    head_dim], iOS 18 / macOS 15) written at `write_offset`; see edgespec/export/coreml.py.
+    """
+
+    role: str  # full | draft | head@k | tail@k
+    path: str  # the .mlpackage folder, relative to the bundle
+    model: str  # "target" or "draft"
+    kv_layers: list[int]
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+    states: list[TensorSpec]
+
+
+@dataclass(frozen=True)
+class CoreMLVariants:
+    max_context: int
+    verify_width: int
+    packages: list[CoreMLPackage]
+
+    def package(self, role: str) -> CoreMLPackage:
+        for p in self.packages:
+            if p.role == role:
+                return p
+        raise BundleError(
+            f"this bundle's Core ML packages have no '{role}' role (they have: "
+            f"{', '.join(p.role for p in self.packages)}); " + _how_to_add(role)
+        )
+
+
 @dataclass
 class Manifest:
     source: dict[str, Any]  # {"model": id or path, "revision": str | None}
@@ -90,6 +158,8 @@ class Manifest:
     created_by: str = ""
     schema_version: int = SCHEMA_VERSION
     extra: dict[str, Any] = field(default_factory=dict)
+    static: StaticVariants | None = None  # optional: bundles exported with --static
+    coreml: CoreMLVariants | None = None  # optional: bundles exported with --coreml
 
     def graph(self, role: str) -> GraphInfo:
         for g in self.graphs:
@@ -176,21 +246,21 @@ def load_manifest(folder: str | os.PathLike) -> Manifest:
     return manifest
 
 
+def _graph_from_json(g: dict[str, Any]) -> GraphInfo:
+    if not ROLE_PATTERN.match(g["role"]):
+        raise ValueError(f"unknown graph role {g['role']!r}")
+    return GraphInfo(
+        role=g["role"],
+        file=g["file"],
+        model=g["model"],
+        kv_layers=[int(i) for i in g["kv_layers"]],
+        inputs=[TensorSpec(**t) for t in g["inputs"]],
+        outputs=[TensorSpec(**t) for t in g["outputs"]],
+    )
+
+
 def _from_json(raw: dict[str, Any]) -> Manifest:
-    graphs = []
-    for g in raw["graphs"]:
-        if not ROLE_PATTERN.match(g["role"]):
-            raise ValueError(f"unknown graph role {g['role']!r}")
-        graphs.append(
-            GraphInfo(
-                role=g["role"],
-                file=g["file"],
-                model=g["model"],
-                kv_layers=[int(i) for i in g["kv_layers"]],
-                inputs=[TensorSpec(**t) for t in g["inputs"]],
-                outputs=[TensorSpec(**t) for t in g["outputs"]],
-            )
-        )
+    graphs = [_graph_from_json(g) for g in raw["graphs"]]
     if not any(g.role == "full" for g in graphs) and not any(
         g.role.startswith("tail@") for g in graphs
     ):
@@ -212,11 +282,48 @@ def _from_json(raw: dict[str, Any]) -> Manifest:
         created_by=raw.get("created_by", ""),
         schema_version=raw["schema_version"],
         extra=raw.get("extra", {}),
+        static=_static_from_json(raw.get("static")),
+        coreml=_coreml_from_json(raw.get("coreml")),
     )
+
+
+def _static_from_json(raw: dict[str, Any] | None) -> StaticVariants | None:
+    if raw is None:
+        return None
+    return StaticVariants(
+        max_context=int(raw["max_context"]),
+        verify_widths=[int(w) for w in raw["verify_widths"]],
+        graphs=[_graph_from_json(g) for g in raw["graphs"]],
+    )
+
+
+def _coreml_from_json(raw: dict[str, Any] | None) -> CoreMLVariants | None:
+    if raw is None:
+        return None
+    packages = []
+    for p in raw["packages"]:
+        if not ROLE_PATTERN.match(p["role"]):
+            raise ValueError(f"unknown Core ML role {p['role']!r}")
+        packages.append(
+            CoreMLPackage(
+                role=p["role"],
+                path=p["path"],
+                model=p["model"],
+                kv_layers=[int(i) for i in p["kv_layers"]],
+                inputs=[TensorSpec(**t) for t in p["inputs"]],
+                outputs=[TensorSpec(**t) for t in p["outputs"]],
+                states=[TensorSpec(**t) for t in p["states"]],
+            )
+        )
+    return CoreMLVariants(int(raw["max_context"]), int(raw["verify_width"]), packages)
 
 
 def _check_files(manifest: Manifest, folder: Path) -> None:
     needed = [manifest.weights_file, *manifest.tokenizer_files, *(g.file for g in manifest.graphs)]
+    if manifest.static is not None:
+        needed += [g.file for g in manifest.static.graphs]
+    if manifest.coreml is not None:
+        needed += [p.path for p in manifest.coreml.packages]
     missing = [f for f in needed if not (folder / f).exists()]
     if missing:
         raise BundleError(

@@ -65,6 +65,23 @@ def main() -> None:
 @click.option("--revision", default=None, help="Hub revision (branch, tag or commit).")
 @click.option("--no-verify", is_flag=True, help="Skip the check against transformers.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing bundle in --out.")
+@click.option("--static", is_flag=True, help="Also write fixed-shape graphs for NPUs.")
+@click.option(
+    "--max-context",
+    default=512,
+    show_default=True,
+    type=int,
+    help="--static/--coreml: cache positions.",
+)
+@click.option(
+    "--verify-width",
+    default="8",
+    show_default=True,
+    help="--static/--coreml: positions per call; several (1,8) give a graph set per width.",
+)
+@click.option(
+    "--coreml", is_flag=True, help="Also convert to Core ML packages (needs [coreml] extra)."
+)
 @_friendly
 def export(
     model: str,
@@ -76,6 +93,10 @@ def export(
     revision: str | None,
     no_verify: bool,
     overwrite: bool,
+    static: bool,
+    max_context: int,
+    verify_width: str,
+    coreml: bool,
 ) -> None:
     """Export MODEL (a local checkpoint folder, a hub id, or builtin:tiny-llama) to a bundle."""
     try:
@@ -92,6 +113,13 @@ def export(
             param_hint="--exit-layers",
         ) from None
     try:
+        widths = [int(w) for w in verify_width.split(",") if w.strip()]
+    except ValueError:
+        raise click.BadParameter(
+            f"{verify_width!r} is not a width or a comma-separated list of widths",
+            param_hint="--verify-width",
+        ) from None
+    try:
         manifest = export_bundle(
             model,
             out,
@@ -102,6 +130,10 @@ def export(
             revision=revision,
             verify=not no_verify,
             overwrite=overwrite,
+            static=static,
+            max_context=max_context,
+            verify_width=widths,
+            coreml=coreml,
         )
     except ExportError as e:
         raise click.ClickException(str(e)) from None
@@ -141,6 +173,8 @@ def export(
 @click.option("--token-file", default=None, type=click.Path(), help="split: bearer token file.")
 @click.option("--energy-budget", default=None, type=float, help="split: joules per token.")
 @click.option("--timeout", default=10.0, show_default=True, help="split: seconds per answer.")
+@click.option("--static", is_flag=True, help="Run the bundle's fixed-shape (NPU) graphs.")
+@click.option("--coreml", is_flag=True, help="Run the bundle's Core ML packages (macOS 15+).")
 @_friendly
 def generate(bundle: str, prompt: str, max_new_tokens: int, **options: Any) -> None:
     """Generate text from BUNDLE."""
@@ -325,6 +359,23 @@ def inspect(bundle: str) -> None:
                 "export check",
                 f"max |logit diff| {c['max_abs_logit_diff']:.2e}, "
                 f"argmax agreement {c['argmax_agreement']:.0%}",
+            )
+        )
+    if m.static is not None:
+        rows.append(
+            (
+                "static graphs (NPU)",
+                f"max context {m.static.max_context}, verify widths "
+                f"{', '.join(map(str, m.static.verify_widths))}: "
+                + ", ".join(dict.fromkeys(g.role for g in m.static.graphs)),
+            )
+        )
+    if m.coreml is not None:
+        rows.append(
+            (
+                "Core ML packages",
+                f"max context {m.coreml.max_context}, verify width {m.coreml.verify_width}: "
+                + ", ".join(p.role for p in m.coreml.packages),
             )
         )
     width = max(len(k) for k, _ in rows)

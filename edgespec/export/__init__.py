@@ -23,10 +23,19 @@ import numpy as np
 import onnx
 
 from edgespec import __version__
-from edgespec.bundle import GraphInfo, Manifest, ModelInfo, TensorSpec, save_manifest
+from edgespec.bundle import (
+    CoreMLVariants,
+    GraphInfo,
+    Manifest,
+    ModelInfo,
+    StaticVariants,
+    TensorSpec,
+    save_manifest,
+)
 from edgespec.export import gpt2, llama
 from edgespec.export.builder import GraphBuilder, WeightStore, io_specs
 from edgespec.export.decoder import DecoderWeights, build_graph
+from edgespec.export.static import static_shapes, verify_static, write_static_graph
 
 # model_type (transformers config) -> the family module that extracts its weights.
 FAMILIES: dict[str, ModuleType] = {"llama": llama, "qwen2": llama, "gpt2": gpt2}
@@ -50,8 +59,21 @@ def export_bundle(
     verify: bool = True,
     overwrite: bool = False,
     progress: bool = True,
+    static: bool = False,
+    max_context: int = 512,
+    verify_width: int | Sequence[int] = 8,
+    coreml: bool = False,
 ) -> Manifest:
-    """Export `model` (and `draft`) to an edgespec bundle in `out`; return its manifest."""
+    """Export `model` (and `draft`) to an edgespec bundle in `out`; return its manifest.
+
+    static: also write fixed-shape copies of every graph (`max_context` cache positions,
+    `verify_width` positions per call — one set per width when several are given, e.g.
+    (1, 8) — standard ONNX ops only) for NPUs; the dynamic graphs stay, so the bundle still
+    runs anywhere (`edgespec.load(..., static=True)` picks these).
+    coreml: also convert every role to a Core ML ML program (.mlpackage: iOS 18 / macOS 15,
+    fp16, KV cache in Core ML states) with the same max context and the largest verify
+    width; needs the [coreml] extra (coremltools).
+    """
     if dtype not in DTYPES:
         raise ExportError(f"--dtype {dtype!r} is not supported; choose one of {', '.join(DTYPES)}")
     if quantize not in (None, "int8"):
@@ -75,9 +97,25 @@ def export_bundle(
         draft_model, draft_tok = load_checkpoint(draft, None)
         check_same_tokenizer(tokenizer, draft_tok, model, draft)
         draft_info = model_info(draft_model)
+    if coreml:
+        try:
+            import coremltools  # noqa: F401
+        except ImportError as e:
+            raise ExportError(
+                f"--coreml needs coremltools ({e}): pip install 'edgespec[coreml]'"
+            ) from None
+    widths = sorted({verify_width} if isinstance(verify_width, int) else set(verify_width))
+    shapes = []
+    if static or coreml:
+        try:
+            shapes = static_shapes(max_context, widths, quantize, [info, draft_info])
+        except ValueError as e:
+            raise ExportError(str(e)) from None
 
     store = WeightStore(out / WEIGHTS_FILE)
     graphs: list[GraphInfo] = []
+    static_graphs: list[GraphInfo] = []
+    packages = []
     try:
         steps("extracting weights")
         weights = extract(target)
@@ -93,6 +131,22 @@ def export_bundle(
             graphs.append(
                 _write_graph(draft_weights, "draft", "draft", out, store, dtype, quantize)
             )
+        if coreml:
+            from edgespec.export.coreml import write_coreml_package
+
+            for g in graphs:
+                steps(f"converting {g.role} to Core ML")
+                w = draft_weights if g.model == "draft" else weights
+                packages.append(write_coreml_package(w, g.role, g.model, out, shapes[-1]))
+        for shape in shapes if static else []:
+            for g in graphs:
+                steps(f"building static {g.role} graph, width {shape.verify_width}")
+                w = draft_weights if g.model == "draft" else weights
+                static_graphs.append(
+                    write_static_graph(
+                        w, g.role, g.model, out, store, np.dtype(DTYPES[dtype]), shape
+                    )
+                )
     finally:
         store.close()
 
@@ -113,12 +167,17 @@ def export_bundle(
         draft=draft_info,
         draft_source={"model": str(draft)} if draft is not None else None,
         created_by=f"edgespec {__version__}",
+        static=StaticVariants(max_context, widths, static_graphs) if static else None,
+        coreml=CoreMLVariants(max_context, widths[-1], packages) if coreml else None,
     )
     if verify:
         steps("checking the exported graph against transformers")
         manifest.extra["export_check"] = verify_export(
             target, out / "full.onnx", info, dtype, quantize
         )
+        if static:
+            steps("checking the static graph against transformers")
+            manifest.extra["static_check"] = verify_static(target, out, manifest)
     save_manifest(manifest, out)
     steps.close()
     return manifest

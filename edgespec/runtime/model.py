@@ -19,6 +19,7 @@ import numpy as np
 from edgespec.bundle import BundleError, Manifest, load_manifest
 from edgespec.devices import providers_for
 from edgespec.runtime.calibrate import load_cost
+from edgespec.runtime.coreml import open_coreml
 from edgespec.runtime.decode import decode
 from edgespec.runtime.drafters import (
     DraftModelDrafter,
@@ -37,6 +38,7 @@ from edgespec.runtime.policies import (
 )
 from edgespec.runtime.sampling import SamplingParams
 from edgespec.runtime.speculative import Drafter
+from edgespec.runtime.static import StaticGraphSession
 from edgespec.runtime.stats import GenerationStats, RoundStats
 from edgespec.runtime.target import Target
 from edgespec.runtime.tokenizer import Tokenizer
@@ -110,6 +112,8 @@ class Model:
         energy_budget: float | None = None,
         timeout: float = 10.0,
         local_fallback: bool = True,
+        static: bool = False,
+        coreml: bool = False,
     ) -> Model:
         """Open a bundle for decoding.
 
@@ -129,12 +133,24 @@ class Model:
         defaults to channel-aware; `energy_budget` (J per token) goes to the policy;
         `timeout`: seconds to wait for one answer; `local_fallback`: continue on the
         bundle's own `full` graph when the server cannot be reached.
+
+        static: run the bundle's fixed-shape graphs (exported with `--static`; standard ONNX
+        ops, for NPUs that reject dynamic shapes) in every mode but split; prompt plus
+        max_new_tokens must then fit their max context.
+        coreml: run the bundle's Core ML packages (exported with `--coreml`) through
+        coremltools — macOS 15+ only, written and tested off-device (runtime/coreml.py).
         """
         folder = Path(bundle)
         manifest = load_manifest(folder)
         if mode not in MODES:
             raise InputError(f"mode {mode!r} is not one of: {', '.join(MODES)}")
-        open_graph = _graph_opener(folder, manifest, device, threads, shared_threads)
+        if (static or coreml) and mode == "split":
+            raise InputError("split mode does not run static or Core ML graphs yet: drop them")
+        if static and coreml:
+            raise InputError("choose static=True (ONNX for NPUs) or coreml=True, not both")
+        open_graph = _graph_opener(
+            folder, manifest, device, threads, shared_threads, static, coreml
+        )
         exits = manifest.exit_layers
         if mode == "split":
             from edgespec.serve.split import build_split
@@ -193,6 +209,12 @@ class Model:
             raise InputError(str(e)) from None
         if isinstance(policy, DynamicExit) and mode != "self-spec":
             raise InputError("the dynamic-exit policy chooses exit layers: use it with self-spec")
+        if isinstance(policy, DynamicExit) and coreml:
+            raise InputError(
+                "dynamic-exit cannot run on Core ML packages: each head holds its layers' KV "
+                "in its own state, so switching exits would read stale caches; use a fixed "
+                "--exit-layer"
+            )
         seed_from_calibration(
             policy, folder, device, threads, mode, k if mode == "self-spec" else 0
         )
@@ -237,6 +259,14 @@ class Model:
         except ValueError as e:
             raise InputError(str(e)) from None
         ids = self.encode(prompt)
+        fixed = self.target.fixed_capacity if self.target is not None else None
+        if fixed is not None and len(ids) + max_new_tokens > fixed:
+            raise InputError(
+                f"the prompt ({len(ids)} tokens) plus max_new_tokens ({max_new_tokens}) is "
+                f"beyond the static graphs' max context of {fixed} positions: lower "
+                f"max_new_tokens to {max(fixed - len(ids), 0)} or less, shorten the prompt, or "
+                "re-export with a larger `--max-context`"
+            )
         stop = frozenset() if ignore_eos else frozenset(self.manifest.eos_token_ids)
         detok = self.tokenizer.stream_decoder(skip_special_tokens=True)
         if self.remote is not None:
@@ -299,14 +329,52 @@ def seed_from_calibration(
 
 
 def _graph_opener(
-    folder: Path, manifest: Manifest, device: str, threads: int | None, shared_threads: bool
+    folder: Path,
+    manifest: Manifest,
+    device: str,
+    threads: int | None,
+    shared_threads: bool,
+    static: bool = False,
+    coreml: bool = False,
 ):
-    """role -> GraphSession, all with the same device and thread settings."""
+    """role -> GraphSession (or StaticGraphSession, CoreMLSession), same device and threads."""
+    if coreml:
+        variants = manifest.coreml
+        if variants is None:
+            raise BundleError(
+                f"bundle {folder} has no Core ML packages; re-export it with "
+                "`edgespec export MODEL --out FOLDER --coreml` (needs the [coreml] extra)"
+            )
+
+        def open_package(role: str) -> GraphSession:
+            package = variants.package(role)
+            session = open_coreml(folder, package, manifest.model_info(package), variants)  # type: ignore[arg-type]
+            return session  # type: ignore[return-value]  # same call interface
+
+        return open_package
+    if static and manifest.static is None:
+        raise BundleError(
+            f"bundle {folder} has no static graphs; re-export it with "
+            "`edgespec export MODEL --out FOLDER --static --max-context 512 --verify-width 8`"
+        )
     providers = providers_for(device)
     options = session_options(threads, shared_threads)
     kv_dtype = np.dtype(np.float16 if manifest.dtype == "fp16" else np.float32)
 
     def open_graph(role: str) -> GraphSession:
+        if static:
+            variants = manifest.static
+            assert variants is not None
+            graphs = variants.graphs_for(role)
+            return StaticGraphSession(  # type: ignore[return-value]  # same call interface
+                folder,
+                graphs,
+                manifest.model_info(next(iter(graphs.values()))),
+                providers,
+                options,
+                kv_dtype,
+                variants.max_context,
+            )
         graph = manifest.graph(role)
         return GraphSession(folder, graph, manifest.model_info(graph), providers, options, kv_dtype)
 

@@ -21,7 +21,9 @@ class Target:
         model = stages[-1].model
         self.model = model
         self.vocab_size = model.vocab_size
-        self.max_positions = model.max_position_embeddings
+        # static graphs (runtime/static.py) run on a cache of exactly their max context
+        self.fixed_capacity: int | None = getattr(stages[0], "fixed_capacity", None)
+        self.max_positions = min(model.max_position_embeddings, self.fixed_capacity or 1 << 62)
 
     @property
     def length(self) -> int:
@@ -29,6 +31,10 @@ class Target:
 
     def reset(self, capacity: int) -> None:
         """An empty cache with room for `capacity` positions (buffers reused when big enough)."""
+        capacity = self.fixed_capacity or capacity
+        if getattr(self.stages[0], "holds_kv", False):  # Core ML: KV in the model's state
+            self.cache = KVCache([], [], [])  # only the length is kept here
+            return
         if self.cache is not None and self.cache.capacity >= capacity:
             self.cache.truncate(0)
             return

@@ -1,0 +1,376 @@
+"""Fixed-shape ("static") graphs for NPUs: standard ONNX ops only, every dimension fixed.
+
+Takes the same family-neutral `DecoderWeights` as decoder.py, a max context C and a verify
+width W, and builds each bundle role (full, draft, head@k, tail@k) as a graph that NPU
+compilers (QNN, Core ML's ANE through onnxruntime, OpenVINO NPU) accept: ONNX opset 17,
+default domain only (no GroupQueryAttention, fused norms, rotary or FastGelu contrib ops),
+no dynamic dimension anywhere.
+
+  inputs   input_ids [1, W] int32 (tail@k: hidden [1, W, H])   int32: NPUs lack int64
+           position_ids [1, W] int32          absolute position of each new token
+           attention_mask [1, 1, W, C + W]    float32, additive: 0 attends, MASKED does not;
+                                              columns 0..C-1 are the cache, C.. the new tokens
+           past_key.{i}, past_value.{i} [1, kv_heads, C, head_dim]   the runtime's whole cache
+  outputs  logits [1, W, vocab] float32 (head@k: exit_logits, plus hidden [1, W, H])
+           new_key.{i}, new_value.{i} [1, kv_heads, W, head_dim]    only the W new positions
+
+The runtime (edgespec/runtime/static.py) pads shorter calls to W, copies the real new
+positions into its preallocated cache at their offset (W positions, never the cache) and
+prefills long prompts in chunks of W. Attention scores the cache and the new tokens
+separately and softmaxes them together, so the cache is read, never concatenated; GQA
+groups the query heads of each KV head (the same result as repeating the KV heads, without
+the copy). Guarantees: the graphs compute what the dynamic graphs compute (the exporter
+checks `full` against transformers), and `check_static` finds no non-standard op and no
+dynamic dimension, also after ONNX shape inference of every intermediate value.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from edgespec.bundle import GraphInfo, Manifest, ModelInfo, TensorSpec
+from edgespec.export.builder import GraphBuilder, WeightStore, io_specs
+from edgespec.export.decoder import DecoderWeights, LayerWeights, Norm
+
+STATIC_OPSET = 17  # LayerNormalization is standard from 17; NPU toolchains accept 17 widely
+STATIC_IR_VERSION = 8  # the IR of opset 17; onnxruntime and older NPU converters read it
+MASKED = -30000.0  # exp(-30000) is exactly 0 in fp32; finite, so fp16 NPUs do not see inf
+
+
+@dataclass(frozen=True)
+class StaticShape:
+    max_context: int  # C: cache positions
+    verify_width: int  # W: positions per call
+
+
+def build_static_graph(w: DecoderWeights, role: str, gb: GraphBuilder, shape: StaticShape) -> None:
+    """Populate `gb` with the fixed-shape graph for `role` (full | draft | head@k | tail@k)."""
+    if gb.quantize is not None:
+        raise ValueError(
+            "static graphs are float only (int8 DynamicQuantizeMatMul is a contrib op)"
+        )
+    n = len(w.layers)
+    kind, _, k = role.partition("@")
+    first, last = {
+        "full": (0, n),
+        "draft": (0, n),
+        "head": (0, int(k or 0)),
+        "tail": (int(k or 0), n),
+    }[kind]
+    c, width = shape.max_context, shape.verify_width
+    hidden_size = w.embed.shape[1]
+    dt, p = gb.onnx_dtype, w.prefix
+
+    pos = gb.add_input("position_ids", TensorProto.INT32, [1, width])
+    mask = gb.add_input("attention_mask", TensorProto.FLOAT, [1, 1, width, c + width])
+    if kind == "tail":
+        x = gb.add_input("hidden", dt, [1, width, hidden_size])
+    else:
+        ids = gb.add_input("input_ids", TensorProto.INT32, [1, width])
+        x = gb.op1("Gather", [gb.weight(f"{p}embed.weight", w.embed), ids], axis=0)
+        if w.pos_embed is not None:
+            table = gb.weight(f"{p}pos_embed.weight", w.pos_embed)
+            x = gb.op1("Add", [x, gb.op1("Gather", [table, pos], axis=0)])
+    rotary = _rotary(gb, w, pos, width) if w.rotary is not None else None
+    group = w.attn.num_heads // w.attn.num_kv_heads
+    # one mask for every layer: the query rows of a KV head are (group, position) pairs
+    mask = gb.op1("Tile", [mask, gb.const(np.array([1, 1, group, 1], np.int64))])
+
+    for i in range(first, last):
+        lw = w.layers[i]
+        h = _norm(gb, x, f"{p}layers.{i}.attn_norm", lw.attn_norm)
+        qkv = gb.linear(h, f"{p}layers.{i}.qkv", lw.qkv_w, lw.qkv_b)
+        a = _attention(gb, qkv, i, w, shape, mask, rotary)
+        x = gb.op1("Add", [x, gb.linear(a, f"{p}layers.{i}.o", lw.o_w, lw.o_b)])
+        h = _norm(gb, x, f"{p}layers.{i}.mlp_norm", lw.mlp_norm)
+        x = gb.op1("Add", [x, _mlp(gb, h, f"{p}layers.{i}", lw, w.activation)])
+
+    if kind == "head":
+        gb.add_output(x, "hidden", dt, [1, width, hidden_size])
+    h = _norm(gb, x, f"{p}final_norm", w.final_norm)
+    logits = _lm_head(gb, h, w, width)
+    if dt != TensorProto.FLOAT:
+        logits = gb.op1("Cast", [logits], to=TensorProto.FLOAT)
+    name = "exit_logits" if kind == "head" else "logits"
+    gb.add_output(logits, name, TensorProto.FLOAT, [1, width, w.embed.shape[0]])
+
+
+def static_model(gb: GraphBuilder, name: str) -> onnx.ModelProto:
+    """The ModelProto of a static graph: default ONNX domain only, opset 17."""
+    graph = helper.make_graph(gb.nodes, name, gb.inputs, gb.outputs, gb.initializers)
+    opsets = [helper.make_opsetid("", STATIC_OPSET)]
+    model = helper.make_model(graph, opset_imports=opsets, producer_name="edgespec")
+    model.ir_version = STATIC_IR_VERSION
+    return model
+
+
+def check_static(model: onnx.ModelProto) -> list[str]:
+    """What keeps `model` from being an NPU-friendly static graph (empty list: nothing).
+
+    Every node must be a standard ONNX op of the model's opset (onnxruntime registers some
+    of its own ops, e.g. SimplifiedLayerNormalization, in the default domain: those count as
+    non-standard), and every input, output and intermediate value must have a fully known
+    shape after ONNX shape inference."""
+    problems: list[str] = []
+    opset = {o.domain or "ai.onnx": o.version for o in model.opset_import}
+    for domain in opset:
+        if domain != "ai.onnx":
+            problems.append(f"imports the non-standard op domain {domain!r}")
+    for node in model.graph.node:
+        if node.domain not in ("", "ai.onnx"):
+            problems.append(f"contrib op {node.domain}.{node.op_type} ({node.name})")
+            continue
+        try:
+            onnx.defs.get_schema(node.op_type, opset.get("ai.onnx", 1), "")
+        except onnx.defs.SchemaError:
+            problems.append(f"{node.op_type} ({node.name}) is not a standard ONNX op")
+    if problems:
+        return problems  # shape inference would stop at the unknown ops anyway
+    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True, data_prop=True)
+    g = inferred.graph
+    typed = {v.name: v for v in (*g.input, *g.output, *g.value_info)}
+    for node in g.node:
+        for out in node.output:
+            if out and out not in typed:
+                problems.append(f"no inferred shape for {out} ({node.op_type})")
+    for v in typed.values():
+        t = v.type.tensor_type
+        if not t.HasField("shape"):
+            problems.append(f"{v.name} has an unknown rank")
+            continue
+        dims = [
+            d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in t.shape.dim
+        ]
+        if not all(isinstance(d, int) and d > 0 for d in dims):
+            problems.append(f"{v.name} has a dynamic shape {dims}")
+    return problems
+
+
+# -- pieces ----------------------------------------------------------------------------------
+def _reshape(gb: GraphBuilder, x: str, shape: list[int]) -> str:
+    return gb.op1("Reshape", [x, gb.const(np.array(shape, np.int64))])
+
+
+def _split(gb: GraphBuilder, x: str, sizes: list[int]) -> list[str]:
+    return gb.op("Split", [x, gb.const(np.array(sizes, np.int64))], len(sizes), axis=-1)
+
+
+def _to_float(gb: GraphBuilder, x: str) -> str:
+    """fp16 graphs normalise and softmax in fp32, as the fused dynamic kernels do."""
+    return x if gb.onnx_dtype == TensorProto.FLOAT else gb.op1("Cast", [x], to=TensorProto.FLOAT)
+
+
+def _from_float(gb: GraphBuilder, x: str) -> str:
+    return x if gb.onnx_dtype == TensorProto.FLOAT else gb.op1("Cast", [x], to=gb.onnx_dtype)
+
+
+def _norm(gb: GraphBuilder, x: str, name: str, norm: Norm) -> str:
+    g = gb.weight(f"{name}.weight", norm.gamma)
+    if norm.beta is not None:  # LayerNorm is a standard op since opset 17
+        b = gb.weight(f"{name}.bias", norm.beta)
+        return gb.op1("LayerNormalization", [x, g, b], axis=-1, epsilon=norm.eps)
+    # RMSNorm from basic ops: x / sqrt(mean(x^2) + eps) * gamma
+    x32 = _to_float(gb, x)
+    ms = gb.op1("ReduceMean", [gb.op1("Mul", [x32, x32])], axes=[-1], keepdims=1)
+    eps = gb.const(np.array(norm.eps, np.float32))
+    y = gb.op1("Div", [x32, gb.op1("Sqrt", [gb.op1("Add", [ms, eps])])])
+    return gb.op1("Mul", [_from_float(gb, y), g])
+
+
+def _rotary(gb: GraphBuilder, w: DecoderWeights, pos: str, width: int) -> tuple[str, str]:
+    """cos, sin rows of the new positions, [1, W, 1, head_dim / 2] (broadcast over heads)."""
+    cos, sin = w.rotary  # type: ignore[misc]
+    half = cos.shape[1]
+    rows = []
+    for name, table in (("rotary.cos", cos), ("rotary.sin", sin)):
+        picked = gb.op1("Gather", [gb.weight(name, table), pos], axis=0)
+        rows.append(_reshape(gb, picked, [1, width, 1, half]))
+    return rows[0], rows[1]
+
+
+def _rope(gb: GraphBuilder, x: str, rotary: tuple[str, str], half: int) -> str:
+    """Half-split rotation: [x1, x2] -> [x1 cos - x2 sin, x2 cos + x1 sin]."""
+    cos, sin = rotary
+    x1, x2 = _split(gb, x, [half, half])
+    m = lambda a, b: gb.op1("Mul", [a, b])  # noqa: E731
+    first = gb.op1("Sub", [m(x1, cos), m(x2, sin)])
+    second = gb.op1("Add", [m(x2, cos), m(x1, sin)])
+    return gb.op1("Concat", [first, second], axis=-1)
+
+
+def _attention(
+    gb: GraphBuilder,
+    qkv: str,
+    layer: int,
+    w: DecoderWeights,
+    shape: StaticShape,
+    mask: str,
+    rotary: tuple[str, str] | None,
+) -> str:
+    heads, kv, hd = w.attn.num_heads, w.attn.num_kv_heads, w.attn.head_dim
+    c, width = shape.max_context, shape.verify_width
+    group = heads // kv
+    dt = gb.onnx_dtype
+    q, k, v = _split(gb, qkv, [heads * hd, kv * hd, kv * hd])
+    q, k, v = (_reshape(gb, t, [1, width, n, hd]) for t, n in ((q, heads), (k, kv), (v, kv)))
+    if rotary is not None:
+        q, k = _rope(gb, q, rotary, hd // 2), _rope(gb, k, rotary, hd // 2)
+    new_k = gb.op1("Transpose", [k], perm=[0, 2, 1, 3])  # [1, kv, W, hd]
+    new_v = gb.op1("Transpose", [v], perm=[0, 2, 1, 3])
+    gb.add_output(new_k, f"new_key.{layer}", dt, [1, kv, width, hd])
+    gb.add_output(new_v, f"new_value.{layer}", dt, [1, kv, width, hd])
+    past_k = gb.add_input(f"past_key.{layer}", dt, [1, kv, c, hd])
+    past_v = gb.add_input(f"past_value.{layer}", dt, [1, kv, c, hd])
+    # query heads of one KV head side by side: [1, heads, W, hd] -> [1, kv, group * W, hd]
+    q = _reshape(gb, gb.op1("Transpose", [q], perm=[0, 2, 1, 3]), [1, kv, group * width, hd])
+    scale = w.attn.scale if w.attn.scale is not None else hd**-0.5
+    q = gb.op1("Mul", [q, gb.const(np.array(scale, gb.dtype))])
+    scores = gb.op1(
+        "Concat",
+        [
+            gb.op1("MatMul", [q, gb.op1("Transpose", [past_k], perm=[0, 1, 3, 2])]),
+            gb.op1("MatMul", [q, gb.op1("Transpose", [new_k], perm=[0, 1, 3, 2])]),
+        ],
+        axis=-1,
+    )  # [1, kv, group * W, C + W]
+    probs = gb.op1("Softmax", [gb.op1("Add", [_to_float(gb, scores), mask])], axis=-1)
+    p_past, p_new = _split(gb, _from_float(gb, probs), [c, width])
+    out = gb.op1(
+        "Add", [gb.op1("MatMul", [p_past, past_v]), gb.op1("MatMul", [p_new, new_v])]
+    )  # [1, kv, group * W, hd]
+    out = gb.op1("Transpose", [_reshape(gb, out, [1, heads, width, hd])], perm=[0, 2, 1, 3])
+    return _reshape(gb, out, [1, width, heads * hd])
+
+
+def _mlp(gb: GraphBuilder, h: str, name: str, lw: LayerWeights, activation: str) -> str:
+    up = gb.linear(h, f"{name}.up", lw.up_w, lw.up_b)
+    if activation == "silu":
+        inter = lw.down_w.shape[0]
+        gate, up = _split(gb, up, [inter, inter])
+        inner = gb.op1("Mul", [gb.op1("Mul", [gate, gb.op1("Sigmoid", [gate])]), up])
+    elif activation == "gelu_tanh":  # 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+        cube = gb.op1("Mul", [up, gb.op1("Mul", [up, up])])
+        inside = gb.op1("Add", [up, gb.op1("Mul", [cube, gb.const(np.array(0.044715, gb.dtype))])])
+        t = gb.op1(
+            "Tanh", [gb.op1("Mul", [inside, gb.const(np.array((2 / np.pi) ** 0.5, gb.dtype))])]
+        )
+        one = gb.const(np.array(1.0, gb.dtype))
+        half_x = gb.op1("Mul", [up, gb.const(np.array(0.5, gb.dtype))])
+        inner = gb.op1("Mul", [half_x, gb.op1("Add", [one, t])])
+    else:
+        raise ValueError(f"unknown activation {activation}")
+    return gb.linear(inner, f"{name}.down", lw.down_w, lw.down_b)
+
+
+def _lm_head(gb: GraphBuilder, h: str, w: DecoderWeights, width: int) -> str:
+    """Logits [1, W, vocab]; a tied head reuses the embedding table (Gemm with transB)."""
+    name = f"{w.prefix}embed.weight" if w.tied else f"{w.prefix}lm_head.weight"
+    ins = [_reshape(gb, h, [width, w.embed.shape[1]]), gb.weight(name, w.lm_head)]
+    if w.lm_head_b is not None:
+        ins.append(gb.weight(f"{w.prefix}lm_head.bias", w.lm_head_b))
+    return _reshape(gb, gb.op1("Gemm", ins, transB=1), [1, width, w.embed.shape[0]])
+
+
+# -- bundle files ----------------------------------------------------------------------------
+def static_shapes(
+    max_context: int, widths: list[int], quantize: str | None, models: list[ModelInfo | None]
+) -> list[StaticShape]:
+    """Check the --static options against the models; a ValueError says what to change."""
+    if quantize is not None:
+        raise ValueError(
+            "--static/--coreml with --quantize int8 is not supported: those graphs use standard "
+            "ONNX ops only and int8 here is onnxruntime's contrib DynamicQuantizeMatMul; "
+            "export the static graphs in fp32 or fp16"
+        )
+    if not widths or min(widths) < 1:
+        raise ValueError(f"--verify-width must be at least 1, got {widths}")
+    if max_context < max(widths):
+        raise ValueError(
+            f"--max-context {max_context} is smaller than --verify-width {max(widths)}"
+        )
+    for m in models:
+        if m is not None and max_context > m.max_position_embeddings:
+            raise ValueError(
+                f"--max-context {max_context} is beyond the model's "
+                f"{m.max_position_embeddings} positions; choose at most "
+                f"{m.max_position_embeddings}"
+            )
+    return [StaticShape(max_context, w) for w in widths]
+
+
+def write_static_graph(
+    weights: DecoderWeights,
+    role: str,
+    model: str,
+    out: Path,
+    store: WeightStore,
+    dtype: np.dtype,
+    shape: StaticShape,
+) -> GraphInfo:
+    """Build, check and save the static graph of `role`; its manifest entry."""
+    gb = GraphBuilder(store=store, dtype=dtype)
+    build_static_graph(weights, role, gb, shape)
+    proto = static_model(gb, f"edgespec_static_{role}")
+    problems = check_static(proto)
+    if problems:  # a bug in this module, not a user error
+        raise RuntimeError(f"static {role} graph is not NPU-friendly: {'; '.join(problems[:5])}")
+    file = f"static_w{shape.verify_width}_" + role.replace("@", "_at_") + ".onnx"
+    onnx.save(proto, str(out / file))
+    kind, _, k = role.partition("@")
+    n = len(weights.layers)
+    first, last = (int(k), n) if kind == "tail" else (0, int(k) if kind == "head" else n)
+    return GraphInfo(
+        role=role,
+        file=file,
+        model=model,
+        kv_layers=list(range(first, last)),
+        inputs=[TensorSpec(**s) for s in io_specs(gb.inputs)],
+        outputs=[TensorSpec(**s) for s in io_specs(gb.outputs)],
+    )
+
+
+def verify_static(hf_model: Any, folder: Path, manifest: Manifest) -> dict[str, float]:
+    """Run the static full graph through the runtime on a prompt longer than W (so the
+    chunked prefill is exercised) and compare its logits with transformers'."""
+    import torch
+
+    from edgespec.runtime.graph import session_options
+    from edgespec.runtime.static import StaticGraphSession
+    from edgespec.runtime.target import Target
+
+    assert manifest.static is not None
+    info = manifest.target
+    n = min(max(manifest.static.verify_widths) + 3, manifest.static.max_context)
+    ids = np.random.default_rng(0).integers(0, info.vocab_size, size=n, dtype=np.int64)
+    with torch.no_grad():
+        ref = hf_model(torch.from_numpy(ids[None])).logits.float().numpy()[0]
+    kv_dtype = np.dtype(np.float16 if manifest.dtype == "fp16" else np.float32)
+    session = StaticGraphSession(
+        folder,
+        manifest.static.graphs_for("full"),
+        info,
+        ["CPUExecutionProvider"],
+        session_options(None),
+        kv_dtype,
+        manifest.static.max_context,
+    )
+    target = Target([session])
+    target.reset(n)
+    got = target.forward(ids, keep=n)
+    diff = float(np.abs(got - ref).max())
+    scale = float(np.abs(ref).max()) or 1.0
+    if manifest.dtype == "fp32" and diff > 1e-3 * max(scale, 1.0):
+        raise RuntimeError(
+            f"the static graph disagrees with transformers (max logit difference {diff:.3g}); "
+            "this is a bug in edgespec's static export, please report it"
+        )
+    return {
+        "max_abs_logit_diff": diff,
+        "argmax_agreement": float((got.argmax(-1) == ref.argmax(-1)).mean()),
+    }
