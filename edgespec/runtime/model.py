@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from edgespec.bundle import BundleError, Manifest, load_manifest
-from edgespec.devices import providers_for
+from edgespec.devices import Profile, get_profile
 from edgespec.runtime.calibrate import load_cost
 from edgespec.runtime.decode import decode
 from edgespec.runtime.drafters import (
@@ -134,7 +134,8 @@ class Model:
         manifest = load_manifest(folder)
         if mode not in MODES:
             raise InputError(f"mode {mode!r} is not one of: {', '.join(MODES)}")
-        open_graph = _graph_opener(folder, manifest, device, threads, shared_threads)
+        profile = get_profile(device)
+        open_graph = _graph_opener(folder, manifest, profile, threads, shared_threads)
         exits = manifest.exit_layers
         if mode == "split":
             from edgespec.serve.split import build_split
@@ -151,6 +152,7 @@ class Model:
                 energy_budget,
                 timeout,
                 local_fallback,
+                device_profile=profile.policy_profile(),
             )
             tokenizer = Tokenizer.from_dir(folder)
             return cls(folder, manifest, local, tokenizer, mode, split_drafter, policy, remote)
@@ -299,11 +301,12 @@ def seed_from_calibration(
 
 
 def _graph_opener(
-    folder: Path, manifest: Manifest, device: str, threads: int | None, shared_threads: bool
+    folder: Path, manifest: Manifest, profile: Profile, threads: int | None, shared_threads: bool
 ):
-    """role -> GraphSession, all with the same device and thread settings."""
-    providers = providers_for(device)
+    """role -> GraphSession, all with the same device profile and thread settings."""
+    providers = profile.session_providers()
     options = session_options(threads, shared_threads)
+    profile.apply_session_options(options)
     kv_dtype = np.dtype(np.float16 if manifest.dtype == "fp16" else np.float32)
 
     def open_graph(role: str) -> GraphSession:

@@ -46,6 +46,7 @@ class ServerConfig:
     max_request_bytes: int = 1 << 20
     idle_timeout: float = 300.0
     threads: int | None = None
+    device: str = "cpu"  # a device profile name (`edgespec devices`)
     drain_seconds: float = 10.0  # how long shutdown waits for running rounds
 
 
@@ -63,7 +64,7 @@ class State:
 
 
 def load_state(config: ServerConfig) -> State:
-    model = Model.load(config.bundle, mode="ar", threads=config.threads)
+    model = Model.load(config.bundle, mode="ar", threads=config.threads, device=config.device)
     context = model.target.max_positions
     if config.max_context is not None:
         context = min(context, config.max_context)
