@@ -62,7 +62,20 @@ def main() -> None:
     "--exit-layers", default="", help="Early-exit layers for head@k/tail@k pairs, e.g. 2,4."
 )
 @click.option("--dtype", type=click.Choice(["fp32", "fp16"]), default="fp32", show_default=True)
-@click.option("--quantize", type=click.Choice(["int8"]), default=None, help="Weight-only int8.")
+@click.option(
+    "--quantize",
+    type=click.Choice(["int8", "int4", "qdq-int8"]),
+    default=None,
+    help="int8/int4: block-wise weights (MatMulNBits); qdq-int8: static, calibrated (NPUs).",
+)
+@click.option("--block-size", default=32, show_default=True, type=int, help="int8/int4 block.")
+@click.option(
+    "--accuracy-level",
+    default=4,
+    show_default=True,
+    type=click.IntRange(0, 4),
+    help="int8/int4 compute: 4 = int8 activations (fast), 0 = float.",
+)
 @click.option("--revision", default=None, help="Hub revision (branch, tag or commit).")
 @click.option("--no-verify", is_flag=True, help="Skip the check against transformers.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing bundle in --out.")
@@ -74,6 +87,8 @@ def export(
     exit_layers: str,
     dtype: str,
     quantize: str | None,
+    block_size: int,
+    accuracy_level: int,
     revision: str | None,
     no_verify: bool,
     overwrite: bool,
@@ -100,6 +115,8 @@ def export(
             exit_layers=layers,
             dtype=dtype,
             quantize=quantize,
+            block_size=block_size,
+            accuracy_level=accuracy_level,
             revision=revision,
             verify=not no_verify,
             overwrite=overwrite,
