@@ -292,7 +292,7 @@ def _write_graph(
     else:  # float graph in a scratch file, quantized, then its tensors into the bundle's file
         with tempfile.TemporaryDirectory() as tmp:
             scratch = WeightStore(Path(tmp) / "float.bin")
-            gb = GraphBuilder(store=scratch, dtype=np.dtype(np.float32))
+            gb = GraphBuilder(store=scratch, dtype=np.dtype(np.float32), matmul_head=True)
             build_graph(weights, role, gb)
             scratch.close()
             proto = gb.model(f"edgespec_{role}")

@@ -97,6 +97,7 @@ class GraphBuilder:
     quantize: str | None = None  # None | "int8" | "int4" (weight-only; see export/quantize.py)
     block_size: int = 32  # weights per scale
     accuracy_level: int = 4  # MatMulNBits' compute type (4: int8 activations)
+    matmul_head: bool = False  # LM head as a plain MatMul on a transposed copy (for QDQ)
     nodes: list[onnx.NodeProto] = field(default_factory=list)
     inputs: list[onnx.ValueInfoProto] = field(default_factory=list)
     outputs: list[onnx.ValueInfoProto] = field(default_factory=list)

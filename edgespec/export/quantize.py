@@ -15,7 +15,8 @@
   speculative modes diverged from `ar` on int8 bundles.)
 * `qdq-int8`: static QDQ int8 (what NPUs run): the fp32 graph is built first, then
   `onnxruntime.quantization.quantize_static` inserts QuantizeLinear/DequantizeLinear pairs
-  around the standard MatMul/Gemm ops, with activation ranges calibrated by running real
+  around every MatMul (the LM head included, as a MatMul: OpenVINO rejects the QDQ Gemm
+  + Reshape of the float head when no logits are kept), with activation ranges calibrated by running real
   prompt ids through the graph; the quantized weights then go to the bundle's shared weights
   file like every other tensor. The contrib ops (GroupQueryAttention, fused norms) stay float.
 
@@ -88,7 +89,7 @@ class QuantConfig:
             }
         return {
             "method": "qdq-int8",
-            "ops": ["MatMul", "Gemm"],
+            "ops": ["MatMul"],
             "weights": "int8 symmetric per channel",
             "activations": "uint8 per tensor, MinMax-calibrated",
             "calibration_prompts": len(self.calibration_prompts),
@@ -227,7 +228,7 @@ def _quantize_static_in(folder: Path) -> None:
         str(folder / "qdq.onnx"),
         Reader(),
         quant_format=QuantFormat.QDQ,
-        op_types_to_quantize=["MatMul", "Gemm"],
+        op_types_to_quantize=["MatMul"],
         per_channel=True,
         activation_type=QuantType.QUInt8,
         weight_type=QuantType.QInt8,
