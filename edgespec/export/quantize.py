@@ -15,10 +15,11 @@
   speculative modes diverged from `ar` on int8 bundles.)
 * `qdq-int8`: static QDQ int8 (what NPUs run): the fp32 graph is built first, then
   `onnxruntime.quantization.quantize_static` inserts QuantizeLinear/DequantizeLinear pairs
-  around every MatMul (the LM head included, as a MatMul: OpenVINO rejects the QDQ Gemm
-  + Reshape of the float head when no logits are kept), with activation ranges calibrated by running real
-  prompt ids through the graph; the quantized weights then go to the bundle's shared weights
-  file like every other tensor. The contrib ops (GroupQueryAttention, fused norms) stay float.
+  around every MatMul (the LM head too, built as a MatMul: OpenVINO rejects a QDQ Gemm and
+  Reshape of the float head when no logits are kept), with activation ranges calibrated by
+  running real prompt ids through the graph; the quantized weights then go to the bundle's
+  shared weights file like every other tensor. The contrib ops (GroupQueryAttention, fused
+  norms) stay float.
 
 The quantize/dequantize pairs here are exact inverses of what the graph computes, so a test
 can fake-quantize a transformers model the same way and compare like with like.
