@@ -56,6 +56,8 @@ def test_unavailable_device_is_refused_listing_the_available_ones(bundles):
     r = CliRunner().invoke(main, ["generate", str(bundles["qwen2"]), "-p", "hi", "--device", "qnn"])
     assert r.exit_code == 1 and "Error: device 'qnn' is not available here" in r.output
     assert "Traceback" not in r.output
+    r = CliRunner().invoke(main, ["serve", str(bundles["qwen2"]), "--device", "qnn"])
+    assert r.exit_code == 1 and "Error: device 'qnn' is not available here" in r.output
 
 
 def test_user_profile_is_listed_and_selects_its_providers_and_options(bundles, user_folder):

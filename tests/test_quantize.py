@@ -24,6 +24,7 @@ from edgespec.bundle import load_manifest
 from edgespec.cli import main
 from edgespec.export import ExportError, export_bundle
 from edgespec.export.quantize import dequantize_blocks, fake_quantize, quantize_blocks
+from edgespec.runtime.graph import session_options
 
 PROMPT = [5, 9, 200, 31, 7, 1500, 77, 3]
 
@@ -77,7 +78,8 @@ def test_packed_layout_is_what_matmulnbits_computes(bits):
     opsets = [helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)]
     model = helper.make_model(graph, opset_imports=opsets, ir_version=10)
     x = rng.standard_normal((3, k)).astype(np.float32)
-    got = ort.InferenceSession(model.SerializeToString()).run(None, {"A": x})[0]
+    session = ort.InferenceSession(model.SerializeToString(), session_options(None))
+    got = session.run(None, {"A": x})[0]
     deq = dequantize_blocks(packed, scales, k, bits)
     np.testing.assert_allclose(got, x @ deq, atol=1e-4, rtol=1e-5)
     # the rounding is what it claims: within half a step of the float weights
