@@ -326,7 +326,7 @@ def inspect(bundle: str) -> None:
         ("heads / kv heads / head dim", f"{t.num_heads} / {t.num_kv_heads} / {t.head_dim}"),
         ("vocab / context", f"{t.vocab_size} / {t.max_position_embeddings}"),
         ("tied embeddings", str(t.tie_word_embeddings)),
-        ("dtype / quantization", f"{m.dtype} / {m.quantization or 'none'}"),
+        ("dtype / quantization", f"{m.dtype} / {m.quantization or 'none'}" + _quant_details(m)),
         ("tokenizer", ", ".join(m.tokenizer_files)),
         ("bos / eos", f"{m.bos_token_id} / {m.eos_token_ids}"),
         ("backbone fingerprint", m.backbone_fingerprint[:23] + "..."),
@@ -365,6 +365,12 @@ def inspect(bundle: str) -> None:
         click.echo(f"{g.role:<10} {g.file:<16} {layers:<8} {size:>8.2f}  {inputs}, past KV")
     weights = (folder / m.weights_file).stat().st_size / 2**20
     click.echo(f"{'weights':<10} {m.weights_file:<16} {'shared':<8} {weights:>8.1f}")
+
+
+def _quant_details(m: Any) -> str:
+    details = m.extra.get("quantization") or {}
+    shown = ", ".join(f"{k} {v}" for k, v in details.items() if k != "method")
+    return f" ({shown})" if shown else ""
 
 
 def _read_token(path: str | None) -> str | None:
