@@ -6,6 +6,7 @@ one `Error:` line with the fix, exit status 1; never a traceback.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from functools import wraps
@@ -61,7 +62,20 @@ def main() -> None:
     "--exit-layers", default="", help="Early-exit layers for head@k/tail@k pairs, e.g. 2,4."
 )
 @click.option("--dtype", type=click.Choice(["fp32", "fp16"]), default="fp32", show_default=True)
-@click.option("--quantize", type=click.Choice(["int8"]), default=None, help="Weight-only int8.")
+@click.option(
+    "--quantize",
+    type=click.Choice(["int8", "int4", "qdq-int8"]),
+    default=None,
+    help="int8/int4: block-wise weights (MatMulNBits); qdq-int8: static, calibrated (NPUs).",
+)
+@click.option("--block-size", default=32, show_default=True, type=int, help="int8/int4 block.")
+@click.option(
+    "--accuracy-level",
+    default=4,
+    show_default=True,
+    type=click.IntRange(0, 4),
+    help="int8/int4 compute: 4 = int8 activations (fast), 0 = float.",
+)
 @click.option("--revision", default=None, help="Hub revision (branch, tag or commit).")
 @click.option("--no-verify", is_flag=True, help="Skip the check against transformers.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing bundle in --out.")
@@ -90,6 +104,8 @@ def export(
     exit_layers: str,
     dtype: str,
     quantize: str | None,
+    block_size: int,
+    accuracy_level: int,
     revision: str | None,
     no_verify: bool,
     overwrite: bool,
@@ -127,6 +143,8 @@ def export(
             exit_layers=layers,
             dtype=dtype,
             quantize=quantize,
+            block_size=block_size,
+            accuracy_level=accuracy_level,
             revision=revision,
             verify=not no_verify,
             overwrite=overwrite,
@@ -150,7 +168,12 @@ def export(
 @click.option("--seed", default=None, type=int, help="Seed for sampling.")
 @click.option("--stream/--no-stream", default=True, show_default=True, help="Print as produced.")
 @click.option("--stats", is_flag=True, help="Print speed and speculation stats to stderr.")
-@click.option("--device", default="cpu", show_default=True, help="cpu, cuda, dml, ... or auto.")
+@click.option(
+    "--device",
+    default="cpu",
+    show_default=True,
+    help="A device profile (`edgespec devices`: cpu, cuda, dml, openvino, ...) or auto.",
+)
 @click.option("--threads", default=None, type=int, help="Intra-op threads (default: all cores).")
 @click.option("--ignore-eos", is_flag=True, help="Keep going past end-of-sequence tokens.")
 @click.option(
@@ -269,7 +292,7 @@ def demo(prompt: str, max_new_tokens: int, threads: int | None) -> None:
 @click.option("--calibrate", is_flag=True, help="Measure round costs; store calibration.json.")
 @click.option("--prompt", "-p", default="def fibonacci(n):\n", show_default=True)
 @click.option("--max-new-tokens", "-n", default=64, show_default=True, type=int)
-@click.option("--device", default="cpu", show_default=True)
+@click.option("--device", default="cpu", show_default=True, help="A device profile or auto.")
 @click.option("--threads", default=None, type=int)
 @_friendly
 def bench(
@@ -337,7 +360,7 @@ def inspect(bundle: str) -> None:
         ("heads / kv heads / head dim", f"{t.num_heads} / {t.num_kv_heads} / {t.head_dim}"),
         ("vocab / context", f"{t.vocab_size} / {t.max_position_embeddings}"),
         ("tied embeddings", str(t.tie_word_embeddings)),
-        ("dtype / quantization", f"{m.dtype} / {m.quantization or 'none'}"),
+        ("dtype / quantization", f"{m.dtype} / {m.quantization or 'none'}" + _quant_details(m)),
         ("tokenizer", ", ".join(m.tokenizer_files)),
         ("bos / eos", f"{m.bos_token_id} / {m.eos_token_ids}"),
         ("backbone fingerprint", m.backbone_fingerprint[:23] + "..."),
@@ -395,6 +418,12 @@ def inspect(bundle: str) -> None:
     click.echo(f"{'weights':<10} {m.weights_file:<16} {'shared':<8} {weights:>8.1f}")
 
 
+def _quant_details(m: Any) -> str:
+    details = m.extra.get("quantization") or {}
+    shown = ", ".join(f"{k} {v}" for k, v in details.items() if k != "method")
+    return f" ({shown})" if shown else ""
+
+
 def _read_token(path: str | None) -> str | None:
     if path is None:
         return None
@@ -433,6 +462,7 @@ def _read_token(path: str | None) -> str | None:
     type=click.FloatRange(0, 1000),
     help="Wait this long for more rounds when a batch is not full (adds latency when idle).",
 )
+@click.option("--device", default="cpu", show_default=True, help="A device profile or auto.")
 @click.option("--log-level", default="info", show_default=True)
 @_friendly
 def serve(bundle: str, host: str, port: int, token_file: str | None, log_level: str, **limits):
@@ -450,17 +480,44 @@ def serve(bundle: str, host: str, port: int, token_file: str | None, log_level: 
 
 
 @main.command()
-def devices() -> None:
-    """List the devices (onnxruntime execution providers) this machine offers."""
+@click.option("--json", "as_json", is_flag=True, help="Print the profiles as JSON.")
+@_friendly
+def devices(as_json: bool) -> None:
+    """List this onnxruntime build's execution providers and every device profile."""
+    import json
+
     import onnxruntime as ort
 
-    from edgespec.devices import SHORT_NAMES, available
+    from edgespec.devices.profiles import load_profiles, user_dirs
 
-    here = set(available())
-    click.echo(f"onnxruntime {ort.__version__}")
-    for short, provider in SHORT_NAMES.items():
-        mark = "available" if short in here else "-"
-        click.echo(f"{short:<10} {provider:<28} {mark}")
+    providers = ort.get_available_providers()
+    profiles = load_profiles()
+    if as_json:
+        rows = [p.to_dict() | {"available": p.available()} for p in profiles.values()]
+        doc = {"onnxruntime": ort.__version__, "providers": providers, "profiles": rows}
+        click.echo(json.dumps(doc, indent=2))
+        return
+    click.echo(f"onnxruntime {ort.__version__}: {', '.join(providers)}")
+    click.echo(f"user profiles: {os.pathsep.join(str(d) for d in user_dirs())}\n")
+    header = (
+        f"{'device':<13} {'here':<5} {'static':<6} {'quant':<8} {'GB/s':>5}  "
+        "energy; providers (options)"
+    )
+    click.echo(header)
+    click.echo("-" * len(header))
+    for p in profiles.values():
+        energy = ", ".join(f"{k}={v:g}" for k, v in p.energy.items()) or "defaults"
+        chain = " > ".join(
+            name.removesuffix("ExecutionProvider")
+            + (" (" + ", ".join(f"{k}={v}" for k, v in opts.items()) + ")" if opts else "")
+            for name, opts in p.providers
+        )
+        bandwidth = f"{p.memory_bandwidth_gbps:g}" if p.memory_bandwidth_gbps else "-"
+        click.echo(
+            f"{p.name:<13} {'yes' if p.available() else 'no':<5} "
+            f"{'yes' if p.static_shapes else 'no':<6} {p.quantization:<8} {bandwidth:>5}  "
+            f"{energy}; {chain}" + ("" if p.source == "built-in" else f"  [{p.source}]")
+        )
 
 
 @main.command()

@@ -87,23 +87,6 @@ def test_fp16_bundle_runs_and_agrees(checkpoints, tmp_path, hf_models):
     np.testing.assert_allclose(got, ref, atol=0.05 * np.abs(ref).max())
 
 
-def test_int8_bundle_is_smaller_and_close(checkpoints, tmp_path, hf_models, bundles):
-    from edgespec.export import export_bundle
-
-    m = export_bundle(checkpoints["llama-untied"], tmp_path / "q", quantize="int8", progress=False)
-    assert m.quantization == "int8"
-    fp32 = (bundles["llama-untied"] / "weights.bin").stat().st_size
-    # the embedding table stays fp32 (a gather reads one row); the matmul weights are int8
-    assert (tmp_path / "q" / "weights.bin").stat().st_size < 0.6 * fp32
-    model = edgespec.load(tmp_path / "q")
-    ids = np.random.default_rng(6).integers(0, 2048, 10)
-    model.target.reset(16)
-    got = model.target.forward(ids, keep=10)
-    ref = hf_logits(hf_models["llama-untied"], ids)
-    assert m.extra["export_check"]["argmax_agreement"] >= 0.5
-    assert np.corrcoef(got.ravel(), ref.ravel())[0, 1] > 0.98
-
-
 def test_draft_model_is_exported_into_the_bundle(checkpoints, tmp_path):
     from edgespec.export import export_bundle
 

@@ -13,6 +13,7 @@ import hashlib
 import json
 import shutil
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -35,6 +36,7 @@ from edgespec.bundle import (
 from edgespec.export import gpt2, llama
 from edgespec.export.builder import GraphBuilder, WeightStore, io_specs
 from edgespec.export.decoder import DecoderWeights, build_graph
+from edgespec.export.quantize import QdqCalibration, QuantConfig, externalize
 from edgespec.export.static import static_shapes, verify_static, write_static_graph
 
 # model_type (transformers config) -> the family module that extracts its weights.
@@ -55,6 +57,9 @@ def export_bundle(
     exit_layers: Sequence[int] = (),
     dtype: str = "fp32",
     quantize: str | None = None,
+    block_size: int = 32,
+    accuracy_level: int = 4,
+    calibration_prompts: Sequence[str] | None = None,
     revision: str | None = None,
     verify: bool = True,
     overwrite: bool = False,
@@ -73,13 +78,24 @@ def export_bundle(
     coreml: also convert every role to a Core ML ML program (.mlpackage: iOS 18 / macOS 15,
     fp16, KV cache in Core ML states) with the same max context and the largest verify
     width; needs the [coreml] extra (coremltools).
+    quantize: None | "int8" | "int4" (`block_size`, `accuracy_level`) | "qdq-int8"
+    (calibrated on `calibration_prompts`, default a few built-in ones); see export/quantize.py.
     """
     if dtype not in DTYPES:
         raise ExportError(f"--dtype {dtype!r} is not supported; choose one of {', '.join(DTYPES)}")
-    if quantize not in (None, "int8"):
-        raise ExportError(
-            f"--quantize {quantize!r} is not supported; choose int8 (or leave it out)"
-        )
+    quant = None
+    if quantize is not None:
+        try:
+            quant = QuantConfig(
+                quantize,
+                block_size,
+                accuracy_level,
+                *([tuple(calibration_prompts)] if calibration_prompts is not None else []),
+            )
+        except ValueError as e:
+            raise ExportError(str(e)) from None
+        if quantize == "qdq-int8" and dtype != "fp32":
+            raise ExportError("--quantize qdq-int8 starts from fp32 graphs: use --dtype fp32")
     out = _prepare_out(Path(out), overwrite)
     steps = _Progress(progress)
     steps("loading " + str(model))
@@ -116,6 +132,9 @@ def export_bundle(
     graphs: list[GraphInfo] = []
     static_graphs: list[GraphInfo] = []
     packages = []
+    qdq = None
+    if quant is not None and quant.method == "qdq-int8":
+        qdq = QdqCalibration(calibration_ids(tokenizer, quant.calibration_prompts, info))
     try:
         steps("extracting weights")
         weights = extract(target)
@@ -124,12 +143,14 @@ def export_bundle(
         ]
         for role in roles:
             steps(f"building {role} graph")
-            graphs.append(_write_graph(weights, role, "target", out, store, dtype, quantize))
+            graphs.append(_write_graph(weights, role, "target", out, store, dtype, quant, qdq))
         if draft_model is not None:
             steps("building draft graph")
             draft_weights = extract(draft_model, prefix="draft.")
+            if qdq is not None:  # the draft's own hidden states
+                qdq = QdqCalibration(qdq.prompt_ids)
             graphs.append(
-                _write_graph(draft_weights, "draft", "draft", out, store, dtype, quantize)
+                _write_graph(draft_weights, "draft", "draft", out, store, dtype, quant, qdq)
             )
         if coreml:
             from edgespec.export.coreml import write_coreml_package
@@ -170,6 +191,8 @@ def export_bundle(
         static=StaticVariants(max_context, widths, static_graphs) if static else None,
         coreml=CoreMLVariants(max_context, widths[-1], packages) if coreml else None,
     )
+    if quant is not None:
+        manifest.extra["quantization"] = quant.describe()
     if verify:
         steps("checking the exported graph against transformers")
         manifest.extra["export_check"] = verify_export(
@@ -321,12 +344,26 @@ def _write_graph(
     out: Path,
     store: WeightStore,
     dtype: str,
-    quantize: str | None,
+    quant: QuantConfig | None,
+    qdq: QdqCalibration | None = None,
 ) -> GraphInfo:
-    gb = GraphBuilder(store=store, dtype=np.dtype(DTYPES[dtype]), quantize=quantize)
-    build_graph(weights, role, gb)
+    weight_only = quant.method if quant is not None and qdq is None else None
+    kw = {"block_size": quant.block_size, "accuracy_level": quant.accuracy_level} if quant else {}
+    if qdq is None:
+        gb = GraphBuilder(store=store, dtype=np.dtype(DTYPES[dtype]), quantize=weight_only, **kw)
+        build_graph(weights, role, gb)
+        proto = gb.model(f"edgespec_{role}")
+    else:  # float graph in a scratch file, quantized, then its tensors into the bundle's file
+        with tempfile.TemporaryDirectory() as tmp:
+            scratch = WeightStore(Path(tmp) / "float.bin")
+            gb = GraphBuilder(store=scratch, dtype=np.dtype(np.float32), matmul_head=True)
+            build_graph(weights, role, gb)
+            scratch.close()
+            proto = gb.model(f"edgespec_{role}")
+            onnx.load_external_data_for_model(proto, tmp)
+        proto = externalize(qdq.quantize(proto, role), store)
     file = role.replace("@", "_at_") + ".onnx"
-    onnx.save(gb.model(f"edgespec_{role}"), str(out / file))
+    onnx.save(proto, str(out / file))
     kinds, _, k = role.partition("@")
     n = len(weights.layers)
     first, last = (int(k), n) if kinds == "tail" else (0, int(k) if kinds == "head" else n)
@@ -338,6 +375,18 @@ def _write_graph(
         inputs=[TensorSpec(**s) for s in io_specs(gb.inputs)],
         outputs=[TensorSpec(**s) for s in io_specs(gb.outputs)],
     )
+
+
+def calibration_ids(tokenizer: Any, prompts: Sequence[str], info: ModelInfo) -> list[list[int]]:
+    """Token ids of the calibration prompts, clipped to the vocabulary and the context."""
+    out = []
+    for text in prompts:
+        ids = [i for i in tokenizer(text)["input_ids"] if 0 <= i < info.vocab_size]
+        if ids:
+            out.append(ids[: min(128, info.max_position_embeddings - 1)])
+    if not out:
+        raise ExportError("the calibration prompts tokenize to nothing: give some text")
+    return out
 
 
 def save_tokenizer(tokenizer: Any, out: Path) -> list[str]:

@@ -3,7 +3,7 @@
 Takes numpy weights and emits the graph ops onnxruntime runs fastest on a CPU:
 `GroupQueryAttention` (rotary, causal mask and an in-place KV buffer in one op),
 `SkipSimplifiedLayerNormalization` / `SkipLayerNormalization` (residual add fused into the
-norm), packed QKV and gate/up projections, and `DynamicQuantizeMatMul` for int8 weights.
+norm), packed QKV and gate/up projections, and `MatMulNBits` for block-wise int8/int4 weights.
 Guarantees: the graph it returns computes what the transformers model computes, in fp32
 (or fp16 compute with fp32 logits), with weights kept out of the protobuf (`WeightStore`
 writes them once to the bundle's shared weights file, so head@k, tail@k and full share
@@ -20,6 +20,8 @@ from typing import BinaryIO
 import numpy as np
 import onnx
 from onnx import TensorProto, helper
+
+from edgespec.export.quantize import BITS, quantize_blocks
 
 OPSET = 21
 MS_DOMAIN = "com.microsoft"
@@ -92,7 +94,10 @@ class GraphBuilder:
 
     store: WeightStore
     dtype: np.dtype  # compute dtype of activations and float weights
-    quantize: str | None = None  # None | "int8"
+    quantize: str | None = None  # None | "int8" | "int4" (weight-only; see export/quantize.py)
+    block_size: int = 32  # weights per scale
+    accuracy_level: int = 4  # MatMulNBits' compute type (4: int8 activations)
+    matmul_head: bool = False  # LM head as a plain MatMul on a transposed copy (for QDQ)
     nodes: list[onnx.NodeProto] = field(default_factory=list)
     inputs: list[onnx.ValueInfoProto] = field(default_factory=list)
     outputs: list[onnx.ValueInfoProto] = field(default_factory=list)
@@ -154,22 +159,27 @@ class GraphBuilder:
 
     # -- layers -----------------------------------------------------------------------------
     def linear(self, x: str, name: str, w: np.ndarray, b: np.ndarray | None = None) -> str:
-        """y = x @ w + b, with w stored [in, out]; int8 weights use DynamicQuantizeMatMul."""
-        if self.quantize == "int8":
-            w32 = w.astype(np.float32)
-            scale = np.maximum(np.abs(w32).max(axis=0), 1e-8) / 127.0
-            q = np.clip(np.round(w32 / scale), -127, 127).astype(np.int8)
-            zero = np.zeros_like(scale, dtype=np.int8)
-            ins = [
-                x,
-                self.weight(f"{name}.qweight", q),
-                self.weight(f"{name}.scale", scale.astype(np.float32), cast=False),
-                self.weight(f"{name}.zero", zero),
-            ]
-            if b is not None:
-                ins.append(self.weight(f"{name}.bias", b.astype(np.float32), cast=False))
-            return self.op1("DynamicQuantizeMatMul", ins, domain=MS_DOMAIN)
-        y = self.op1("MatMul", [x, self.weight(f"{name}.weight", w)])
+        """y = x @ w + b, with w stored [in, out]; int8/int4 weights use MatMulNBits
+        (layout in export/quantize.py)."""
+        if self.quantize in BITS:
+            bits = BITS[self.quantize]
+            packed, scales = quantize_blocks(w, bits, self.block_size)
+            y = self.op1(
+                "MatMulNBits",
+                [
+                    x,
+                    self.weight(f"{name}.q{bits}", packed),
+                    self.weight(f"{name}.q{bits}scale", scales),
+                ],
+                domain=MS_DOMAIN,
+                K=w.shape[0],
+                N=w.shape[1],
+                bits=bits,
+                block_size=self.block_size,
+                accuracy_level=self.accuracy_level,
+            )
+        else:
+            y = self.op1("MatMul", [x, self.weight(f"{name}.weight", w)])
         if b is not None:
             y = self.op1("Add", [y, self.weight(f"{name}.bias", b)])
         return y

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from edgespec.bundle import BundleError, Manifest, load_manifest
-from edgespec.devices import providers_for
+from edgespec.devices import Profile, get_profile
 from edgespec.runtime.calibrate import load_cost
 from edgespec.runtime.coreml import open_coreml
 from edgespec.runtime.decode import decode
@@ -148,8 +148,11 @@ class Model:
             raise InputError("split mode does not run static or Core ML graphs yet: drop them")
         if static and coreml:
             raise InputError("choose static=True (ONNX for NPUs) or coreml=True, not both")
+        profile = get_profile(device)
+        # NPU profiles reject dynamic shapes: they run the bundle's static graphs
+        static = static or (profile.static_shapes and not coreml and mode != "split")
         open_graph = _graph_opener(
-            folder, manifest, device, threads, shared_threads, static, coreml
+            folder, manifest, profile, threads, shared_threads, static, coreml
         )
         exits = manifest.exit_layers
         if mode == "split":
@@ -167,6 +170,7 @@ class Model:
                 energy_budget,
                 timeout,
                 local_fallback,
+                device_profile=profile.policy_profile(),
             )
             tokenizer = Tokenizer.from_dir(folder)
             return cls(folder, manifest, local, tokenizer, mode, split_drafter, policy, remote)
@@ -331,7 +335,7 @@ def seed_from_calibration(
 def _graph_opener(
     folder: Path,
     manifest: Manifest,
-    device: str,
+    profile: Profile,
     threads: int | None,
     shared_threads: bool,
     static: bool = False,
@@ -357,8 +361,9 @@ def _graph_opener(
             f"bundle {folder} has no static graphs; re-export it with "
             "`edgespec export MODEL --out FOLDER --static --max-context 512 --verify-width 8`"
         )
-    providers = providers_for(device)
+    providers = profile.session_providers()
     options = session_options(threads, shared_threads)
+    profile.apply_session_options(options)
     kv_dtype = np.dtype(np.float16 if manifest.dtype == "fp16" else np.float32)
 
     def open_graph(role: str) -> GraphSession:

@@ -48,6 +48,7 @@ class ServerConfig:
     max_request_bytes: int = 1 << 20
     idle_timeout: float = 300.0
     threads: int | None = None
+    device: str = "cpu"  # a device profile name (`edgespec devices`)
     drain_seconds: float = 10.0  # how long shutdown waits for running rounds
     max_batch: int = 16  # rounds per batch (1: every round alone, unbatched)
     batch_window_ms: float = 0.0  # wait this long for more rounds when a batch is not full
@@ -69,7 +70,7 @@ class State:
 
 
 def load_state(config: ServerConfig) -> State:
-    model = Model.load(config.bundle, mode="ar", threads=config.threads)
+    model = Model.load(config.bundle, mode="ar", threads=config.threads, device=config.device)
     context = model.target.max_positions
     if config.max_context is not None:
         context = min(context, config.max_context)

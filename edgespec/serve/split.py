@@ -338,9 +338,11 @@ def build_split(
     energy_budget: float | None,
     timeout: float,
     local_fallback: bool,
+    device_profile: dict | None = None,
 ) -> tuple[Remote, Target | None, Drafter, DraftLengthPolicy]:
     """What `Model.load(mode="split")` holds: the server session, the local verifier (when
-    the bundle has `full` and fallback is on), the drafter and the draft-length policy."""
+    the bundle has `full` and fallback is on), the drafter and the draft-length policy
+    (`device_profile`: the device's energy table for channel-aware)."""
     from urllib.parse import urlsplit
 
     from edgespec.runtime.drafters import DraftModelDrafter
@@ -366,16 +368,20 @@ def build_split(
     else:
         raise SplitError(f"drafter {spec!r} is not one of: draft, exit:K, lookup")
     local = Target([open_graph("full")]) if local_fallback and "full" in roles else None
-    policy = split_policy(draft_policy, exits, energy_budget)
+    policy = split_policy(draft_policy, exits, energy_budget, device_profile)
     remote = Remote(server, token, manifest.backbone_fingerprint, timeout=timeout)
     return remote, local, chosen, policy
 
 
 def split_policy(
-    spec: str | None, exits: list[int], energy_budget: float | None
+    spec: str | None,
+    exits: list[int],
+    energy_budget: float | None,
+    device_profile: dict | None = None,
 ) -> DraftLengthPolicy:
     """The policy for split rounds: `channel-aware` by default (where it exists, else
-    `auto`); an energy budget goes to make_policy or the policy if either takes one."""
+    `auto`); an energy budget goes to make_policy or the policy if either takes one; the
+    device profile's energy table prices channel-aware rounds."""
     import inspect
 
     from edgespec.runtime.policies import make_policy
@@ -384,7 +390,9 @@ def split_policy(
     if energy_budget is not None and "energy_budget" in inspect.signature(make_policy).parameters:
         kwargs["energy_budget"] = energy_budget
     try:
-        policy = make_policy(spec or "channel-aware", exits, **kwargs)
+        name = (spec or "channel-aware").partition(":")[0]
+        extra = {"device_profile": device_profile} if name == "channel-aware" else {}
+        policy = make_policy(spec or "channel-aware", exits, **kwargs, **extra)
     except ValueError as e:
         if spec is not None:
             raise SplitError(str(e)) from None

@@ -1,0 +1,328 @@
+"""Weight quantization at export: int8, block-wise int4, and static QDQ int8 with calibration.
+
+* `int8` / `int4`: block-wise symmetric 8- or 4-bit weights for the `MatMulNBits` contrib op
+  (com.microsoft): blocks of `block_size` (default 32) consecutive input rows per output
+  column, one scale per block, zero point 2^(bits-1) (the op's default, so no zero-point
+  tensor). Layout, as the op's spec and onnxruntime's `matmul_nbits_quantizer` lay it out:
+  B is uint8 [N, k_blocks, block_size * bits / 8]; for 4 bits element 2j of a block sits in
+  the low nibble of byte j and element 2j+1 in the high nibble; scales are [N * k_blocks] in
+  the activation dtype. `accuracy_level` 4 (default) lets the CPU kernel quantize the
+  activations to int8 per row and block; 0 computes in float on the dequantized weights.
+  Both keep every row's result independent of the other rows in the call, which lossless
+  speculative decoding needs: verifying γ+1 positions at once must give each position the
+  logits a one-token step gives it. (`DynamicQuantizeMatMul`, used for int8 before, scales
+  the activations per call over all rows, so a verify call changed the target's logits and
+  speculative modes diverged from `ar` on int8 bundles.)
+* `qdq-int8`: static QDQ int8 (what NPUs run): the fp32 graph is built first, then
+  `onnxruntime.quantization.quantize_static` inserts QuantizeLinear/DequantizeLinear pairs
+  around every MatMul (the LM head too, built as a MatMul: OpenVINO rejects a QDQ Gemm and
+  Reshape of the float head when no logits are kept), with activation ranges calibrated by
+  running real prompt ids through the graph; the quantized weights then go to the bundle's
+  shared weights file like every other tensor. The contrib ops (GroupQueryAttention, fused
+  norms) stay float.
+
+The quantize/dequantize pairs here are exact inverses of what the graph computes, so a test
+can fake-quantize a transformers model the same way and compare like with like.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+QUANTIZATIONS = ("int8", "int4", "qdq-int8")
+BITS = {"int8": 8, "int4": 4}  # the weight-only methods
+INT4_BLOCK_SIZES = (16, 32, 64, 128, 256)
+# Calibration text for qdq-int8 when the caller gives none: a little code and prose, so the
+# ranges cover the token mix an on-device assistant sees.
+CALIBRATION_PROMPTS = (
+    "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fib",
+    "The quick brown fox jumps over the lazy dog. Once upon a time, in a small village,",
+    "import numpy as np\n\nclass Buffer:\n    def __init__(self, size: int) -> None:\n",
+    "Question: what is the capital of France?\nAnswer: The capital of France is Paris, which",
+    "for i in range(10):\n    print(i, i * i)\n# Summing a list of numbers in Python: total =",
+    "In 1969, the Apollo 11 mission landed the first humans on the Moon. Neil Armstrong said",
+)
+
+
+@dataclass(frozen=True)
+class QuantConfig:
+    """What `--quantize` asked for, and how (recorded in the manifest's extra)."""
+
+    method: str  # one of QUANTIZATIONS
+    block_size: int = 32  # int8/int4
+    accuracy_level: int = 4  # int8/int4: 0 = float compute, 4 = int8 activations (fastest)
+    calibration_prompts: tuple[str, ...] = CALIBRATION_PROMPTS  # qdq-int8
+
+    def __post_init__(self) -> None:
+        if self.method not in QUANTIZATIONS:
+            raise ValueError(
+                f"--quantize {self.method!r} is not supported; choose one of "
+                f"{', '.join(QUANTIZATIONS)} (or leave it out for float weights)"
+            )
+        if self.block_size not in INT4_BLOCK_SIZES:
+            raise ValueError(
+                f"block size {self.block_size} is not supported; choose one of "
+                f"{', '.join(map(str, INT4_BLOCK_SIZES))}"
+            )
+        if self.accuracy_level not in (0, 1, 2, 3, 4):
+            raise ValueError(f"accuracy level must be 0..4, got {self.accuracy_level}")
+        if self.method == "qdq-int8" and not any(p.strip() for p in self.calibration_prompts):
+            raise ValueError("qdq-int8 needs at least one non-empty calibration prompt")
+
+    def describe(self) -> dict:
+        if self.method in BITS:
+            return {
+                "method": self.method,
+                "op": "MatMulNBits",
+                "bits": BITS[self.method],
+                "block_size": self.block_size,
+                "accuracy_level": self.accuracy_level,
+                "weights": "symmetric per block",
+            }
+        return {
+            "method": "qdq-int8",
+            "ops": ["MatMul"],
+            "weights": "int8 symmetric per channel",
+            "activations": "uint8 per tensor, MinMax-calibrated",
+            "calibration_prompts": len(self.calibration_prompts),
+        }
+
+
+# -- int8 / int4 (MatMulNBits) -------------------------------------------------------------
+def quantize_blocks(w: np.ndarray, bits: int, block_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """w [K, N] -> (packed uint8 [N, k_blocks, block_size * bits // 8], fp32 scales
+    [N * k_blocks]), symmetric around the op's default zero point 2^(bits-1).
+
+    K is zero-padded to whole blocks (the op reads K from its attribute and ignores the pad)."""
+    k, n = w.shape
+    top = 2 ** (bits - 1) - 1  # 7 or 127: symmetric, so -8 / -128 stay unused
+    blocks = -(-k // block_size)
+    wt = np.zeros((n, blocks * block_size), np.float32)
+    wt[:, :k] = w.T
+    wt = wt.reshape(n, blocks, block_size)
+    scale = np.abs(wt).max(axis=2) / top
+    scale = np.where(scale > 0, scale, 1.0).astype(np.float32)
+    q = (np.clip(np.round(wt / scale[..., None]), -top, top) + top + 1).astype(np.uint8)
+    if bits == 4:
+        q = q[..., 0::2] | (q[..., 1::2] << 4)
+    return np.ascontiguousarray(q), scale.reshape(-1)
+
+
+def dequantize_blocks(packed: np.ndarray, scales: np.ndarray, k: int, bits: int) -> np.ndarray:
+    """The [K, N] float32 weights MatMulNBits computes with."""
+    n, blocks, width = packed.shape
+    if bits == 4:
+        q = np.empty((n, blocks, 2 * width), np.float32)
+        q[..., 0::2] = packed & 0x0F
+        q[..., 1::2] = packed >> 4
+    else:
+        q = packed.astype(np.float32)
+    w = (q - 2.0 ** (bits - 1)) * scales.reshape(n, blocks, 1)
+    return w.reshape(n, -1)[:, :k].T.copy()
+
+
+def fake_quantize(w: np.ndarray, method: str, block_size: int = 32) -> np.ndarray:
+    """w [in, out] as the exported graph sees it after weight quantization."""
+    bits = BITS[method]
+    return dequantize_blocks(*quantize_blocks(w, bits, block_size), w.shape[0], bits)
+
+
+# -- qdq-int8 (static, calibrated) ----------------------------------------------------------
+def calibration_feeds(
+    model: onnx.ModelProto,
+    prompts: Sequence[Sequence[int]],
+    hidden: Sequence[np.ndarray] | None = None,
+) -> list[dict[str, np.ndarray]]:
+    """One prefill feed per prompt for a bundle graph: its ids, or for tail@k the hidden
+    states head@k computed from them (`hidden`, one [1, S, H] array per prompt)."""
+    names = {i.name: i for i in model.graph.input}
+    feeds = []
+    dtype = np.float32
+    for n, ids in enumerate(prompts):
+        s = len(ids)
+        feed: dict[str, np.ndarray] = {
+            "seqlens_k": np.array([s - 1], np.int32),
+            "total_seq_len": np.array(s, np.int32),
+            "num_logits_to_keep": np.array(s, np.int64),
+        }
+        for name, vi in names.items():
+            dims = [d.dim_value for d in vi.type.tensor_type.shape.dim]
+            if name == "input_ids":
+                feed[name] = np.asarray(ids, np.int64)[None]
+            elif name == "hidden":
+                assert hidden is not None, "tail graphs are calibrated on head@k's hidden states"
+                feed[name] = hidden[n]
+            elif name.startswith("past_"):
+                feed[name] = np.zeros((1, dims[1], 0, dims[3]), dtype)
+        feeds.append({k: v for k, v in feed.items() if k in names})
+    return feeds
+
+
+def qdq_quantize(model: onnx.ModelProto, feeds: list[dict[str, np.ndarray]]) -> onnx.ModelProto:
+    """Static QDQ int8 of `model` (weights in memory), calibrated on `feeds`.
+
+    Runs in a child process: onnxruntime's calibrator opens sessions with per-session thread
+    pools, which onnxruntime refuses once a process has the global pool that the edgespec
+    runtime (and the export check) set up."""
+    with tempfile.TemporaryDirectory() as tmp:
+        src, dst = Path(tmp) / "float.onnx", Path(tmp) / "qdq.onnx"
+        save_copy(model, src)
+        np.savez(
+            Path(tmp) / "feeds.npz",
+            **{f"{i}/{k}": v for i, f in enumerate(feeds) for k, v in f.items()},
+        )
+        env = dict(os.environ)
+        root = str(Path(__file__).resolve().parents[2])
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+        cmd = [sys.executable, "-m", "edgespec.export.quantize", tmp]
+        done = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        if done.returncode != 0:
+            raise RuntimeError(f"qdq-int8 quantization failed:\n{done.stderr[-2000:]}")
+        return onnx.load(str(dst))  # loads the external data into memory
+
+
+def _quantize_static_in(folder: Path) -> None:
+    """The child process of `qdq_quantize`: float.onnx + feeds.npz -> qdq.onnx."""
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        CalibrationMethod,
+        QuantFormat,
+        QuantType,
+        quantize_static,
+    )
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    stored = np.load(folder / "feeds.npz")
+    feeds: dict[int, dict[str, np.ndarray]] = {}
+    for key in stored.files:
+        i, name = key.split("/", 1)
+        feeds.setdefault(int(i), {})[name] = stored[key]
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.rest = iter(feeds[i] for i in sorted(feeds))
+
+        def get_next(self) -> dict[str, np.ndarray] | None:
+            return next(self.rest, None)
+
+    # symbolic shape inference types the contrib ops' outputs (GroupQueryAttention, fused
+    # norms); without it the quantizer cannot tell their outputs are float and leaves the
+    # MatMuls after them with float activations
+    quant_pre_process(
+        str(folder / "float.onnx"),
+        str(folder / "typed.onnx"),
+        skip_optimization=True,
+        save_as_external_data=True,
+        external_data_location="typed.bin",
+    )
+    quantize_static(
+        str(folder / "typed.onnx"),
+        str(folder / "qdq.onnx"),
+        Reader(),
+        quant_format=QuantFormat.QDQ,
+        op_types_to_quantize=["MatMul"],
+        per_channel=True,
+        activation_type=QuantType.QUInt8,
+        weight_type=QuantType.QInt8,
+        calibrate_method=CalibrationMethod.MinMax,
+        use_external_data_format=True,
+        extra_options={"WeightSymmetric": True, "ActivationSymmetric": False},
+    )
+
+
+class QdqCalibration:
+    """Quantizes a bundle's float graphs one by one, in export order (full, then head@k
+    before tail@k, whose calibration input is head@k's hidden states on the same prompts).
+
+    head@k + tail@k must compute exactly what full computes (self-spec verifies with them),
+    but calibrating them separately gives ranges a float rounding apart, and one flipped
+    activation rounding changes the logits; so their activation scales and zero points are
+    copied from full's for the layers they share (checked to agree to 1e-3 first)."""
+
+    def __init__(self, prompt_ids: list[list[int]]) -> None:
+        self.prompt_ids = prompt_ids
+        self.hidden: dict[str, list[np.ndarray]] = {}
+        self.full: list[tuple[np.ndarray, np.ndarray]] | None = None  # full's (scale, zero)
+
+    def quantize(self, model: onnx.ModelProto, role: str) -> onnx.ModelProto:
+        kind, _, k = role.partition("@")
+        hidden = self.hidden.get(k) if kind == "tail" else None
+        feeds = calibration_feeds(model, self.prompt_ids, hidden)
+        if kind == "head":
+            self.hidden[k] = run_output(model, feeds, "hidden")
+        quantized = qdq_quantize(model, feeds)
+        if role == "full":
+            self.full = [(_array(s), _array(z)) for s, z in activation_qparams(quantized)]
+        elif kind in ("head", "tail") and self.full is not None:
+            own = activation_qparams(quantized)
+            # head@k: its layers are full's first ones (its exit head keeps its own ranges);
+            # tail@k: its layers and final head are full's last ones
+            tail = self.full[-len(own) :]
+            pairs = (
+                zip(own[:-2], self.full, strict=False)
+                if kind == "head"
+                else zip(own, tail, strict=True)
+            )
+            for (scale, zero), (full_scale, full_zero) in pairs:
+                if not np.allclose(_array(scale), full_scale, rtol=1e-3):
+                    raise RuntimeError(f"qdq-int8: {role}'s activation ranges do not match full's")
+                scale.CopyFrom(onnx.numpy_helper.from_array(full_scale, scale.name))
+                zero.CopyFrom(onnx.numpy_helper.from_array(full_zero, zero.name))
+        return quantized
+
+
+def activation_qparams(model: onnx.ModelProto) -> list[tuple[onnx.TensorProto, onnx.TensorProto]]:
+    """The (scale, zero point) initializers of every QuantizeLinear, in node order."""
+    inits = {i.name: i for i in model.graph.initializer}
+    return [
+        (inits[n.input[1]], inits[n.input[2]])
+        for n in model.graph.node
+        if n.op_type == "QuantizeLinear"
+    ]
+
+
+def _array(t: onnx.TensorProto) -> np.ndarray:
+    return onnx.numpy_helper.to_array(t).copy()
+
+
+def run_output(model: onnx.ModelProto, feeds: list[dict[str, np.ndarray]], name: str) -> list:
+    import onnxruntime as ort
+
+    from edgespec.runtime.graph import session_options
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "m.onnx"
+        save_copy(model, path)
+        sess = ort.InferenceSession(str(path), session_options(None), ["CPUExecutionProvider"])
+        return [sess.run([name], f)[0] for f in feeds]
+
+
+def save_copy(model: onnx.ModelProto, path: Path) -> None:
+    """Save with external data next to `path`, leaving `model` itself in memory (onnx.save
+    rewrites the tensors it externalizes in place)."""
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    onnx.save(copy, str(path), save_as_external_data=True, location=path.stem + ".bin")
+
+
+def externalize(model: onnx.ModelProto, store, min_bytes: int = 1024) -> onnx.ModelProto:
+    """Move `model`'s large initializers into the bundle's shared weights file (`store`)."""
+    inits = model.graph.initializer
+    for i, init in enumerate(inits):
+        array = onnx.numpy_helper.to_array(init)
+        if array.nbytes >= min_bytes:
+            inits[i].CopyFrom(store.tensor(init.name, array))
+    return model
+
+
+if __name__ == "__main__":
+    _quantize_static_in(Path(sys.argv[1]))

@@ -1,0 +1,204 @@
+"""Quantized exports: int8/int4 weights (MatMulNBits) and static QDQ int8.
+
+The oracle for weight-only quantization is the transformers model with its Linear weights
+fake-quantized exactly as the export quantizes them (`export.quantize.fake_quantize`): with
+float compute (accuracy level 0) the bundle must match it to float rounding, which checks the
+packed layout; the default level only adds int8 activation rounding. Every quantized bundle
+must also stay lossless: each speculative mode's greedy output equals its own `ar` output.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+from click.testing import CliRunner
+from onnx import helper, numpy_helper
+
+import edgespec
+from edgespec.bundle import load_manifest
+from edgespec.cli import main
+from edgespec.export import ExportError, export_bundle
+from edgespec.export.quantize import dequantize_blocks, fake_quantize, quantize_blocks
+from edgespec.runtime.graph import session_options
+
+PROMPT = [5, 9, 200, 31, 7, 1500, 77, 3]
+
+
+def fake_quantized(hf, method: str, block_size: int = 32):
+    """A copy of a transformers model whose every Linear weight is fake-quantized (a tied
+    LM head is untied: the graph quantizes the head but gathers from the float embedding)."""
+    model = copy.deepcopy(hf)
+    for module in model.modules():
+        if isinstance(module, torch.nn.Linear):
+            w = module.weight.detach().numpy().T
+            fq = fake_quantize(w, method, block_size).T.copy()
+            module.weight = torch.nn.Parameter(torch.from_numpy(fq))
+    return model.eval()
+
+
+def bundle_logits(folder, ids: np.ndarray) -> np.ndarray:
+    """Prefill of 5 positions, then single-token steps through the KV cache."""
+    target = edgespec.load(folder).target
+    target.reset(32)
+    got = [target.forward(ids[:5], keep=5)]
+    got += [target.forward(np.array([t]), keep=1) for t in ids[5:]]
+    return np.concatenate(got)
+
+
+def hf_logits(hf, ids: np.ndarray) -> np.ndarray:
+    with torch.no_grad():
+        return hf(torch.from_numpy(ids)[None]).logits[0].numpy()
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_packed_layout_is_what_matmulnbits_computes(bits):
+    """One MatMulNBits node over our packed weights equals x @ dequantized weights, with K
+    not a multiple of the block (padding) and several rows."""
+    rng = np.random.default_rng(0)
+    k, n = 80, 48
+    w = rng.standard_normal((k, n)).astype(np.float32)
+    packed, scales = quantize_blocks(w, bits, 32)
+    assert packed.shape == (n, 3, 32 * bits // 8) and scales.shape == (n * 3,)
+    node = helper.make_node(
+        "MatMulNBits", ["A", "B", "S"], ["Y"], domain="com.microsoft",
+        K=k, N=n, bits=bits, block_size=32, accuracy_level=0,
+    )  # fmt: skip
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("A", onnx.TensorProto.FLOAT, ["m", k])],
+        [helper.make_tensor_value_info("Y", onnx.TensorProto.FLOAT, ["m", n])],
+        [numpy_helper.from_array(packed, "B"), numpy_helper.from_array(scales, "S")],
+    )
+    opsets = [helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)]
+    model = helper.make_model(graph, opset_imports=opsets, ir_version=10)
+    x = rng.standard_normal((3, k)).astype(np.float32)
+    session = ort.InferenceSession(model.SerializeToString(), session_options(None))
+    got = session.run(None, {"A": x})[0]
+    deq = dequantize_blocks(packed, scales, k, bits)
+    np.testing.assert_allclose(got, x @ deq, atol=1e-4, rtol=1e-5)
+    # the rounding is what it claims: within half a step of the float weights
+    step = scales.reshape(n, 3)[:, np.arange(k) // 32].T
+    assert np.all(np.abs(deq - w) <= step / 2 + 1e-6)
+
+
+@pytest.mark.parametrize("method", ["int8", "int4"])
+@pytest.mark.parametrize("arch", ["llama-untied", "qwen2"])
+def test_weight_only_bundle_computes_the_fake_quantized_model(
+    arch, method, checkpoints, hf_models, tmp_path
+):
+    ids = np.random.default_rng(6).integers(0, 2048, 9)
+    ref = hf_logits(fake_quantized(hf_models[arch], method), ids)
+    # float compute: equal to the fake-quantized model up to float rounding
+    export_bundle(
+        checkpoints[arch], tmp_path / "exact", quantize=method, accuracy_level=0, progress=False
+    )
+    np.testing.assert_allclose(bundle_logits(tmp_path / "exact", ids), ref, atol=3e-4, rtol=1e-4)
+    # default (int8 activations per row and block of 32): off by activation rounding only,
+    # a relative error of about 1/254 per block, far below the weights' own rounding
+    m = export_bundle(checkpoints[arch], tmp_path / "fast", quantize=method, progress=False)
+    got = bundle_logits(tmp_path / "fast", ids)
+    fp32 = hf_logits(hf_models[arch], ids)
+    act_err = np.abs(got - ref).max()
+    weight_err = np.abs(ref - fp32).max()
+    assert act_err < 0.05 * np.abs(ref).max()
+    if method == "int4":
+        assert act_err < weight_err
+    assert m.quantization == method
+    assert m.extra["quantization"] == {
+        "method": method,
+        "op": "MatMulNBits",
+        "bits": {"int8": 8, "int4": 4}[method],
+        "block_size": 32,
+        "accuracy_level": 4,
+        "weights": "symmetric per block",
+    }
+
+
+def test_int4_bundle_is_smaller_than_int8_smaller_than_fp32(checkpoints, bundles, tmp_path):
+    sizes = {"fp32": (bundles["llama-untied"] / "weights.bin").stat().st_size}
+    for method in ("int8", "int4"):
+        export_bundle(
+            checkpoints["llama-untied"], tmp_path / method, quantize=method, exit_layers=[2],
+            progress=False,
+        )  # fmt: skip
+        sizes[method] = (tmp_path / method / "weights.bin").stat().st_size
+    # the embedding table stays fp32 (a gather reads one row); every matmul weight shrinks
+    assert sizes["int4"] < sizes["int8"] < 0.6 * sizes["fp32"]
+
+
+@pytest.fixture(scope="module")
+def quantized_bundles(checkpoints, tmp_path_factory):
+    root = tmp_path_factory.mktemp("quantized")
+    out = {}
+    for method in ("int8", "int4", "qdq-int8"):
+        out[method] = root / method
+        export_bundle(
+            checkpoints["llama-gqa-tied"],
+            out[method],
+            quantize=method,
+            exit_layers=[2],
+            # qdq-int8 quantizes each graph in a child process: skip the draft to stay fast
+            draft=None if method == "qdq-int8" else checkpoints["qwen2"],
+            progress=False,
+        )
+    return out
+
+
+@pytest.mark.parametrize("method", ["int8", "int4", "qdq-int8"])
+def test_quantized_bundle_decodes_losslessly_in_every_mode(method, quantized_bundles):
+    """Speculative verification of several positions at once gives each the logits a
+    one-token step gives it, so every mode's greedy output is the quantized target's own."""
+    folder = quantized_bundles[method]
+    ar = edgespec.load(folder).generate(PROMPT, max_new_tokens=24, ignore_eos=True).tokens
+    modes = [("self-spec", {}), ("lookup", {}), ("self-spec", {"draft_policy": "fixed:6"})]
+    if "draft" in load_manifest(folder).roles:
+        modes.append(("spec", {"draft_policy": "fixed:4"}))
+    for mode, options in modes:
+        model = edgespec.load(folder, mode=mode, **options)
+        assert model.generate(PROMPT, max_new_tokens=24, ignore_eos=True).tokens == ar, mode
+
+
+def test_qdq_bundle_holds_calibrated_qdq_matmuls(quantized_bundles):
+    folder = quantized_bundles["qdq-int8"]
+    m = load_manifest(folder)
+    assert m.quantization == "qdq-int8" and m.extra["quantization"]["calibration_prompts"] == 6
+    graph = onnx.load(str(folder / "full.onnx")).graph
+    ops = [n.op_type for n in graph.node]
+    inits = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
+    # every MatMul's weight and activation pass through QuantizeLinear/DequantizeLinear
+    activation_scales = [inits[n.input[1]] for n in graph.node if n.op_type == "QuantizeLinear"]
+    assert len(activation_scales) >= ops.count("MatMul") > 0
+    assert ops.count("DequantizeLinear") >= 2 * ops.count("MatMul")
+    # the ranges come from calibration: positive, not all alike
+    assert all(s > 0 for s in activation_scales) and len(set(map(float, activation_scales))) > 4
+    # head@k and tail@k share full's quantized tensors in the one weights file
+    full_bytes = sum(a.nbytes for a in inits.values())
+    assert (folder / "weights.bin").stat().st_size < 1.2 * full_bytes + 2**20
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"quantize": "int3"}, "--quantize 'int3' is not supported; choose one of int8, int4"),
+        ({"quantize": "int4", "block_size": 48}, "block size 48 is not supported"),
+        ({"quantize": "int8", "accuracy_level": 7}, "accuracy level must be 0..4"),
+        ({"quantize": "qdq-int8", "dtype": "fp16"}, "qdq-int8 starts from fp32 graphs"),
+        ({"quantize": "qdq-int8", "calibration_prompts": [" "]}, "at least one non-empty"),
+    ],
+)
+def test_bad_quantization_options_are_refused(checkpoints, tmp_path, options, message):
+    with pytest.raises(ExportError, match=message):
+        export_bundle(checkpoints["qwen2"], tmp_path / "x", progress=False, **options)
+    assert not (tmp_path / "x").exists()
+
+
+def test_cli_refuses_an_unknown_quantization(checkpoints, tmp_path):
+    args = ["export", str(checkpoints["qwen2"]), "-o", str(tmp_path / "x"), "--quantize", "int2"]
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 2 and "'int2' is not one of 'int8', 'int4', 'qdq-int8'" in r.output
