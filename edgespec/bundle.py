@@ -90,6 +90,12 @@ class Manifest:
     created_by: str = ""
     schema_version: int = SCHEMA_VERSION
     extra: dict[str, Any] = field(default_factory=dict)
+    # "standard", or "shared-backbone": an edge bundle holding only head@backbone_layers, a
+    # frozen draft cut from the target's lower layers, that needs a server to verify
+    variant: str = "standard"
+    backbone_layers: int | None = None
+    # {"tokenizer": hex, "base": hex, "layers": [hex per layer]}: see edgespec.backbone
+    backbone: dict[str, Any] | None = None
 
     def graph(self, role: str) -> GraphInfo:
         for g in self.graphs:
@@ -191,7 +197,16 @@ def _from_json(raw: dict[str, Any]) -> Manifest:
                 outputs=[TensorSpec(**t) for t in g["outputs"]],
             )
         )
-    if not any(g.role == "full" for g in graphs) and not any(
+    variant = raw.get("variant", "standard")
+    backbone_layers = raw.get("backbone_layers")
+    if variant == "shared-backbone":
+        if not isinstance(backbone_layers, int) or not raw.get("backbone"):
+            raise ValueError("a shared-backbone bundle needs backbone_layers and backbone hashes")
+        if f"head@{backbone_layers}" not in {g.role for g in graphs}:
+            raise ValueError(f"a shared-backbone bundle needs its head@{backbone_layers} graph")
+    elif variant != "standard":
+        raise ValueError(f"unknown variant {variant!r} (standard | shared-backbone)")
+    elif not any(g.role == "full" for g in graphs) and not any(
         g.role.startswith("tail@") for g in graphs
     ):
         raise ValueError("no 'full' or 'tail@k' graph: nothing can verify")
@@ -212,6 +227,9 @@ def _from_json(raw: dict[str, Any]) -> Manifest:
         created_by=raw.get("created_by", ""),
         schema_version=raw["schema_version"],
         extra=raw.get("extra", {}),
+        variant=variant,
+        backbone_layers=backbone_layers,
+        backbone=raw.get("backbone"),
     )
 
 

@@ -5,6 +5,12 @@ optional separate draft model and early-exit layers), writes the ONNX graphs of 
 the tokenizer files, one shared weights file and `manifest.json`, and checks the exported
 `full` graph against the transformers model before it returns. Every user mistake is an
 `ExportError` saying what is wrong and what to do.
+
+`variant="shared-backbone", backbone_layers=k` writes an edge bundle instead: only head@k
+(the target's embeddings and lower k layers, final norm and LM head, plus an exit adapter
+with `fit_exit_adapter`), a frozen draft for split decoding against any target that keeps
+those layers and the tokenizer (see `edgespec.backbone`). `fit_exit_adapter=CALIB.txt`
+fits an adapter into every head@k (`exit_adapter.py`).
 """
 
 from __future__ import annotations
@@ -25,10 +31,12 @@ from edgespec.bundle import GraphInfo, Manifest, ModelInfo, TensorSpec, save_man
 from edgespec.export import gpt2, llama
 from edgespec.export.builder import GraphBuilder, WeightStore, io_specs
 from edgespec.export.decoder import DecoderWeights, build_graph
+from edgespec.export.shared_backbone import backbone_record, verify_head
 
 # model_type (transformers config) -> the family module that extracts its weights.
 FAMILIES: dict[str, ModuleType] = {"llama": llama, "qwen2": llama, "gpt2": gpt2}
 DTYPES = {"fp32": np.float32, "fp16": np.float16}
+VARIANTS = ("standard", "shared-backbone")
 WEIGHTS_FILE = "weights.bin"
 
 
@@ -48,8 +56,13 @@ def export_bundle(
     verify: bool = True,
     overwrite: bool = False,
     progress: bool = True,
+    variant: str = "standard",
+    backbone_layers: int | None = None,
+    fit_exit_adapter: str | Path | None = None,
+    adapter_steps: int = 300,
 ) -> Manifest:
     """Export `model` (and `draft`) to an edgespec bundle in `out`; return its manifest."""
+    exit_layers = _check_variant(variant, backbone_layers, exit_layers, draft, fit_exit_adapter)
     if dtype not in DTYPES:
         raise ExportError(f"--dtype {dtype!r} is not supported; choose one of {', '.join(DTYPES)}")
     if quantize not in (None, "int8"):
@@ -63,8 +76,9 @@ def export_bundle(
     info = model_info(target)
     for k in exit_layers:
         if not 0 < k < info.num_layers:
+            option = "--backbone-layers" if variant == "shared-backbone" else "--exit-layers"
             raise ExportError(
-                f"--exit-layers {k} is out of range: the model has {info.num_layers} layers, "
+                f"{option} {k} is out of range: the model has {info.num_layers} layers, "
                 f"so an exit layer must be between 1 and {info.num_layers - 1}"
             )
     draft_model = draft_info = None
@@ -79,9 +93,20 @@ def export_bundle(
     try:
         steps("extracting weights")
         weights = extract(target)
+        adapters = {}
+        if fit_exit_adapter is not None:
+            from edgespec.export.exit_adapter import fit_exit_adapters
+
+            steps("fitting exit adapters")
+            adapters = fit_exit_adapters(
+                target, tokenizer, weights, sorted(set(exit_layers)), fit_exit_adapter,
+                steps=adapter_steps, progress=progress,
+            )  # fmt: skip
         roles = ["full"] + [
             f"{kind}@{k}" for k in sorted(set(exit_layers)) for kind in ("head", "tail")
         ]
+        if variant == "shared-backbone":
+            roles = [f"head@{backbone_layers}"]
         for role in roles:
             steps(f"building {role} graph")
             graphs.append(_write_graph(weights, role, "target", out, store, dtype, quantize))
@@ -111,8 +136,18 @@ def export_bundle(
         draft=draft_info,
         draft_source={"model": str(draft)} if draft is not None else None,
         created_by=f"edgespec {__version__}",
+        variant=variant,
+        backbone_layers=backbone_layers,
+        backbone=backbone_record(tokenizer, weights),
     )
-    if verify:
+    if adapters:
+        manifest.extra["exit_adapters"] = {str(k): r for k, r in adapters.items()}
+    if verify and variant == "shared-backbone":
+        steps("checking the exported head against transformers")
+        k = int(backbone_layers or 0)
+        diff = verify_head(target, out / graphs[0].file, k, info.num_kv_heads, info.head_dim)
+        manifest.extra["export_check"] = {"max_abs_hidden_diff": diff}
+    elif verify:
         steps("checking the exported graph against transformers")
         manifest.extra["export_check"] = verify_export(
             target, out / "full.onnx", info, dtype, quantize
@@ -120,6 +155,38 @@ def export_bundle(
     save_manifest(manifest, out)
     steps.close()
     return manifest
+
+
+def _check_variant(
+    variant: str,
+    backbone_layers: int | None,
+    exit_layers: Sequence[int],
+    draft: object,
+    fit_exit_adapter: object,
+) -> Sequence[int]:
+    """The exit layers to build (a shared-backbone bundle: exactly its backbone depth)."""
+    if variant not in VARIANTS:
+        raise ExportError(f"--variant {variant!r} is not one of: {', '.join(VARIANTS)}")
+    if variant == "standard":
+        if backbone_layers is not None:
+            raise ExportError("--backbone-layers needs --variant shared-backbone")
+        if fit_exit_adapter is not None and not exit_layers:
+            raise ExportError("--fit-exit-adapter fits head@k adapters: also pass --exit-layers K")
+        return exit_layers
+    if backbone_layers is None:
+        raise ExportError(
+            "--variant shared-backbone needs --backbone-layers K: how many lower layers the "
+            "edge draft shares with the target"
+        )
+    if draft is not None:
+        raise ExportError(
+            "--variant shared-backbone drafts with the target's own lower layers: drop --draft"
+        )
+    if any(k != backbone_layers for k in exit_layers):
+        raise ExportError(
+            f"a shared-backbone bundle holds only head@{backbone_layers}: drop --exit-layers"
+        )
+    return [backbone_layers]
 
 
 def _prepare_out(out: Path, overwrite: bool) -> Path:

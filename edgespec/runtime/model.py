@@ -134,6 +134,12 @@ class Model:
         manifest = load_manifest(folder)
         if mode not in MODES:
             raise InputError(f"mode {mode!r} is not one of: {', '.join(MODES)}")
+        if manifest.variant == "shared-backbone" and mode != "split":
+            raise InputError(
+                f"{folder} is a shared-backbone edge bundle: it holds a frozen draft "
+                f"(head@{manifest.backbone_layers}) and no verifier, so it decodes only with "
+                "mode='split' and a server running the target (--mode split --server URL)"
+            )
         open_graph = _graph_opener(folder, manifest, device, threads, shared_threads)
         exits = manifest.exit_layers
         if mode == "split":
