@@ -88,20 +88,20 @@ def export_bundle(
         check_same_tokenizer(tokenizer, draft_tok, model, draft)
         draft_info = model_info(draft_model)
 
+    steps("extracting weights")
+    weights = extract(target)
+    adapters = {}
+    if fit_exit_adapter is not None:  # before any file is written: bad text fails cleanly
+        from edgespec.export.exit_adapter import fit_exit_adapters
+
+        steps("fitting exit adapters")
+        adapters = fit_exit_adapters(
+            target, tokenizer, weights, sorted(set(exit_layers)), fit_exit_adapter,
+            steps=adapter_steps, progress=progress,
+        )  # fmt: skip
     store = WeightStore(out / WEIGHTS_FILE)
     graphs: list[GraphInfo] = []
     try:
-        steps("extracting weights")
-        weights = extract(target)
-        adapters = {}
-        if fit_exit_adapter is not None:
-            from edgespec.export.exit_adapter import fit_exit_adapters
-
-            steps("fitting exit adapters")
-            adapters = fit_exit_adapters(
-                target, tokenizer, weights, sorted(set(exit_layers)), fit_exit_adapter,
-                steps=adapter_steps, progress=progress,
-            )  # fmt: skip
         roles = ["full"] + [
             f"{kind}@{k}" for k in sorted(set(exit_layers)) for kind in ("head", "tail")
         ]

@@ -124,7 +124,7 @@ def _fit_one(
     opt = torch.optim.Adam([gain, w], lr=1e-3)
     gen = torch.Generator().manual_seed(seed)
     bar = _bar(steps, f"exit adapter @{k}", progress)
-    batch = min(1024, split)
+    batch = min(512, split)
     for step in range(steps):
         idx = torch.randint(0, split, (batch,), generator=gen)
         lr = 1e-3 * 0.5 * (1 + np.cos(np.pi * step / steps))  # cosine: ends annealed
