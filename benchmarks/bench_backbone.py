@@ -221,6 +221,8 @@ def main() -> None:
         "edge-plain": export(target, work / f"edge-k{k}", **sb),
         "edge-adapter": export(target, work / f"edge-k{k}-adapter", **sb, **fit),
         "edge-reexport": export(evolved, work / f"edge-k{k}-evolved-adapter", **sb, **fit),
+        "target+draft": export(target, work / "target-draft", draft=trained / "draft"),
+        "draft-only": export(trained / "draft", work / "draft-only"),
         "exits-plain": export(target, work / "exits-plain", exit_layers=exits),
         "exits-adapter": export(target, work / "exits-adapter", exit_layers=exits, **fit),
     }
@@ -240,7 +242,7 @@ def main() -> None:
     try:
         for t in ("original", "evolved"):
             port = free_port()
-            servers[t] = (start_server(b[f"cloud-{t}"], port, 1, 4), f"ws://127.0.0.1:{port}")
+            servers[t] = (start_server(b[f"cloud-{t}"], port, 1, 16), f"ws://127.0.0.1:{port}")
         configs = {}
         for t in ("original", "evolved"):
             url = servers[t][1]
@@ -250,6 +252,12 @@ def main() -> None:
                     draft_policy=f"fixed:{args.gamma}",
                 )  # fmt: skip
                 configs[f"{t}|{edge}"] = (m, t)
+            # the separately distilled draft model, kept on the device as the target evolves
+            m = edgespec.load(
+                b["target+draft"], mode="split", server=url, threads=1, drafter="draft",
+                draft_policy=f"fixed:{args.gamma}", local_fallback=False,
+            )  # fmt: skip
+            configs[f"{t}|draft"] = (m, t)
             cloud = edgespec.load(
                 b["edge-plain"], mode="split", server=url, threads=1, draft_policy="fixed:0"
             )
@@ -301,14 +309,17 @@ def tables(r: dict, k: int, args) -> str:
         "edge-plain": "frozen, plain exit",
         "edge-adapter": "frozen, exit adapter",
         "edge-reexport": "re-exported from evolved + adapter",
+        "draft": "separate distilled draft (2 layers), kept",
         "cloud-only": "none (cloud-only, γ=0)",
     }
     for t in ("original", "evolved"):
         base = s[f"{t}|cloud-only"]["tokens_per_s"]
-        for edge in ("edge-plain", "edge-adapter", "edge-reexport", "cloud-only"):
+        for edge in ("edge-plain", "edge-adapter", "edge-reexport", "draft", "cloud-only"):
             x = s[f"{t}|{edge}"]
             if edge == "cloud-only":
                 dl = "0"
+            elif edge == "draft":
+                dl = f"0 (re-distilled: {by['draft-only'] / 2**20:.1f} MiB)"
             elif edge == "edge-reexport":
                 dl = f"{by[edge] / 2**20:.1f} MiB"
             else:
