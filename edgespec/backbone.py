@@ -106,6 +106,8 @@ def compatibility(edge: Any, cloud: Any) -> tuple[bool, str]:
             "the edge bundle is not a shared-backbone bundle (export it with "
             "`--variant shared-backbone --backbone-layers K`)"
         )
+    if cloud.variant == "shared-backbone":
+        return False, "the cloud bundle is itself an edge bundle: give the target's bundle"
     k, bb = edge.backbone_layers, edge.backbone
     try:
         check(cloud.backbone, k, bb["tokenizer"], depth_fingerprint(bb, k), "the cloud bundle")

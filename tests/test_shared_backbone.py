@@ -153,6 +153,8 @@ def test_inspect_compat_reports_compatible_and_incompatible_targets(family):
     for name, reason in (("lower", "lower 2 layers"), ("tokenizer", "tokenizer differs")):
         bad = runner.invoke(main, ["inspect", "--compat", edge, str(family[name])])
         assert bad.exit_code == 1 and "INCOMPATIBLE" in bad.output and reason in bad.output
+    swapped = runner.invoke(main, ["inspect", "--compat", edge, edge])
+    assert swapped.exit_code == 1 and "itself an edge bundle" in swapped.output
     shown = runner.invoke(main, ["inspect", edge])
     assert shown.exit_code == 0 and "shared-backbone, backbone layers 2" in shown.output
 
