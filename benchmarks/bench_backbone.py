@@ -43,6 +43,7 @@ from bench_split import free_port, load_prompts, start_server  # noqa: E402
 
 import edgespec  # noqa: E402
 from edgespec.bundle import load_manifest  # noqa: E402
+from edgespec.channel import Channel, ChannelConfig  # noqa: E402
 
 DEFAULT_MODELS = Path(os.environ.get("EDGESPEC_BENCH", Path.home() / ".cache" / "edgespec-bench"))
 SEED = 0
@@ -85,7 +86,7 @@ def calibration_text(out: Path, tokens: int = 20000) -> Path:
     return path
 
 
-def evolve(target: Path, out: Path, k: int, steps: int, seq_len: int = 256, batch: int = 8) -> Path:
+def evolve(target: Path, out: Path, k: int, steps: int, seq_len: int = 256, batch: int = 4) -> Path:
     """Fine-tune layers >= k and the final norm of `target` on the test-suite text."""
     config = {"target": str(target), "k": k, "steps": steps, "seq": seq_len, "batch": batch}
     config["target_sha"] = hashlib.sha256((target / "model.safetensors").read_bytes()).hexdigest()
@@ -119,7 +120,7 @@ def evolve(target: Path, out: Path, k: int, steps: int, seq_len: int = 256, batc
         opt.zero_grad()
         loss.backward()
         opt.step()
-        losses.append(float(loss))
+        losses.append(loss.item())
         if step % 25 == 0 or step == steps - 1:
             log(f"  step {step + 1}/{steps} loss {np.mean(losses[-25:]):.3f}")
     model.eval()
@@ -195,12 +196,14 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", type=Path, default=DEFAULT_MODELS)
     p.add_argument("--backbone-layers", type=int, default=4)
-    p.add_argument("--evolve-steps", type=int, default=150)
+    p.add_argument("--evolve-steps", type=int, default=80)
     p.add_argument("--adapter-steps", type=int, default=300)
     p.add_argument("--prompts", type=int, default=8)
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--gamma", type=int, default=4)
     p.add_argument("--exits", default="2,4", help="exit layers of the adapter table")
+    p.add_argument("--rtt-ms", type=float, default=0.0, help="emulated link (0: loopback)")
+    p.add_argument("--bandwidth-mbit", type=float, default=None, help="with --rtt-ms")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args()
     k = args.backbone_layers
@@ -239,10 +242,17 @@ def main() -> None:
         for t in ("original", "evolved")
     }
     servers, results = {}, {}
+    channels = []
     try:
         for t in ("original", "evolved"):
             port = free_port()
-            servers[t] = (start_server(b[f"cloud-{t}"], port, 1, 16), f"ws://127.0.0.1:{port}")
+            proc = start_server(b[f"cloud-{t}"], port, 1, 16)
+            address = f"127.0.0.1:{port}"
+            if args.rtt_ms:  # an emulated link in front of the server (edgespec.channel)
+                config = ChannelConfig(rtt_ms=args.rtt_ms, bandwidth_mbit=args.bandwidth_mbit)
+                channels.append(Channel(address, config).start())
+                address = channels[-1].address
+            servers[t] = (proc, f"ws://{address}")
         configs = {}
         for t in ("original", "evolved"):
             url = servers[t][1]
@@ -265,6 +275,8 @@ def main() -> None:
         log(f"split decoding: {len(configs)} configs x {len(prompts)} prompts x {n} tokens")
         results["split"] = interleaved(configs, prompts, n, refs)
     finally:
+        for ch in channels:
+            ch.stop()
         for proc, _ in servers.values():
             proc.terminate()
             proc.wait(timeout=30)
@@ -296,7 +308,9 @@ def tables(r: dict, k: int, args) -> str:
     ev = r["evolve"]
     lines = [
         f"### Frozen shared-backbone edge draft (K={k}) vs an evolved target "
-        f"(greedy, γ={args.gamma}, {args.prompts} prompts x {args.new_tokens} tokens)",
+        f"(greedy, γ={args.gamma}, {args.prompts} prompts x {args.new_tokens} tokens, "
+        + (f"RTT {args.rtt_ms:g} ms" if args.rtt_ms else "loopback")
+        + (f", {args.bandwidth_mbit:g} Mbit/s)" if args.bandwidth_mbit else ")"),
         "",
         f"Evolved target: layers {k}..7 + final norm fine-tuned {ev['config']['steps']} steps "
         f"on the stdlib test suite (loss {ev['first_loss']:.2f} -> {ev['last_loss']:.2f}).",
