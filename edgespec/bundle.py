@@ -160,6 +160,12 @@ class Manifest:
     extra: dict[str, Any] = field(default_factory=dict)
     static: StaticVariants | None = None  # optional: bundles exported with --static
     coreml: CoreMLVariants | None = None  # optional: bundles exported with --coreml
+    # "standard", or "shared-backbone": an edge bundle holding only head@backbone_layers, a
+    # frozen draft cut from the target's lower layers, that needs a server to verify
+    variant: str = "standard"
+    backbone_layers: int | None = None
+    # {"tokenizer": hex, "base": hex, "layers": [hex per layer]}: see edgespec.backbone
+    backbone: dict[str, Any] | None = None
 
     def graph(self, role: str) -> GraphInfo:
         for g in self.graphs:
@@ -261,7 +267,16 @@ def _graph_from_json(g: dict[str, Any]) -> GraphInfo:
 
 def _from_json(raw: dict[str, Any]) -> Manifest:
     graphs = [_graph_from_json(g) for g in raw["graphs"]]
-    if not any(g.role == "full" for g in graphs) and not any(
+    variant = raw.get("variant", "standard")
+    backbone_layers = raw.get("backbone_layers")
+    if variant == "shared-backbone":
+        if not isinstance(backbone_layers, int) or not raw.get("backbone"):
+            raise ValueError("a shared-backbone bundle needs backbone_layers and backbone hashes")
+        if f"head@{backbone_layers}" not in {g.role for g in graphs}:
+            raise ValueError(f"a shared-backbone bundle needs its head@{backbone_layers} graph")
+    elif variant != "standard":
+        raise ValueError(f"unknown variant {variant!r} (standard | shared-backbone)")
+    elif not any(g.role == "full" for g in graphs) and not any(
         g.role.startswith("tail@") for g in graphs
     ):
         raise ValueError("no 'full' or 'tail@k' graph: nothing can verify")
@@ -284,6 +299,9 @@ def _from_json(raw: dict[str, Any]) -> Manifest:
         extra=raw.get("extra", {}),
         static=_static_from_json(raw.get("static")),
         coreml=_coreml_from_json(raw.get("coreml")),
+        variant=variant,
+        backbone_layers=backbone_layers,
+        backbone=raw.get("backbone"),
     )
 
 

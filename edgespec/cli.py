@@ -96,6 +96,27 @@ def main() -> None:
 @click.option(
     "--coreml", is_flag=True, help="Also convert to Core ML packages (needs [coreml] extra)."
 )
+@click.option(
+    "--variant",
+    type=click.Choice(["standard", "shared-backbone"]),
+    default="standard",
+    show_default=True,
+    help="shared-backbone: an edge bundle holding only a frozen draft (head@K) for split mode.",
+)
+@click.option("--backbone-layers", type=int, default=None, help="shared-backbone: layers K.")
+@click.option(
+    "--fit-exit-adapter",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Fit an exit adapter into each head@K on this calibration text file.",
+)
+@click.option("--adapter-steps", type=click.IntRange(1), default=300, show_default=True)
+@click.option(
+    "--check-compat",
+    type=click.Path(),
+    default=None,
+    help="After export, report whether this edge bundle can draft for the new bundle.",
+)
 @_friendly
 def export(
     model: str,
@@ -113,6 +134,11 @@ def export(
     max_context: int,
     verify_width: str,
     coreml: bool,
+    variant: str,
+    backbone_layers: int | None,
+    fit_exit_adapter: str | None,
+    adapter_steps: int,
+    check_compat: str | None,
 ) -> None:
     """Export MODEL (a local checkpoint folder, a hub id, or builtin:tiny-llama) to a bundle."""
     try:
@@ -152,10 +178,27 @@ def export(
             max_context=max_context,
             verify_width=widths,
             coreml=coreml,
+            variant=variant,
+            backbone_layers=backbone_layers,
+            fit_exit_adapter=fit_exit_adapter,
+            adapter_steps=adapter_steps,
         )
     except ExportError as e:
         raise click.ClickException(str(e)) from None
     click.echo(f"wrote {out}: {', '.join(manifest.roles)}")
+    if check_compat:
+        _report_compat(check_compat, out)
+
+
+def _report_compat(edge: str, cloud: str) -> None:
+    """One line: can EDGE's frozen draft run against CLOUD's target; exit 1 when not."""
+    from edgespec.backbone import compatibility
+    from edgespec.bundle import load_manifest
+
+    ok, reason = compatibility(load_manifest(edge), load_manifest(cloud))
+    click.echo(f"{'compatible' if ok else 'INCOMPATIBLE'}: {edge} -> {cloud}: {reason}")
+    if not ok:
+        sys.exit(1)
 
 
 @main.command()
@@ -341,12 +384,25 @@ def bench(
 
 
 @main.command()
-@click.argument("bundle", type=click.Path())
+@click.argument("bundle", type=click.Path(), required=False)
+@click.option(
+    "--compat",
+    nargs=2,
+    type=click.Path(),
+    default=None,
+    metavar="EDGE CLOUD",
+    help="Whether shared-backbone bundle EDGE can draft for CLOUD's target (exit 1 if not).",
+)
 @_friendly
-def inspect(bundle: str) -> None:
-    """Show what a bundle holds."""
+def inspect(bundle: str | None, compat: tuple[str, str] | None) -> None:
+    """Show what a bundle holds (or, with --compat EDGE CLOUD, whether two bundles fit)."""
     from edgespec.bundle import load_manifest
 
+    if compat:
+        _report_compat(*compat)
+        return
+    if bundle is None:
+        raise click.UsageError("give a BUNDLE folder, or --compat EDGE CLOUD")
     m = load_manifest(bundle)
     t = m.target
     rows = [
@@ -375,7 +431,17 @@ def inspect(bundle: str) -> None:
                 f"hidden {d.hidden_size}",
             )
         )
-    if "export_check" in m.extra:
+    if m.variant != "standard":
+        rows.append(("variant", f"{m.variant}, backbone layers {m.backbone_layers}"))
+    for k, a in m.extra.get("exit_adapters", {}).items():
+        rows.append(
+            (
+                f"exit adapter @{k}",
+                f"{a['kind']}: KL to final {a['kl_before']:.3f} -> {a['kl_after']:.3f}, "
+                f"top-1 {a['top1_before']:.0%} -> {a['top1_after']:.0%}",
+            )
+        )
+    if "max_abs_logit_diff" in m.extra.get("export_check", {}):
         c = m.extra["export_check"]
         rows.append(
             (

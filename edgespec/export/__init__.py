@@ -5,6 +5,12 @@ optional separate draft model and early-exit layers), writes the ONNX graphs of 
 the tokenizer files, one shared weights file and `manifest.json`, and checks the exported
 `full` graph against the transformers model before it returns. Every user mistake is an
 `ExportError` saying what is wrong and what to do.
+
+`variant="shared-backbone", backbone_layers=k` writes an edge bundle instead: only head@k
+(the target's embeddings and lower k layers, final norm and LM head, plus an exit adapter
+with `fit_exit_adapter`), a frozen draft for split decoding against any target that keeps
+those layers and the tokenizer (see `edgespec.backbone`). `fit_exit_adapter=CALIB.txt`
+fits an adapter into every head@k (`exit_adapter.py`).
 """
 
 from __future__ import annotations
@@ -37,11 +43,13 @@ from edgespec.export import gpt2, llama
 from edgespec.export.builder import GraphBuilder, WeightStore, io_specs
 from edgespec.export.decoder import DecoderWeights, build_graph
 from edgespec.export.quantize import QdqCalibration, QuantConfig, externalize
+from edgespec.export.shared_backbone import backbone_record, verify_head
 from edgespec.export.static import static_shapes, verify_static, write_static_graph
 
 # model_type (transformers config) -> the family module that extracts its weights.
 FAMILIES: dict[str, ModuleType] = {"llama": llama, "qwen2": llama, "gpt2": gpt2}
 DTYPES = {"fp32": np.float32, "fp16": np.float16}
+VARIANTS = ("standard", "shared-backbone")
 WEIGHTS_FILE = "weights.bin"
 
 
@@ -68,6 +76,10 @@ def export_bundle(
     max_context: int = 512,
     verify_width: int | Sequence[int] = 8,
     coreml: bool = False,
+    variant: str = "standard",
+    backbone_layers: int | None = None,
+    fit_exit_adapter: str | Path | None = None,
+    adapter_steps: int = 300,
 ) -> Manifest:
     """Export `model` (and `draft`) to an edgespec bundle in `out`; return its manifest.
 
@@ -80,7 +92,11 @@ def export_bundle(
     width; needs the [coreml] extra (coremltools).
     quantize: None | "int8" | "int4" (`block_size`, `accuracy_level`) | "qdq-int8"
     (calibrated on `calibration_prompts`, default a few built-in ones); see export/quantize.py.
+    variant: "shared-backbone" writes an edge bundle holding only head@`backbone_layers` (a
+    frozen draft for split decoding, see edgespec.backbone); `fit_exit_adapter`: a calibration
+    text file on which an adapter is fitted into every head@k (export/exit_adapter.py).
     """
+    exit_layers = _check_variant(variant, backbone_layers, exit_layers, draft, fit_exit_adapter)
     if dtype not in DTYPES:
         raise ExportError(f"--dtype {dtype!r} is not supported; choose one of {', '.join(DTYPES)}")
     quant = None
@@ -103,8 +119,9 @@ def export_bundle(
     info = model_info(target)
     for k in exit_layers:
         if not 0 < k < info.num_layers:
+            option = "--backbone-layers" if variant == "shared-backbone" else "--exit-layers"
             raise ExportError(
-                f"--exit-layers {k} is out of range: the model has {info.num_layers} layers, "
+                f"{option} {k} is out of range: the model has {info.num_layers} layers, "
                 f"so an exit layer must be between 1 and {info.num_layers - 1}"
             )
     draft_model = draft_info = None
@@ -128,6 +145,17 @@ def export_bundle(
         except ValueError as e:
             raise ExportError(str(e)) from None
 
+    steps("extracting weights")
+    weights = extract(target)
+    adapters = {}
+    if fit_exit_adapter is not None:  # before any file is written: bad text fails cleanly
+        from edgespec.export.exit_adapter import fit_exit_adapters
+
+        steps("fitting exit adapters")
+        adapters = fit_exit_adapters(
+            target, tokenizer, weights, sorted(set(exit_layers)), fit_exit_adapter,
+            steps=adapter_steps, progress=progress,
+        )  # fmt: skip
     store = WeightStore(out / WEIGHTS_FILE)
     graphs: list[GraphInfo] = []
     static_graphs: list[GraphInfo] = []
@@ -136,11 +164,11 @@ def export_bundle(
     if quant is not None and quant.method == "qdq-int8":
         qdq = QdqCalibration(calibration_ids(tokenizer, quant.calibration_prompts, info))
     try:
-        steps("extracting weights")
-        weights = extract(target)
         roles = ["full"] + [
             f"{kind}@{k}" for k in sorted(set(exit_layers)) for kind in ("head", "tail")
         ]
+        if variant == "shared-backbone":
+            roles = [f"head@{backbone_layers}"]
         for role in roles:
             steps(f"building {role} graph")
             graphs.append(_write_graph(weights, role, "target", out, store, dtype, quant, qdq))
@@ -190,10 +218,20 @@ def export_bundle(
         created_by=f"edgespec {__version__}",
         static=StaticVariants(max_context, widths, static_graphs) if static else None,
         coreml=CoreMLVariants(max_context, widths[-1], packages) if coreml else None,
+        variant=variant,
+        backbone_layers=backbone_layers,
+        backbone=backbone_record(tokenizer, weights),
     )
     if quant is not None:
         manifest.extra["quantization"] = quant.describe()
-    if verify:
+    if adapters:
+        manifest.extra["exit_adapters"] = {str(k): r for k, r in adapters.items()}
+    if verify and variant == "shared-backbone":
+        steps("checking the exported head against transformers")
+        k = int(backbone_layers or 0)
+        diff = verify_head(target, out / graphs[0].file, k, info.num_kv_heads, info.head_dim)
+        manifest.extra["export_check"] = {"max_abs_hidden_diff": diff}
+    elif verify:
         steps("checking the exported graph against transformers")
         manifest.extra["export_check"] = verify_export(
             target, out / "full.onnx", info, dtype, quantize
@@ -204,6 +242,38 @@ def export_bundle(
     save_manifest(manifest, out)
     steps.close()
     return manifest
+
+
+def _check_variant(
+    variant: str,
+    backbone_layers: int | None,
+    exit_layers: Sequence[int],
+    draft: object,
+    fit_exit_adapter: object,
+) -> Sequence[int]:
+    """The exit layers to build (a shared-backbone bundle: exactly its backbone depth)."""
+    if variant not in VARIANTS:
+        raise ExportError(f"--variant {variant!r} is not one of: {', '.join(VARIANTS)}")
+    if variant == "standard":
+        if backbone_layers is not None:
+            raise ExportError("--backbone-layers needs --variant shared-backbone")
+        if fit_exit_adapter is not None and not exit_layers:
+            raise ExportError("--fit-exit-adapter fits head@k adapters: also pass --exit-layers K")
+        return exit_layers
+    if backbone_layers is None:
+        raise ExportError(
+            "--variant shared-backbone needs --backbone-layers K: how many lower layers the "
+            "edge draft shares with the target"
+        )
+    if draft is not None:
+        raise ExportError(
+            "--variant shared-backbone drafts with the target's own lower layers: drop --draft"
+        )
+    if any(k != backbone_layers for k in exit_layers):
+        raise ExportError(
+            f"a shared-backbone bundle holds only head@{backbone_layers}: drop --exit-layers"
+        )
+    return [backbone_layers]
 
 
 def _prepare_out(out: Path, overwrite: bool) -> Path:

@@ -5,18 +5,20 @@ modules `llama.py`, `gpt2.py`) and builds the graph for a role:
 
   full     input_ids -> embeddings -> layers 0..N-1 -> norm -> LM head -> logits
   head@k   input_ids -> embeddings -> layers 0..k-1 -> hidden (residual stream at k)
-                                                    -> norm -> LM head -> exit logits
+                                 [-> exit adapter] -> norm -> LM head -> exit logits
   tail@k   hidden    -> layers k..N-1 -> norm -> LM head -> logits
 
 Common inputs: `seqlens_k` [batch] int32 (cache length after this call, minus one — the
 GroupQueryAttention convention), `total_seq_len` [] int32, `num_logits_to_keep` [] int64
 (logits only for the last n positions; 0 skips the LM head), and per layer the KV buffers.
-Guarantees: head@k followed by tail@k computes exactly what full computes.
+Guarantees: head@k followed by tail@k computes exactly what full computes. An exit adapter
+(`ExitAdapter`, fitted by `exit_adapter.py`) changes only head@k's exit logits, never its
+`hidden` output, so verification through tail@k stays exact.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from onnx import TensorProto
@@ -46,6 +48,15 @@ class LayerWeights:
 
 
 @dataclass
+class ExitAdapter:
+    """exit = h + RMSNorm(h) @ w, applied to the residual stream at k before the shared final
+    norm and LM head (w = 0 is the identity, the plain shared-head exit)."""
+
+    norm: Norm
+    w: np.ndarray  # [hidden, hidden]
+
+
+@dataclass
 class DecoderWeights:
     embed: np.ndarray  # [vocab, hidden]
     pos_embed: np.ndarray | None  # learned absolute positions [max_pos, hidden] (GPT-2)
@@ -57,6 +68,7 @@ class DecoderWeights:
     attn: AttentionShape
     activation: str  # "silu" (gated MLP) | "gelu_tanh" (plain MLP)
     prefix: str = ""  # weight-name prefix, "draft." for a draft model
+    exit_adapters: dict[int, ExitAdapter] = field(default_factory=dict)  # exit layer -> adapter
 
     @property
     def tied(self) -> bool:
@@ -110,6 +122,12 @@ def build_graph(w: DecoderWeights, role: str, gb: GraphBuilder) -> None:
         gb.add_output(hidden, "hidden", dt, ["batch", "sequence", w.embed.shape[1]])
         x, delta = hidden, None
     x = gb.last_positions(x, keep)
+    adapter = w.exit_adapters.get(last) if kind == "head" else None
+    if adapter is not None:
+        name = f"{p}exit_adapter.{last}"
+        x = gb.op1(
+            "Add", [x, gb.linear(_norm(gb, x, f"{name}.norm", adapter.norm), name, adapter.w)]
+        )
     if delta is None:
         h = _norm(gb, x, f"{p}final_norm", w.final_norm)
     else:

@@ -93,6 +93,12 @@ def build_static_graph(w: DecoderWeights, role: str, gb: GraphBuilder, shape: St
 
     if kind == "head":
         gb.add_output(x, "hidden", dt, [1, width, hidden_size])
+        adapter = w.exit_adapters.get(last)
+        if adapter is not None:  # the same exit adapter as the dynamic head@k: exit logits only
+            name = f"{p}exit_adapter.{last}"
+            x = gb.op1(
+                "Add", [x, gb.linear(_norm(gb, x, f"{name}.norm", adapter.norm), name, adapter.w)]
+            )
     h = _norm(gb, x, f"{p}final_norm", w.final_norm)
     logits = _lm_head(gb, h, w, width)
     if dt != TensorProto.FLOAT:

@@ -144,6 +144,12 @@ class Model:
         manifest = load_manifest(folder)
         if mode not in MODES:
             raise InputError(f"mode {mode!r} is not one of: {', '.join(MODES)}")
+        if manifest.variant == "shared-backbone" and mode != "split":
+            raise InputError(
+                f"{folder} is a shared-backbone edge bundle: it holds a frozen draft "
+                f"(head@{manifest.backbone_layers}) and no verifier, so it decodes only with "
+                "mode='split' and a server running the target (--mode split --server URL)"
+            )
         if (static or coreml) and mode == "split":
             raise InputError("split mode does not run static or Core ML graphs yet: drop them")
         if static and coreml:

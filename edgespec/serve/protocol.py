@@ -7,7 +7,9 @@ Every message is a 12-byte header then a type-specific body, all little-endian:
                    capacity u32 | fingerprint: u16 length + utf-8 | ids: u32 count + int32[]
              a new generation: the server prefills `ids` (a prompt, or on reconnect the whole
              committed sequence) into a fresh KV cache of `capacity` positions and answers
-             RESULT with the next token (accepted = 0)
+             RESULT with the next token (accepted = 0). fingerprint: the bundle's backbone
+             fingerprint, or from a shared-backbone edge bundle `backbone:K:TOKENIZER:LOWER`
+             (`edgespec.backbone`); the server answers a mismatch with ERROR 403
     VERIFY   c->s  base u32 | q kind u8 | drafts: u32 count + int32[] | q rows
              drafts d_1..d_γ after the `base` committed tokens (γ = 0: the server just
              generates one token). Sampling with a model drafter sends each draft's q row:

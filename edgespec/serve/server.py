@@ -30,6 +30,7 @@ from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from edgespec.backbone import HELLO_PREFIX, BackboneMismatch, check_hello
 from edgespec.runtime.model import Model
 from edgespec.serve import protocol as P
 from edgespec.serve.batching import KVPool
@@ -160,7 +161,12 @@ async def _session_rounds(ws: WebSocket, state: State, sid: int, held: list[Serv
                 raise P.ProtocolError("the server is shutting down: reconnect later", P.UNAVAILABLE)
             if isinstance(msg, P.Start):
                 fingerprint = state.model.manifest.backbone_fingerprint
-                if msg.fingerprint and msg.fingerprint != fingerprint:
+                if msg.fingerprint.startswith(HELLO_PREFIX):
+                    try:  # a shared-backbone edge bundle: same tokenizer and lower layers?
+                        check_hello(state.model.manifest.backbone, msg.fingerprint)
+                    except BackboneMismatch as e:
+                        raise P.ProtocolError(str(e), P.INCOMPATIBLE) from None
+                elif msg.fingerprint and msg.fingerprint != fingerprint:
                     raise P.ProtocolError(
                         "the device's bundle does not share this server's backbone "
                         f"(device {msg.fingerprint[:19]}..., server {fingerprint[:19]}...): "

@@ -369,7 +369,12 @@ def build_split(
         raise SplitError(f"drafter {spec!r} is not one of: draft, exit:K, lookup")
     local = Target([open_graph("full")]) if local_fallback and "full" in roles else None
     policy = split_policy(draft_policy, exits, energy_budget, device_profile)
-    remote = Remote(server, token, manifest.backbone_fingerprint, timeout=timeout)
+    fingerprint = manifest.backbone_fingerprint
+    if manifest.variant == "shared-backbone":
+        from edgespec.backbone import hello
+
+        fingerprint = hello(manifest)  # the server checks its target's lower layers against it
+    remote = Remote(server, token, fingerprint, timeout=timeout)
     return remote, local, chosen, policy
 
 
