@@ -295,6 +295,11 @@ def edgespec_configs(blind: Path, calibrated: Path) -> list[tuple[str, Path, dic
     for g in FIXED:
         rows.append((f"spec fixed:{g}", blind, {"mode": "spec", "draft_policy": f"fixed:{g}"}))
     rows.append(("lookup auto", blind, {"mode": "lookup", "draft_policy": "auto"}))
+    # prompt lookup first, the draft model where lookup finds nothing (edgespec's n-gram
+    # drafter combined with its draft model, the pair genai's two modes each use alone)
+    rows.append(
+        ("spec+lookup auto", blind, {"mode": "spec", "lookup": True, "draft_policy": "auto"})
+    )
     return rows
 
 
