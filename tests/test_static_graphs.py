@@ -307,3 +307,24 @@ def test_manifests_from_before_static_and_core_ml_still_load(bundles, tmp_path):
     m = load_manifest(old)
     assert m.static is None and m.coreml is None and m.schema_version == 1
     assert len(edgespec.load(old).generate([1, 2, 3], max_new_tokens=3).tokens) >= 1
+
+
+def test_a_device_profile_that_needs_static_shapes_runs_the_static_graphs(
+    static_bundles, bundles, references, tmp_path, monkeypatch
+):
+    """An NPU-style profile (static_shapes: true) picks the static graphs by itself; a bundle
+    without them is refused with the re-export command."""
+    from edgespec.runtime.static import StaticGraphSession
+
+    profiles = tmp_path / "devices"
+    profiles.mkdir()
+    (profiles / "npu.json").write_text(
+        '{"name": "cpu-as-npu", "providers": ["CPUExecutionProvider"], "static_shapes": true}'
+    )
+    monkeypatch.setenv("EDGESPEC_DEVICES", str(profiles))
+    model = edgespec.load(static_bundles["qwen2"], device="cpu-as-npu")
+    assert isinstance(model.target.stages[0], StaticGraphSession)
+    got = model.generate(prompt_ids(), max_new_tokens=N_NEW, ignore_eos=True)
+    assert got.tokens == references["qwen2"]
+    with pytest.raises(BundleError, match="no static graphs.*--static"):
+        edgespec.load(bundles["qwen2"], device="cpu-as-npu")
