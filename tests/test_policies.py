@@ -135,3 +135,19 @@ def test_a_burst_of_slow_rounds_before_a_plain_stretch_does_not_price_speculatio
     rounds(p, accepted=0, drafted=3, t_draft=0.0015, t_verify=0.009, n=4)  # 3x slower
     rounds(p, accepted=0, drafted=0, t_draft=0.0, t_verify=0.002, n=200)
     assert p.cost.cost(3) < 1.5 * 0.0045
+
+
+def test_alpha_is_fitted_to_the_tokens_rounds_yield():
+    from edgespec.runtime.policies import CostModel, alpha_for, expected_tokens
+
+    for alpha in (0.2, 0.6, 0.9):
+        assert abs(alpha_for(expected_tokens(alpha, 4), 4) - alpha) < 1e-6
+    # runs of acceptance: half the rounds accept all 4 drafts, half none -> 3 tokens per round,
+    # which a per-draft count (4/6 = 67% accepted per trial) would price at 2.4
+    cost = CostModel()
+    for i in range(60):
+        n = 4 if i % 2 else 0
+        cost.observe(
+            RoundStats("decode", n + 1, 5, 0.005, drafted=4, accepted=n, draft_seconds=0.001)
+        )
+    assert abs(expected_tokens(cost.alpha, 4) - 3.0) < 0.35
