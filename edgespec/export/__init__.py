@@ -36,12 +36,11 @@ from edgespec.bundle import (
     Manifest,
     ModelInfo,
     StaticVariants,
-    TensorSpec,
     save_manifest,
 )
 from edgespec.export import gpt2, llama
-from edgespec.export.builder import GraphBuilder, WeightStore, io_specs
-from edgespec.export.decoder import DecoderWeights, build_graph
+from edgespec.export.builder import GraphBuilder, WeightStore
+from edgespec.export.decoder import DecoderWeights, build_graph, graph_info
 from edgespec.export.quantize import QdqCalibration, QuantConfig, externalize
 from edgespec.export.shared_backbone import backbone_record, verify_head
 from edgespec.export.static import static_shapes, verify_static, write_static_graph
@@ -434,17 +433,7 @@ def _write_graph(
         proto = externalize(qdq.quantize(proto, role), store)
     file = role.replace("@", "_at_") + ".onnx"
     onnx.save(proto, str(out / file))
-    kinds, _, k = role.partition("@")
-    n = len(weights.layers)
-    first, last = (int(k), n) if kinds == "tail" else (0, int(k) if kinds == "head" else n)
-    return GraphInfo(
-        role=role,
-        file=file,
-        model=model,
-        kv_layers=list(range(first, last)),
-        inputs=[TensorSpec(**s) for s in io_specs(gb.inputs)],
-        outputs=[TensorSpec(**s) for s in io_specs(gb.outputs)],
-    )
+    return graph_info(role, file, model, len(weights.layers), gb)
 
 
 def calibration_ids(tokenizer: Any, prompts: Sequence[str], info: ModelInfo) -> list[list[int]]:

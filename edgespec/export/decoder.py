@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from onnx import TensorProto
 
-from edgespec.export.builder import AttentionShape, GraphBuilder
+from edgespec.bundle import GraphInfo, TensorSpec
+from edgespec.export.builder import AttentionShape, GraphBuilder, io_specs
 
 
 @dataclass
@@ -75,16 +76,34 @@ class DecoderWeights:
         return self.lm_head is self.embed
 
 
+def role_layers(role: str, num_layers: int) -> tuple[int, int]:
+    """(first, last + 1): the layers a role computes (and whose KV cache it owns)."""
+    kind, _, k = role.partition("@")
+    return {
+        "full": (0, num_layers),
+        "draft": (0, num_layers),
+        "head": (0, int(k or 0)),
+        "tail": (int(k or 0), num_layers),
+    }[kind]
+
+
+def graph_info(role: str, file: str, model: str, num_layers: int, gb: GraphBuilder) -> GraphInfo:
+    """The manifest entry of a graph `gb` built for `role`, saved as `file`."""
+    first, last = role_layers(role, num_layers)
+    return GraphInfo(
+        role=role,
+        file=file,
+        model=model,
+        kv_layers=list(range(first, last)),
+        inputs=[TensorSpec(**s) for s in io_specs(gb.inputs)],
+        outputs=[TensorSpec(**s) for s in io_specs(gb.outputs)],
+    )
+
+
 def build_graph(w: DecoderWeights, role: str, gb: GraphBuilder) -> None:
     """Populate `gb` with the graph for `role` (full | draft | head@k | tail@k)."""
-    n = len(w.layers)
-    kind, _, k = role.partition("@")
-    first, last = {
-        "full": (0, n),
-        "draft": (0, n),
-        "head": (0, int(k or 0)),
-        "tail": (int(k or 0), n),
-    }[kind]
+    kind = role.partition("@")[0]
+    first, last = role_layers(role, len(w.layers))
     dt = gb.onnx_dtype
     p = w.prefix
 

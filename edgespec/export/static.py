@@ -34,9 +34,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from edgespec.bundle import GraphInfo, Manifest, ModelInfo, TensorSpec
-from edgespec.export.builder import GraphBuilder, WeightStore, io_specs
-from edgespec.export.decoder import DecoderWeights, LayerWeights, Norm
+from edgespec.bundle import GraphInfo, Manifest, ModelInfo
+from edgespec.export.builder import GraphBuilder, WeightStore
+from edgespec.export.decoder import DecoderWeights, LayerWeights, Norm, graph_info, role_layers
 
 STATIC_OPSET = 17  # LayerNormalization is standard from 17; NPU toolchains accept 17 widely
 STATIC_IR_VERSION = 8  # the IR of opset 17; onnxruntime and older NPU converters read it
@@ -55,14 +55,8 @@ def build_static_graph(w: DecoderWeights, role: str, gb: GraphBuilder, shape: St
         raise ValueError(
             "static graphs are float only (int8 DynamicQuantizeMatMul is a contrib op)"
         )
-    n = len(w.layers)
-    kind, _, k = role.partition("@")
-    first, last = {
-        "full": (0, n),
-        "draft": (0, n),
-        "head": (0, int(k or 0)),
-        "tail": (int(k or 0), n),
-    }[kind]
+    kind = role.partition("@")[0]
+    first, last = role_layers(role, len(w.layers))
     c, width = shape.max_context, shape.verify_width
     hidden_size = w.embed.shape[1]
     dt, p = gb.onnx_dtype, w.prefix
@@ -328,17 +322,7 @@ def write_static_graph(
         raise RuntimeError(f"static {role} graph is not NPU-friendly: {'; '.join(problems[:5])}")
     file = f"static_w{shape.verify_width}_" + role.replace("@", "_at_") + ".onnx"
     onnx.save(proto, str(out / file))
-    kind, _, k = role.partition("@")
-    n = len(weights.layers)
-    first, last = (int(k), n) if kind == "tail" else (0, int(k) if kind == "head" else n)
-    return GraphInfo(
-        role=role,
-        file=file,
-        model=model,
-        kv_layers=list(range(first, last)),
-        inputs=[TensorSpec(**s) for s in io_specs(gb.inputs)],
-        outputs=[TensorSpec(**s) for s in io_specs(gb.outputs)],
-    )
+    return graph_info(role, file, model, len(weights.layers), gb)
 
 
 def verify_static(hf_model: Any, folder: Path, manifest: Manifest) -> dict[str, float]:
