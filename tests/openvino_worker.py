@@ -60,6 +60,8 @@ def placement(folder: Path, device: str) -> dict[str, dict[str, int]]:
                 feeds[i.name] = np.array(3, np.int32)
             elif i.name == "num_logits_to_keep":
                 feeds[i.name] = np.array(1, np.int64)
+            elif i.name == "query_seqlens":
+                feeds[i.name] = np.array([3], np.int32)
             else:
                 feeds[i.name] = np.zeros((1, info.num_kv_heads, 0, info.head_dim), np.float32)
         sess.run(None, feeds)

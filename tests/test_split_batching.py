@@ -14,7 +14,7 @@ from websockets.sync.client import connect
 import edgespec
 from edgespec.runtime.target import Target
 from edgespec.serve import protocol as P
-from edgespec.serve.batching import KVPool, forward_alone, forward_rounds, forward_steps, plan
+from edgespec.serve.batching import KVPool, forward_alone, forward_batch, forward_rounds, plan
 from edgespec.serve.worker import Worker
 
 ARCH = "llama-gqa-tied"
@@ -31,60 +31,73 @@ def pool_for(stages, sessions: int, context: int = 96) -> KVPool:
     return KVPool.allocate(layers, m.num_kv_heads, m.head_dim, context, sessions, np.float32)
 
 
-@pytest.mark.parametrize("verifier", ["full", "exit:2"])
-def test_stepped_batch_matches_each_row_alone(bundle, verifier):
-    """Rows of different lengths and round widths, idle rows inside the range, free slots,
-    stepped and alone rounds in one batch: every row's logits equal a batch-1 forward of its
-    whole sequence."""
-    stages = edgespec.load(bundle, mode="ar", verifier=verifier, threads=1).target.stages
-    pool = pool_for(stages, 6)
-    rng = np.random.default_rng(0)
+def fill(stages, pool, rng, rows: int) -> dict[int, list[int]]:
     seqs: dict[int, list[int]] = {}
-    for _ in range(5):  # slot 5 stays free
+    for _ in range(rows):
         slot = pool.acquire()
         seqs[slot] = [int(t) for t in rng.integers(1, 500, int(rng.integers(1, 30)))]
         forward_alone(stages, pool, slot, np.asarray(seqs[slot]))
-    cases = ([1, 3, 0, 2, 1], [4, 1, 1, 1, 1], [1, 1, 1, 1, 1], [2, 1, 1, 6, 1], [0, 2, 1, 3, 0])
-    for k, widths in enumerate(cases):
+    return seqs
+
+
+def alone(stages, seq: list[int], n: int, context: int = 96) -> np.ndarray:
+    ref = Target(stages)
+    ref.reset(context)
+    return ref.forward(np.asarray(seq), keep=n)
+
+
+@pytest.mark.parametrize(
+    "arch,verifier", [(ARCH, "full"), (ARCH, "exit:2"), ("gpt2", "full"), ("qwen2", "full")]
+)
+def test_full_width_batch_matches_each_row_alone(spec_bundles, arch, verifier):
+    """Rows of different lengths and round widths in ONE forward ([rows, max width], padded),
+    with idle rows inside the range and a free slot: every row's logits equal a batch-1
+    forward of its whole sequence, and idle rows keep their cache untouched."""
+    stages = edgespec.load(spec_bundles[arch], mode="ar", verifier=verifier, threads=1)
+    stages = stages.target.stages
+    pool = pool_for(stages, 6)
+    rng = np.random.default_rng(0)
+    seqs = fill(stages, pool, rng, 5)  # slot 5 stays free
+    cases = ([1, 3, 0, 2, 1], [4, 1, 1, 1, 1], [1, 1, 1, 1, 1], [2, 5, 1, 3, 4], [0, 2, 1, 3, 0])
+    for widths in cases:
         work = [(s, rng.integers(1, 500, w)) for s, w in enumerate(widths) if w]
-        # all stepped (narrower rounds get dummies), or planned: some stepped, wide ones alone
-        run = forward_steps if k % 2 == 0 else forward_rounds
-        logits, per_forward = run(stages, pool, work)
-        assert max(per_forward) > 1
+        idle = [s for s, w in enumerate(widths) if not w]
+        before = [pool.keys[-1][s].copy() for s in idle]
+        logits = forward_batch(stages, pool, work)
         for (slot, ids), got in zip(work, logits, strict=True):
             seqs[slot] += [int(t) for t in ids]
-            ref = Target(stages)
-            ref.reset(96)
-            want = ref.forward(np.asarray(seqs[slot]), keep=len(ids))
-            np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
+            np.testing.assert_allclose(got, alone(stages, seqs[slot], len(ids)), atol=1e-4)
             assert pool.lengths[slot] == len(seqs[slot])
+        for s, cache in zip(idle, before, strict=True):
+            np.testing.assert_array_equal(pool.keys[-1][s], cache)
 
 
-def test_round_that_fills_its_row_runs_alone(bundle):
-    """A stepped row writes a dummy position after its round; a round that fills the row to
-    the end has no room for it (it would be past the position table) and runs alone."""
+def test_rounds_together_in_one_forward_and_wide_or_full_rows_alone(bundle):
+    """forward_rounds runs rounds of similar width in one forward; a round much wider than the
+    rest, and one whose row has no room for the padded chunk after it, run alone."""
     stages = edgespec.load(bundle, mode="ar", threads=1).target.stages
-    pool = pool_for(stages, 3, context=40)
-    seqs = [list(range(1, 37)), [3, 4, 5], [6, 7]]
+    pool = pool_for(stages, 5, context=40)
+    seqs = [list(range(1, 37)), [3, 4, 5], [6, 7], [8], [9, 10]]
     for seq in seqs:
         forward_alone(stages, pool, pool.acquire(), np.asarray(seq))
-    work = [(0, np.asarray([9, 10, 11, 12])), (1, np.asarray([13])), (2, np.asarray([14]))]
+    work = [(0, np.asarray([9, 10])), (1, np.asarray([13, 2, 3, 4, 5]))]
+    work += [(2, np.asarray([14, 15, 16])), (3, np.asarray([17] * 20)), (4, np.asarray([18]))]
+    # width 5 for rounds 1, 2, 4 (and 0); row 0 (36 + 5 > 40) and round 3 (20 wide) alone
     logits, per_forward = forward_rounds(stages, pool, work)
-    assert sorted(per_forward) == [1, 2]  # rows 1 and 2 in one step, row 0 alone
+    assert sorted(per_forward) == [1, 1, 3]
     for (slot, ids), got in zip(work, logits, strict=True):
-        ref = Target(stages)
-        ref.reset(40)
-        want = ref.forward(np.asarray(seqs[slot] + list(ids)), keep=len(ids))
+        want = alone(stages, seqs[slot] + list(ids), len(ids), context=40)
         np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
-    assert list(pool.lengths) == [40, 4, 3]
+    assert list(pool.lengths) == [38, 8, 5, 21, 3]
 
 
-def test_plan_steps_rounds_together_only_where_it_saves_forwards():
+def test_plan_batches_rounds_unless_padding_would_dominate():
     assert plan([5]) == 0  # alone
     assert plan([1, 1]) == 1  # γ = 0 rounds: one forward instead of two
-    assert plan([5, 5, 5]) == 0  # 5 steps are no better than 3 forwards
-    assert plan([5, 1, 1, 1, 1, 1]) == 1  # five rounds in 1 step, the wide one alone: 2
-    assert plan([3, 3, 3, 3, 3, 9]) == 3  # 3 steps + 1 instead of 6 forwards
+    assert plan([5, 5, 5]) == 5  # γ = 4 rounds: one forward at full width
+    assert plan([5, 1, 1, 1, 1, 1]) == 1  # the wide one alone (10 real positions, 30 padded)
+    assert plan([3, 3, 3, 3, 3, 9]) == 3
+    assert plan([1, 2, 3, 4, 5]) == 5
 
 
 def ws(server):

@@ -500,6 +500,7 @@ def verify_export(
         "seqlens_k": np.array([ids.shape[1] - 1], np.int32),
         "total_seq_len": np.array(ids.shape[1], np.int32),
         "num_logits_to_keep": np.array(ids.shape[1], np.int64),
+        "query_seqlens": np.array([ids.shape[1]], np.int32),
     }
     for i in range(info.num_layers):
         for kind in ("key", "value"):

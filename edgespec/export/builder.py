@@ -216,15 +216,23 @@ class GraphBuilder:
         seqlens_k: str,
         total_len: str,
         rotary: tuple[str, str] | None,
+        query_seqlens: str,
     ) -> str:
-        """GroupQueryAttention over a packed QKV projection, KV written in place."""
+        """GroupQueryAttention over a packed QKV projection, KV written in place.
+
+        `query_seqlens` [batch] (valid new positions per row, the rest right padding) lets
+        rows of one call take different numbers of new positions after different pasts: a
+        batch of verify rounds runs at full width in one call (without it onnxruntime
+        refuses batch > 1 with more than one new position after a past)."""
         past_k = self.add_input(f"past_key.{layer}", self.onnx_dtype, kv_shape(shape))
         past_v = self.add_input(f"past_value.{layer}", self.onnx_dtype, kv_shape(shape))
         ins = [qkv, "", "", past_k, past_v, seqlens_k, total_len]
         attrs = {"num_heads": shape.num_heads, "kv_num_heads": shape.num_kv_heads}
+        ins += list(rotary) if rotary is not None else ["", ""]
         if rotary is not None:
-            ins += list(rotary)
             attrs |= {"do_rotary": 1, "rotary_interleaved": 0}
+        # position_ids .. k_norm_weight unused; query_seqlens is input 16 of the contrib op
+        ins += [""] * 7 + [query_seqlens]
         if shape.scale is not None:
             attrs["scale"] = float(shape.scale)
         out, pk, pv = self.op("GroupQueryAttention", ins, 3, MS_DOMAIN, **attrs)
@@ -245,11 +253,18 @@ class GraphBuilder:
             "Slice", [hidden, starts, self.const(np.array([2**62])), self.const(np.array([1]))]
         )
 
-    def positions(self, seqlens_k: str, input_ids: str) -> str:
-        """Absolute positions [B, S] of the new tokens: seqlens_k + 1 - S + arange(S)."""
+    def positions(self, seqlens_k: str, query_seqlens: str, input_ids: str) -> str:
+        """Absolute positions [B, S] of the new tokens: seqlens_k + 1 - Q + arange(S), Q the
+        row's valid positions (query_seqlens; padding rows run past them, unread)."""
         seq = self.op1("Gather", [self.op1("Shape", [input_ids]), self.const(np.array(1))], axis=0)
         steps = self.op1("Range", [self.const(np.array(0)), seq, self.const(np.array(1))])
-        first = self.op1("Sub", [self.op1("Cast", [seqlens_k], to=TensorProto.INT64), seq])
+        first = self.op1(
+            "Sub",
+            [
+                self.op1("Cast", [seqlens_k], to=TensorProto.INT64),
+                self.op1("Cast", [query_seqlens], to=TensorProto.INT64),
+            ],
+        )
         first = self.op1("Add", [first, self.const(np.array(1))])
         first = self.op1("Unsqueeze", [first, self.const(np.array([1]))])
         return self.op1("Add", [first, steps])

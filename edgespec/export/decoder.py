@@ -10,7 +10,9 @@ modules `llama.py`, `gpt2.py`) and builds the graph for a role:
 
 Common inputs: `seqlens_k` [batch] int32 (cache length after this call, minus one — the
 GroupQueryAttention convention), `total_seq_len` [] int32, `num_logits_to_keep` [] int64
-(logits only for the last n positions; 0 skips the LM head), and per layer the KV buffers.
+(logits only for the last n positions; 0 skips the LM head), `query_seqlens` [batch] int32
+(the valid new positions of each row, the others right padding: rows of one call may add
+different numbers of positions; S for every row in a plain call), and per layer the KV buffers.
 Guarantees: head@k followed by tail@k computes exactly what full computes. An exit adapter
 (`ExitAdapter`, fitted by `exit_adapter.py`) changes only head@k's exit logits, never its
 `hidden` output, so verification through tail@k stays exact.
@@ -110,6 +112,7 @@ def build_graph(w: DecoderWeights, role: str, gb: GraphBuilder) -> None:
     seqlens = gb.add_input("seqlens_k", TensorProto.INT32, ["batch"])
     total = gb.add_input("total_seq_len", TensorProto.INT32, [])
     keep = gb.add_input("num_logits_to_keep", TensorProto.INT64, [])
+    query = gb.add_input("query_seqlens", TensorProto.INT32, ["batch"])
     if kind == "tail":
         x = gb.add_input("hidden", dt, ["batch", "sequence", w.embed.shape[1]])
     else:
@@ -118,7 +121,7 @@ def build_graph(w: DecoderWeights, role: str, gb: GraphBuilder) -> None:
         if w.pos_embed is not None:
             pos = gb.op1(
                 "Gather",
-                [gb.weight(f"{p}pos_embed.weight", w.pos_embed), gb.positions(seqlens, ids)],
+                [gb.weight(f"{p}pos_embed.weight", w.pos_embed), gb.positions(seqlens, query, ids)],
             )
             x = gb.op1("Add", [x, pos])
     rotary = gb.rotary_cache(*w.rotary) if w.rotary is not None else None
@@ -131,7 +134,7 @@ def build_graph(w: DecoderWeights, role: str, gb: GraphBuilder) -> None:
         else:
             h, x = _skip_norm(gb, delta, x, f"{p}layers.{i}.attn_norm", lw.attn_norm)
         qkv = gb.linear(h, f"{p}layers.{i}.qkv", lw.qkv_w, lw.qkv_b)
-        a = gb.attention(qkv, i, w.attn, seqlens, total, rotary)
+        a = gb.attention(qkv, i, w.attn, seqlens, total, rotary, query)
         a = gb.linear(a, f"{p}layers.{i}.o", lw.o_w, lw.o_b)
         h, x = _skip_norm(gb, a, x, f"{p}layers.{i}.mlp_norm", lw.mlp_norm)
         delta = _mlp(gb, h, f"{p}layers.{i}", lw, w.activation)

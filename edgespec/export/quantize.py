@@ -153,6 +153,7 @@ def calibration_feeds(
             "seqlens_k": np.array([s - 1], np.int32),
             "total_seq_len": np.array(s, np.int32),
             "num_logits_to_keep": np.array(s, np.int64),
+            "query_seqlens": np.array([s], np.int32),
         }
         for name, vi in names.items():
             dims = [d.dim_value for d in vi.type.tensor_type.shape.dim]

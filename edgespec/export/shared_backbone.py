@@ -77,6 +77,7 @@ def verify_head(hf_model: Any, path: Path, k: int, num_kv_heads: int, head_dim: 
         "seqlens_k": np.array([ids.shape[1] - 1], np.int32),
         "total_seq_len": np.array(ids.shape[1], np.int32),
         "num_logits_to_keep": np.array(1, np.int64),
+        "query_seqlens": np.array([ids.shape[1]], np.int32),
     }
     for i in range(k):
         for kind in ("key", "value"):

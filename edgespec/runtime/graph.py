@@ -80,6 +80,8 @@ class GraphSession:
         check_io(self.session, graph, path)
         self.output_names = [o.name for o in graph.outputs if not o.name.startswith("present_")]
         self.takes_hidden = any(i.name == "hidden" for i in graph.inputs)
+        # rows of one call may add different numbers of positions (see run_batch)
+        self.batched = any(i.name == "query_seqlens" for i in graph.inputs)
         # One binding reused across calls: the KV buffers are rebound only when the cache
         # changes, and the scalar inputs are OrtValues over numpy arrays updated in place.
         # Rebuilding all of that per call cost ~40% of a small draft model's step.
@@ -90,10 +92,12 @@ class GraphSession:
         self._seqlens = np.zeros(1, np.int32)
         self._total = np.zeros((), np.int32)
         self._keep = np.zeros((), np.int64)
+        self._query = np.zeros(1, np.int32)
         for name, array in (
             ("seqlens_k", self._seqlens),
             ("total_seq_len", self._total),
             ("num_logits_to_keep", self._keep),
+            *([("query_seqlens", self._query)] if self.batched else []),
         ):
             self._io.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(array))
 
@@ -122,6 +126,7 @@ class GraphSession:
         else:
             io.bind_cpu_input("input_ids", np.ascontiguousarray(input_ids, dtype=np.int64))
         self._seqlens[0], self._total[()], self._keep[()] = total - 1, total, keep
+        self._query[0] = new.shape[1]
         for name in self.output_names:  # bound first: get_outputs() keeps binding order
             io.bind_output(name, "cpu")
         if cache is not self._bound_cache:
@@ -138,34 +143,44 @@ class GraphSession:
     def run_batch(
         self,
         cache: KVCache,
-        positions: np.ndarray,
+        pasts: np.ndarray,
+        widths: np.ndarray,
         *,
         input_ids: np.ndarray | None = None,
         hidden: np.ndarray | None = None,
+        logits: bool = True,
     ) -> dict[str, np.ndarray]:
-        """One new position for each of B rows ([B, 1] ids or [B, 1, H] hidden states), row b's
-        at `positions[b]` (its cache length before the call): `cache` holds B rows, so each
-        row's keys/values go to its own row in place. Returns the outputs for the one position.
-
-        One position per row only: onnxruntime's GroupQueryAttention refuses batch > 1 with
-        more than one new position after a past ("batch_size must be 1 when sequence_length
-        > 1 and past context is given"), so a batch of multi-token rounds is run as a series
-        of these calls (see `edgespec.serve.batching`). A separate binding from `run()`'s, so
-        alternating the two rebinds nothing."""
+        """Up to S new positions for each of B rows in one call ([B, S] ids or [B, S, H]
+        hidden states, right-padded): row b adds its first `widths[b]` positions after its
+        `pasts[b]` cached ones, into its own row of `cache` (which holds B rows) in place; a
+        row of width 0 is idle (nothing written). Returns the outputs of all S positions of
+        every row (logits only if `logits`); those past a row's width are padding,
+        unspecified. Needs a graph with `query_seqlens` (`self.batched`; bundles exported
+        before it run rows alone). A separate binding from `run()`'s, so alternating the
+        two rebinds nothing."""
         new = input_ids if input_ids is not None else hidden
-        assert new is not None and new.shape[1] == 1 and new.shape[0] == cache.keys[0].shape[0]
-        seqlens = np.asarray(positions, np.int32)
-        total = int(seqlens.max()) + 1
-        if total > cache.capacity:
-            raise ValueError(f"KV cache full: {total} positions > capacity {cache.capacity}")
+        assert new is not None and new.shape[0] == cache.keys[0].shape[0] == len(widths)
+        if not self.batched:
+            raise ValueError(f"{self.graph.file} has no query_seqlens input: re-export the bundle")
+        width = new.shape[1]
+        pasts, widths = np.asarray(pasts, np.int64), np.asarray(widths, np.int32)
+        # the kernel needs room for the whole padded chunk after each active row's past
+        if int(np.max(np.where(widths > 0, pasts, 0))) + width > cache.capacity:
+            raise ValueError(
+                f"KV cache full: a row of {int(pasts.max())} positions has no room for "
+                f"{width} more (capacity {cache.capacity})"
+            )
+        # an idle row claims one cached position (the kernel needs T >= 1) and adds none
+        seqlens = np.where(widths > 0, pasts + widths - 1, 0).astype(np.int32)
         io = self._batch_io
         if self.takes_hidden:
             io.bind_cpu_input("hidden", np.ascontiguousarray(hidden, dtype=self.kv_dtype))
         else:
             io.bind_cpu_input("input_ids", np.ascontiguousarray(input_ids, dtype=np.int64))
         io.bind_cpu_input("seqlens_k", seqlens)
-        io.bind_cpu_input("total_seq_len", np.array(total, np.int32))
-        io.bind_cpu_input("num_logits_to_keep", np.array(1, np.int64))
+        io.bind_cpu_input("total_seq_len", np.array(max(int(seqlens.max()) + 1, width), np.int32))
+        io.bind_cpu_input("num_logits_to_keep", np.array(width if logits else 0, np.int64))
+        io.bind_cpu_input("query_seqlens", widths)
         for name in self.output_names:
             io.bind_output(name, "cpu")
         if cache is not self._batch_cache:

@@ -7,24 +7,20 @@ range of rows of a C-order buffer is contiguous memory, so a `KVCache` over rows
 
 `forward_rounds(stages, pool, work)` takes the new token ids of several rows, appends them to
 their rows and returns each row's logits for all its ids (the caller truncates rejected
-positions). Two ways to run a round, mixed so that the batch takes the fewest forwards:
+positions). Two ways to run a round:
 
-  alone   a row on its one-row view, one forward of its W_r positions (what an unbatched
-          server does; also every prefill)
-  steps   rounds of width ≤ W together: step j feeds token j of each of them in one forward
-          over their row range (batch > 1, one position per row, each at its own length)
+  alone     a row on its one-row view, one forward of its W_r positions (what an unbatched
+            server does; also every prefill)
+  together  rounds of width ≤ S in one forward over their row range at full width: ids
+            [rows, S], right-padded, each row adding its own W_r positions after its own
+            length (GroupQueryAttention's `query_seqlens`); rows of the range that are not in
+            the batch (a session not in this batch, a free slot) are idle rows of width 0,
+            which the kernel leaves untouched
 
-Why steps and not one [rows, W] forward: onnxruntime's GroupQueryAttention (its input
-check, group_query_attention_helper.h) refuses batch > 1 with more than one new position
-after a past ("batch_size must be 1 when sequence_length > 1 and past context is given");
-one position per row with per-row lengths is its decode path and matches batch-1 results
-(checked in the tests). So N rounds of width W cost W forwards instead of N: rounds of
-width 1 (γ = 0 devices, /v1/completions) batch fully, speculative rounds gain when more
-rounds than their width arrive together. Rows of a step's range without a token there (a
-narrower round, a session not in this batch, a free slot) get a dummy token written just
-beyond their valid positions, where nothing reads it; a round that fills its row to the end
-(no room for a dummy after it: the position would be past the model's position table) runs
-alone.
+`plan` picks S: rounds much wider than the rest would make every row pay their width in
+padding, so they run alone. A row also needs room for the whole padded chunk after its
+length (the kernel's rule), so a round near the end of its row runs alone. Bundles exported
+before graphs took `query_seqlens` run every round alone.
 """
 
 from __future__ import annotations
@@ -98,15 +94,14 @@ class KVPool:
 
 
 def plan(widths: list[int]) -> int:
-    """The width w up to which rounds are stepped together (w forwards), the wider ones run
-    alone (one forward each): the w with the fewest forwards; 0 = every round alone (also
-    on ties: alone is the batch-1 path, and each forward of a step carries more rows)."""
-    best, best_cost = 0, len(widths)
-    for w in sorted(set(widths)):
-        stepped = sum(1 for x in widths if x <= w)
-        cost = w + len(widths) - stepped
-        if stepped > 1 and cost < best_cost:
-            best, best_cost = w, cost
+    """The width S up to which rounds run together in one padded forward (wider ones run
+    alone): the largest S at which the padded positions are at most twice the real ones;
+    0 = every round alone (fewer than two rounds would share the forward)."""
+    best = 0
+    for s in sorted(set(widths)):
+        together = [w for w in widths if w <= s]
+        if len(together) > 1 and len(together) * s <= 2 * sum(together):
+            best = s
     return best
 
 
@@ -115,12 +110,19 @@ def forward_rounds(
 ) -> tuple[list[np.ndarray], list[int]]:
     """Logits [len(ids), vocab] per (slot, ids) in `work` (distinct slots), the ids appended
     to their rows (lengths advanced); also how many of the rounds each forward served."""
-    # a stepped row also writes one dummy position after its round: it must fit
-    fits = [(slot, ids) for slot, ids in work if pool.lengths[slot] + len(ids) < pool.capacity]
-    w = plan([len(ids) for _, ids in fits])
-    stepped = [(slot, ids) for slot, ids in fits if len(ids) <= w]
-    logits, per_forward = forward_steps(stages, pool, stepped) if stepped else ([], [])
-    by_slot = dict(zip([slot for slot, _ in stepped], logits, strict=True))
+    width = plan([len(ids) for _, ids in work]) if all(g.batched for g in stages) else 0
+    # the kernel needs room for the whole padded chunk after each row's length
+    together = [
+        (slot, ids)
+        for slot, ids in work
+        if len(ids) <= width and pool.lengths[slot] + width <= pool.capacity
+    ]
+    by_slot: dict[int, np.ndarray] = {}
+    per_forward: list[int] = []
+    if len(together) > 1:
+        logits = forward_batch(stages, pool, together)
+        by_slot = dict(zip([s for s, _ in together], logits, strict=True))
+        per_forward.append(len(together))
     for slot, ids in work:
         if slot not in by_slot:
             by_slot[slot] = forward_alone(stages, pool, slot, ids)
@@ -142,34 +144,25 @@ def forward_alone(
     return out["logits"][0]
 
 
-def forward_steps(
+def forward_batch(
     stages: list[GraphSession], pool: KVPool, work: list[tuple[int, np.ndarray]]
-) -> tuple[list[np.ndarray], list[int]]:
-    """Every row of `work` in max(width) one-position steps over their row range; returns
-    logits per row and the rounds each step served."""
-    width = {slot: len(ids) for slot, ids in work}
-    ids_of = dict(work)
-    base = pool.lengths.copy()
-    rows_run: list[int] = []
-    per_row: dict[int, list[np.ndarray]] = {slot: [] for slot, _ in work}
-    for j in range(max(width.values())):
-        active = [slot for slot in width if width[slot] > j]
-        lo, hi = min(active), max(active) + 1
-        tokens = np.full((hi - lo, 1), DUMMY_TOKEN, np.int64)
-        # a row's position: its next real one, or (no token here) just beyond its valid ones
-        positions = base[lo:hi] + np.asarray(
-            [min(j, width.get(r, 0)) for r in range(lo, hi)], np.int64
-        )
-        for slot in active:
-            tokens[slot - lo, 0] = ids_of[slot][j]
-        view = pool.rows(lo, hi)
-        x: dict[str, np.ndarray] = {"input_ids": tokens}
-        for stage in stages:
-            out = stage.run_batch(view, positions, **x)
-            x = {"hidden": out["hidden"]} if "hidden" in out else x
-        for slot in active:
-            per_row[slot].append(out["logits"][slot - lo, -1])
-        rows_run.append(len(active))
-    for slot, n in width.items():
-        pool.lengths[slot] = base[slot] + n
-    return [np.stack(per_row[slot]) for slot, _ in work], rows_run
+) -> list[np.ndarray]:
+    """Every row of `work` in one forward over their row range at full width; returns the
+    logits [W_r, vocab] of each row."""
+    slots = [slot for slot, _ in work]
+    lo, hi = min(slots), max(slots) + 1
+    width = max(len(ids) for _, ids in work)
+    tokens = np.full((hi - lo, width), DUMMY_TOKEN, np.int64)
+    widths = np.zeros(hi - lo, np.int32)
+    for slot, ids in work:
+        tokens[slot - lo, : len(ids)] = ids
+        widths[slot - lo] = len(ids)
+    view, pasts = pool.rows(lo, hi), pool.lengths[lo:hi].copy()
+    x: dict[str, np.ndarray] = {"input_ids": tokens}
+    for stage in stages:
+        last = stage is stages[-1]
+        out = stage.run_batch(view, pasts, widths, logits=last, **x)
+        x = {"hidden": out["hidden"]} if not last else x
+    for slot, ids in work:
+        pool.lengths[slot] += len(ids)
+    return [out["logits"][slot - lo, : len(ids)] for slot, ids in work]
