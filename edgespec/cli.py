@@ -239,6 +239,19 @@ def _report_compat(edge: str, cloud: str) -> None:
 @click.option("--token-file", default=None, type=click.Path(), help="split: bearer token file.")
 @click.option("--energy-budget", default=None, type=float, help="split: joules per token.")
 @click.option("--timeout", default=10.0, show_default=True, help="split: seconds per answer.")
+@click.option(
+    "--draft-top-k",
+    default=None,
+    type=int,
+    help="Sampling: a model drafter samples from its top-k ids only (sent as the draft's "
+    "distribution in split mode; lossless; default 64, 0 = no cap).",
+)
+@click.option(
+    "--draft-top-p",
+    default=None,
+    type=float,
+    help="Sampling: ... then from the most likely of them holding this mass (default 1).",
+)
 @click.option("--static", is_flag=True, help="Run the bundle's fixed-shape (NPU) graphs.")
 @click.option("--coreml", is_flag=True, help="Run the bundle's Core ML packages (macOS 15+).")
 @_friendly
@@ -249,6 +262,14 @@ def generate(bundle: str, prompt: str, max_new_tokens: int, **options: Any) -> N
     sampling = {k: options.pop(k) for k in ("temperature", "top_p", "top_k", "seed", "ignore_eos")}
     stream, stats = options.pop("stream"), options.pop("stats")
     token_file = options.pop("token_file")
+    top_k, top_p = options.pop("draft_top_k"), options.pop("draft_top_p")
+    if top_k is not None or top_p is not None:
+        from edgespec.runtime.draft_q import DraftSupport
+
+        default = DraftSupport()
+        options["draft_support"] = DraftSupport(
+            default.top_k if top_k is None else top_k, default.top_p if top_p is None else top_p
+        )
     if options["mode"] == "split":
         options["token"] = _read_token(token_file)
     else:

@@ -10,6 +10,7 @@ import pytest
 from speculative_reference import reference_speculative_step
 
 import edgespec
+from edgespec.runtime.draft_q import DraftSupport, SparseQ, quantize, truncate
 from edgespec.runtime.sampling import SamplingParams, probabilities
 from edgespec.runtime.speculative import Proposal, accept_sampled
 
@@ -28,20 +29,65 @@ def random_dist(rng: np.random.Generator, v: int, sharp: float = 1.5) -> np.ndar
     return p / p.sum()
 
 
+def random_q(rng: np.random.Generator, v: int) -> SparseQ:
+    """A draft distribution over a random part of the vocabulary (as a truncated drafter's)."""
+    ids = rng.choice(v, int(rng.integers(1, v + 1)), replace=False)
+    return quantize(ids, random_dist(rng, len(ids)))
+
+
 def test_fast_path_matches_the_reference_step_for_step():
+    """The sparse q of the fast path, expanded to dense rows, in the slow numpy oracle: the
+    same tokens, uniform for uniform."""
     rng = np.random.default_rng(0)
     params = SamplingParams(temperature=1.0)
     for case in range(1500):
         v, g = 6, int(rng.integers(1, 5))
         p_rows = np.stack([random_dist(rng, v) for _ in range(g + 1)])
-        q_rows = [random_dist(rng, v) for _ in range(g)] if case % 3 else None
-        drafts = [int(rng.integers(v)) for _ in range(g)]
+        qs = [random_q(rng, v) for _ in range(g)] if case % 3 else None
+        drafts = [qs[i].sample(rng) if qs else int(rng.integers(v)) for i in range(g)]
         seed = int(rng.integers(1 << 30))
         n, token = accept_sampled(
-            Proposal(drafts, q_rows, 0.0), np.log(p_rows), params, np.random.default_rng(seed)
+            Proposal(drafts, qs, 0.0), np.log(p_rows), params, np.random.default_rng(seed)
         )
-        ref = reference_speculative_step(p_rows, q_rows, drafts, np.random.default_rng(seed))
+        dense = [q.dense(v) for q in qs] if qs else None
+        ref = reference_speculative_step(p_rows, dense, drafts, np.random.default_rng(seed))
         assert [*drafts[:n], token] == ref
+
+
+def test_truncated_quantized_q_is_exactly_what_the_drafter_samples():
+    """truncate keeps the top-k (then top-p) ids, its counts sum to SCALE, and draws from
+    it follow q(x) = count / SCALE (chi-square), never leaving the support."""
+    rng = np.random.default_rng(3)
+    full = random_dist(rng, 40, sharp=0.3)
+    q = truncate(full, DraftSupport(top_k=8, top_p=0.9))
+    assert q.check(40) is None and len(q.ids) <= 8
+    assert set(q.ids) <= set(np.argsort(-full)[:8])
+    counts = np.zeros(40)
+    for _ in range(20000):
+        counts[q.sample(rng)] += 1
+    assert chi_square(counts, q.dense(40)) < CHI2_CRITICAL_P001[15] * 2  # ≤ 8 cells: loose
+
+
+def test_sparse_drafts_keep_the_target_distribution():
+    """Drafts sampled from top-2 supports (much of q's mass cut away) still give exactly the
+    target's distribution, and the test can tell: the drafts' own distribution fails it."""
+    rng = np.random.default_rng(2)
+    v, g, trials = 6, 2, 20000
+    p_rows = np.stack([random_dist(rng, v) for _ in range(g + 1)])
+    qs = [truncate(random_dist(rng, v), DraftSupport(top_k=2)) for _ in range(g)]
+    params = SamplingParams(temperature=1.0)
+    first, second = np.zeros(v), np.zeros(v)
+    for _ in range(trials):
+        proposal = Proposal([q.sample(rng) for q in qs], qs, 0.0)
+        n, token = accept_sampled(proposal, np.log(p_rows), params, rng)
+        out = [*proposal.tokens[:n], token]
+        first[out[0]] += 1
+        if len(out) > 1:  # the rows do not depend on the prefix: p_rows[1] whatever came first
+            second[out[1]] += 1
+    assert chi_square(first, p_rows[0]) < CHI2_CRITICAL_P001[v - 1]
+    assert chi_square(second, p_rows[1]) < CHI2_CRITICAL_P001[v - 1]
+    with pytest.raises(AssertionError, match="probability zero"):  # q_0 covers 2 ids only
+        chi_square(first, qs[0].dense(v))
 
 
 @pytest.mark.parametrize("deterministic_draft", [False, True])
@@ -49,14 +95,14 @@ def test_emitted_tokens_follow_the_target_distribution(deterministic_draft):
     rng = np.random.default_rng(1)
     v, g, trials = 6, 3, 20000
     p_rows = np.stack([random_dist(rng, v) for _ in range(g + 1)])
-    q_rows = [random_dist(rng, v) for _ in range(g)]
+    q_rows = [quantize(np.arange(v), random_dist(rng, v)) for _ in range(g)]
     params = SamplingParams(temperature=1.0)
     first, second = np.zeros(v), np.zeros(v)
     for _ in range(trials):
         if deterministic_draft:  # e.g. prompt lookup: fixed drafts, q a point mass
             proposal = Proposal([2, 0, 5], None, 0.0)
         else:
-            proposal = Proposal([int(rng.choice(v, p=q)) for q in q_rows], q_rows, 0.0)
+            proposal = Proposal([q.sample(rng) for q in q_rows], q_rows, 0.0)
         n, token = accept_sampled(proposal, np.log(p_rows), params, rng)
         out = [*proposal.tokens[:n], token]
         first[out[0]] += 1
@@ -65,7 +111,7 @@ def test_emitted_tokens_follow_the_target_distribution(deterministic_draft):
     assert chi_square(first, p_rows[0]) < CHI2_CRITICAL_P001[v - 1]
     assert chi_square(second, p_rows[1]) < CHI2_CRITICAL_P001[v - 1]
     # the test has power: the drafts' own distribution is rejected
-    assert chi_square(first, q_rows[0]) > CHI2_CRITICAL_P001[v - 1]
+    assert chi_square(first, q_rows[0].dense(v)) > CHI2_CRITICAL_P001[v - 1]
 
 
 @pytest.mark.parametrize(

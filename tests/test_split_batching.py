@@ -12,6 +12,7 @@ from split_server import TOKEN, start_server
 from websockets.sync.client import connect
 
 import edgespec
+from edgespec.runtime.draft_q import quantize
 from edgespec.runtime.target import Target
 from edgespec.serve import protocol as P
 from edgespec.serve.batching import KVPool, forward_alone, forward_batch, forward_rounds, plan
@@ -202,8 +203,7 @@ def test_sampled_rounds_answer_the_same_batched_as_alone(bundle, tmp_path):
         prompt = [int(t) for t in rng.integers(1, vocab, 3 + 4 * i)]
         drafts = [[int(t) for t in rng.integers(1, 40, g)] for g in (1, 0, 2, 1, 0, 1)]
         plans.append((prompt, drafts, 1.0 if i % 2 else 0.8, 100 + i))
-    q = np.zeros(vocab)
-    q[1:40] = 1 / 39  # the drafts' proposal: uniform over ids 1..39
+    q = quantize(np.arange(1, 40), np.ones(39))  # the drafts' proposal: uniform over 1..39
 
     def play(conns_plans):
         answers = [[] for _ in conns_plans]

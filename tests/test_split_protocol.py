@@ -7,19 +7,20 @@ import struct
 import numpy as np
 import pytest
 
+from edgespec.runtime.draft_q import SCALE, DraftSupport, SparseQ, quantize, truncate
 from edgespec.serve import protocol as P
 
 LIMITS = P.Limits(vocab_size=100, max_bytes=4096, max_ids=64)
 
 
 def test_every_message_round_trips():
-    q = [np.full(100, 0.01), np.eye(100)[7]]
+    q = [quantize(np.arange(100), np.full(100, 0.01)), quantize(np.array([5]), np.ones(1))]
     msgs = [
         P.Start([1, 2, 3], 40, 0.7, 0.9, 5, 1234, "sha256:abc", session=3, round=1),
         P.Start([5], 8),
         P.Verify(12, [4, 5], q, round=9),
         P.Verify(12, []),
-        P.Result(2, 17, 15, 0.25, 3, 9),
+        P.Result(2, 17, 15, 0.25, 3, 9, max_request=1 << 20),
         P.Error(P.TOO_LARGE, "too big é", 3, 9),
         P.End(3, 10),
     ]
@@ -27,8 +28,9 @@ def test_every_message_round_trips():
         back = P.decode(P.encode(msg), LIMITS)
         if isinstance(msg, P.Verify) and msg.q is not None:
             assert back.q is not None
-            for a, b in zip(back.q, msg.q, strict=True):
-                np.testing.assert_allclose(a, b, rtol=1e-6)
+            for a, b in zip(back.q, msg.q, strict=True):  # exactly the q that was sampled
+                np.testing.assert_array_equal(a.ids, b.ids)
+                np.testing.assert_array_equal(a.counts, b.counts)
             back.q = msg.q
         if isinstance(msg, P.Start):
             assert back.temperature == pytest.approx(msg.temperature)
@@ -40,12 +42,30 @@ def test_every_message_round_trips():
         assert back == msg
 
 
-def test_a_truncated_q_row_is_sent_sparse():
-    row = np.zeros(100)
-    row[[3, 9]] = [0.25, 0.75]
-    sparse = P.encode(P.Verify(1, [3], [row]))
-    dense = P.encode(P.Verify(1, [3], [np.full(100, 0.01)]))
-    assert len(sparse) < 60 < 400 < len(dense)
+def test_a_drafted_token_costs_its_support_not_the_vocabulary():
+    """At Qwen2.5's vocabulary a top-64 q row is 6 bytes an id (not 600 KB a dense row);
+    `verify_size` predicts every VERIFY's size exactly."""
+    rng = np.random.default_rng(0)
+    vocab = 151_936
+    qs = [truncate(rng.dirichlet(np.ones(vocab) * 0.05), DraftSupport(64)) for _ in range(4)]
+    drafts = [q.sample(rng) for q in qs]
+    data = P.encode(P.Verify(7, drafts, qs))
+    assert len(data) == P.verify_size(4, [len(q.ids) for q in qs]) <= 4 * (4 + 5 + 6 * 64) + 21
+    back = P.decode(data, P.Limits(vocab_size=vocab))
+    assert back.drafts == drafts
+
+
+def test_rounds_are_fitted_to_the_server_limit():
+    """max_drafts caps γ so that every round fits; fit drops trailing drafts (with their q
+    rows) from a round that would not, and leaves one that fits alone."""
+    q = quantize(np.arange(1000), np.ones(1000))  # 6,005 bytes a row
+    assert P.max_drafts(1 << 20, None) == P.MAX_DRAFTS
+    assert P.max_drafts(20_000, 1000) == 3
+    msg = P.Verify(3, [1, 2, 3, 4, 5], [q] * 5)
+    fitted = P.fit(msg, 20_000)
+    assert fitted.drafts == [1, 2, 3] and len(fitted.q) == 3
+    assert len(P.encode(fitted)) <= 20_000 < len(P.encode(P.fit(msg, 30_000)))
+    assert P.fit(msg, 1 << 20) is msg
 
 
 def header(kind: int, version: int = P.VERSION, magic: bytes = P.MAGIC) -> bytes:
@@ -79,14 +99,35 @@ def test_malformed_messages_are_refused_with_the_reason(data, code, words):
     assert info.value.code == code
 
 
-def test_q_rows_must_be_distributions():
-    bad = np.full(100, 0.01)
-    bad[0] = np.nan
-    with pytest.raises(P.ProtocolError, match="not a probability distribution"):
-        P.decode(P.encode(P.Verify(1, [3], [bad])), LIMITS)
-    short = P.encode(P.Verify(1, [3], [np.full(50, 0.02)]))
-    with pytest.raises(P.ProtocolError, match="dense q row has 50 entries"):
-        P.decode(short, LIMITS)
+def q_row(kind: int, ids: list[int], counts: list[int]) -> bytes:
+    return (
+        struct.pack("<BI", kind, len(ids))
+        + np.asarray(ids, "<i4").tobytes()
+        + np.asarray(counts, "<u2").tobytes()
+    )
+
+
+@pytest.mark.parametrize(
+    "row, words",
+    [
+        (q_row(P.ROW_SUPPORT, [3, 4], [100, 200]), "do not sum to 65535"),
+        (q_row(P.ROW_SUPPORT, [3, 3], [SCALE - 1, 1]), "names an id twice"),
+        (q_row(P.ROW_SUPPORT, [3, 100], [SCALE - 1, 1]), "outside the vocabulary"),
+        (q_row(P.ROW_SUPPORT, [4, 5], [SCALE - 1, 1]), "draft 3 is outside the support"),
+        (q_row(P.ROW_SUPPORT, [], []), "support is empty"),
+        (q_row(1, [3], [SCALE]), "float32 q rows .protocol 1. are not accepted"),
+        (q_row(9, [3], [SCALE]), "unknown q row kind 9"),
+    ],
+)
+def test_q_rows_must_be_the_distributions_drafts_came_from(row, words):
+    data = header(P.VERIFY) + verify_body([3], q_kind=P.Q_ROWS) + row
+    with pytest.raises(P.ProtocolError, match=words):
+        P.decode(data, LIMITS)
+
+
+def test_a_sparse_q_holds_exactly_its_counts():
+    q = SparseQ(np.array([7, 2], np.int32), np.array([SCALE - 5, 5]))
+    assert q.prob(2) == 5 / SCALE and q.prob(3) == 0.0 and q.check(10) is None
 
 
 def test_start_with_bad_sampling_parameters_is_refused():

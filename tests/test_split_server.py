@@ -16,6 +16,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
 import edgespec
+from edgespec.runtime.draft_q import quantize
 from edgespec.serve import protocol as P
 
 ARCH = "llama-gqa-tied"
@@ -185,16 +186,15 @@ def test_health_reports_the_model(bundle, server):
 
 
 def test_sampling_rounds_accept_q_rows(bundle, server):
-    vocab = edgespec.load(bundle).manifest.target.vocab_size
     with ws(server) as conn:
         first = ask(conn, P.Start([1, 2, 3], 64, temperature=1.0, top_k=20, seed=3))
         assert isinstance(first, P.Result)
-        q = np.zeros(vocab)
-        q[[5, 6]] = 0.5
+        q = quantize(np.array([5, 6]), np.array([0.5, 0.5]))
         r = ask(conn, P.Verify(4, [5], [q]))
         assert isinstance(r, P.Result) and r.accepted in (0, 1)
+        assert r.max_request == 2048  # every answer states the server's request limit
         bad_q = P.encode(P.Verify(r.length, [5], [q])).replace(
-            struct.pack("<f", 0.5), struct.pack("<f", -0.5), 1
+            struct.pack("<H", q.counts[0]), struct.pack("<H", q.counts[0] + 1), 1
         )
         assert refused(conn, bad_q).code == P.BAD_MESSAGE
 

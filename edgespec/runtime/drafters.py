@@ -20,24 +20,26 @@ from time import perf_counter
 
 import numpy as np
 
+from edgespec.runtime.draft_q import DEFAULT_SUPPORT, DraftSupport, SparseQ, truncate
 from edgespec.runtime.graph import GraphSession
 from edgespec.runtime.policies import DraftLengthPolicy
-from edgespec.runtime.sampling import SamplingParams, probabilities, sample
+from edgespec.runtime.sampling import SamplingParams, probabilities
 from edgespec.runtime.speculative import Drafter, Proposal
 from edgespec.runtime.target import Target
 
 
 def _pick(
-    logits: np.ndarray, params: SamplingParams, rng: np.random.Generator
-) -> tuple[int, float, np.ndarray | None]:
-    """(draft token, drafter confidence, q row when sampling)."""
+    logits: np.ndarray, params: SamplingParams, rng: np.random.Generator, support: DraftSupport
+) -> tuple[int, float, SparseQ | None]:
+    """(draft token, drafter confidence, when sampling the distribution it was drawn from:
+    the tempered distribution cut to `support`, see draft_q)."""
     if params.greedy:
         d = int(logits.argmax())
         confidence = 1.0 / float(np.exp(logits.astype(np.float64) - logits[d]).sum())
         return d, confidence, None
     q = probabilities(logits, params)
-    d = sample(q, rng)
-    return d, float(q.max()), q
+    sparse = truncate(q, support)
+    return sparse.sample(rng), float(q.max()), sparse
 
 
 def draft_tokens(
@@ -47,14 +49,15 @@ def draft_tokens(
     policy: DraftLengthPolicy,
     params: SamplingParams,
     rng: np.random.Generator,
-) -> tuple[list[int], list[np.ndarray], list[int]]:
+    support: DraftSupport = DEFAULT_SUPPORT,
+) -> tuple[list[int], list[SparseQ], list[int]]:
     """Run a drafting model one token at a time: `step(feed)` processes the new ids and
-    returns the next-token logits. Returns (drafts, their q rows if sampling, the last feed,
+    returns the next-token logits. Returns (drafts, their q if sampling, the last feed,
     which the model has not processed yet)."""
     tokens: list[int] = []
-    qs: list[np.ndarray] = []
+    qs: list[SparseQ] = []
     while len(tokens) < limit:
-        d, confidence, q = _pick(step(feed), params, rng)
+        d, confidence, q = _pick(step(feed), params, rng, support)
         tokens.append(d)
         if q is not None:
             qs.append(q)
@@ -85,8 +88,8 @@ class NoDrafter:
 
 
 class DraftModelDrafter:
-    def __init__(self, draft: Target) -> None:
-        self.model = draft
+    def __init__(self, draft: Target, support: DraftSupport = DEFAULT_SUPPORT) -> None:
+        self.model, self.support = draft, support
 
     def begin(self, prompt: list[int], capacity: int) -> None:
         self.model.reset(min(capacity, self.model.max_positions))
@@ -111,7 +114,7 @@ class DraftModelDrafter:
         def step(ids: list[int]) -> np.ndarray:
             return self.model.forward(np.asarray(ids, np.int64), keep=1)[-1]
 
-        tokens, qs, _ = draft_tokens(step, feed, limit, policy, params, rng)
+        tokens, qs, _ = draft_tokens(step, feed, limit, policy, params, rng, self.support)
         seconds = perf_counter() - start - catchup
         return Proposal(tokens, qs or None, seconds, catchup_seconds=catchup)
 
@@ -128,8 +131,10 @@ class EarlyExitDrafter:
         heads: dict[int, GraphSession],
         tails: dict[int, GraphSession],
         exit_layer: int,
+        support: DraftSupport = DEFAULT_SUPPORT,
     ) -> None:
         self.target, self.heads, self.tails, self.exit_layer = target, heads, tails, exit_layer
+        self.support = support
 
     def begin(self, prompt: list[int], capacity: int) -> None:
         pass  # the target's prefill already filled the head's layers
@@ -157,7 +162,9 @@ class EarlyExitDrafter:
             return out["exit_logits"][0, -1] if keep else out["exit_logits"]
 
         limit = min(policy.next_length(), max_len)
-        tokens, qs, last = draft_tokens(run_head, seq[past:], limit, policy, params, rng)
+        tokens, qs, last = draft_tokens(
+            run_head, seq[past:], limit, policy, params, rng, self.support
+        )
         run_head(last, keep=0)  # the last token's hidden state: the tail verifies it too
         return Proposal(
             tokens,

@@ -21,6 +21,7 @@ from edgespec.devices import Profile, get_profile
 from edgespec.runtime.calibrate import load_cost
 from edgespec.runtime.coreml import open_coreml
 from edgespec.runtime.decode import decode
+from edgespec.runtime.draft_q import DEFAULT_SUPPORT, DraftSupport
 from edgespec.runtime.drafters import (
     DraftModelDrafter,
     EarlyExitDrafter,
@@ -114,6 +115,7 @@ class Model:
         local_fallback: bool = True,
         static: bool = False,
         coreml: bool = False,
+        draft_support: DraftSupport = DEFAULT_SUPPORT,
     ) -> Model:
         """Open a bundle for decoding.
 
@@ -139,6 +141,10 @@ class Model:
         max_new_tokens must then fit their max context.
         coreml: run the bundle's Core ML packages (exported with `--coreml`) through
         coremltools — macOS 15+ only, written and tested off-device (runtime/coreml.py).
+
+        draft_support: with sampling, model drafters (spec, self-spec, split) sample from
+        their top-k / top-p ids only (`runtime.draft_q`: lossless; in split mode it is what a
+        drafted token costs on the uplink).
         """
         folder = Path(bundle)
         manifest = load_manifest(folder)
@@ -177,6 +183,7 @@ class Model:
                 timeout,
                 local_fallback,
                 device_profile=profile.policy_profile(),
+                support=draft_support,
             )
             tokenizer = Tokenizer.from_dir(folder)
             return cls(folder, manifest, local, tokenizer, mode, split_drafter, policy, remote)
@@ -205,12 +212,12 @@ class Model:
             return cls(folder, manifest, target, tokenizer, "ar", NoDrafter(), FixedLength(0))
         drafter: Drafter = NoDrafter()
         if mode == "spec":
-            drafter = DraftModelDrafter(Target([open_graph("draft")]))
+            drafter = DraftModelDrafter(Target([open_graph("draft")]), draft_support)
         elif mode == "self-spec":
             heads = {k: open_graph(f"head@{k}") for k in exits}
             tails = {k: open_graph(f"tail@{k}") for k in exits}
             heads[k], tails[k] = stages
-            drafter = EarlyExitDrafter(target, heads, tails, k)
+            drafter = EarlyExitDrafter(target, heads, tails, k, draft_support)
         if mode == "lookup" or lookup:
             drafter = LookupDrafter(fallback=None if mode == "lookup" else drafter)
         try:

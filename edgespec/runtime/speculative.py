@@ -20,6 +20,7 @@ from typing import Protocol
 
 import numpy as np
 
+from edgespec.runtime.draft_q import SparseQ
 from edgespec.runtime.graph import GraphSession
 from edgespec.runtime.policies import DraftLengthPolicy
 from edgespec.runtime.sampling import SamplingParams, probabilities, sample
@@ -30,7 +31,7 @@ from edgespec.runtime.target import Target
 @dataclass
 class Proposal:
     tokens: list[int]  # d_1..d_γ
-    q: list[np.ndarray] | None  # draft distribution of each d_i; None: deterministic drafter
+    q: list[SparseQ] | None  # the distribution each d_i was drawn from; None: deterministic
     seconds: float
     hidden: np.ndarray | None = None  # self-spec: head hidden states of [last, d_1..d_γ]
     tail: GraphSession | None = None  # self-spec: the tail graph that verifies `hidden`
@@ -68,17 +69,19 @@ def accept_greedy(tokens: list[int], logits: np.ndarray) -> tuple[int, int]:
 def accept_sampled(
     proposal: Proposal, logits: np.ndarray, params: SamplingParams, rng: np.random.Generator
 ) -> tuple[int, int]:
-    """Speculative sampling over target logits rows [γ + 1, V]."""
+    """Speculative sampling over target logits rows [γ + 1, V]; each q is the sparse
+    distribution its draft was drawn from (zero off its support)."""
     for i, d in enumerate(proposal.tokens):
         p = probabilities(logits[i], params)
-        q_d = 1.0 if proposal.q is None else float(proposal.q[i][d])
+        q = None if proposal.q is None else proposal.q[i]
+        q_d = 1.0 if q is None else q.prob(d)
         if rng.random() * q_d < p[d]:  # u < p/q without dividing by a zero q
             continue
-        residual = p.copy()
-        if proposal.q is None:
+        residual = p.copy()  # max(0, p - q): p itself off q's support
+        if q is None:
             residual[d] = 0.0
         else:
-            residual = np.maximum(p - proposal.q[i], 0.0)
+            residual[q.ids] = np.maximum(p[q.ids] - q.probs, 0.0)
         return i, sample(residual, rng)
     return len(proposal.tokens), sample(probabilities(logits[-1], params), rng)
 

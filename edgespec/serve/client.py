@@ -175,6 +175,10 @@ class Remote:
     round: int = 0
     pending: tuple[float, int] | None = None  # (sent_at, bytes_up) of the round in flight
     early: Arrival | None = None  # an answer `answered()` already took off the link
+    # the largest request the server accepts, as its answers state it (its default until
+    # the START answer says); and the most ids a q row of this device's drafter holds
+    max_request: int = 1 << 20
+    q_ids: int = 0
 
     def start(
         self, ids: list[int], capacity: int, params: SamplingParams, attempts: int | None = None
@@ -239,6 +243,8 @@ class Remote:
             raise LinkError(f"unexpected answer from the server: {msg!r}")
         sent_at, up = self.pending
         self.pending = None
+        if msg.max_request:
+            self.max_request = msg.max_request
         return Exchange(msg, sent_at, arrival.at, up, arrival.size)
 
     def end(self) -> None:

@@ -12,11 +12,16 @@ Every message is a 12-byte header then a type-specific body, all little-endian:
              (`edgespec.backbone`); the server answers a mismatch with ERROR 403
     VERIFY   c->s  base u32 | q kind u8 | drafts: u32 count + int32[] | q rows
              drafts d_1..d_γ after the `base` committed tokens (γ = 0: the server just
-             generates one token). Sampling with a model drafter sends each draft's q row:
-             (q kind 1), each dense (u8 1, u32 V, float32[V]) or, when top-k/top-p truncated
-             it, sparse (u8 2, u32 n, int32[n] ids, float32[n] probs): the residual
-             norm(max(0, p - q)) needs the whole row, not just q(d_i)
-    RESULT   s->c  accepted u16 | token i32 | length u32 | server_seconds f32
+             generates one token). Sampling with a model drafter sends (q kind 1) the
+             distribution each draft was drawn from, as its support: u8 3 | u32 n |
+             int32[n] ids | u16[n] counts, q(id) = count / 65535 exactly (`runtime.draft_q`:
+             the drafter samples from exactly this, so acceptance stays lossless; the residual
+             norm(max(0, p - q)) needs the whole support, not just q(d_i)). Each draft must be
+             in its support. Protocol 1's float32 rows (kinds 1, 2) are refused.
+    RESULT   s->c  accepted u16 | token i32 | length u32 | server_seconds f32 |
+                   max_request u32
+             max_request: the largest message (bytes) the server accepts; the device caps
+             its rounds to fit it (`fit`), so no round is ever refused for its size
     ERROR    s->c  code u16 | text: u16 length + utf-8
     END      c->s  (no body) the generation is over; the server frees its cache
 
@@ -32,12 +37,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from edgespec.runtime.draft_q import SCALE, SparseQ
+
 MAGIC = b"ES"
-VERSION = 1
+VERSION = 2  # 2: quantized sparse q rows, RESULT carries max_request
 HEADER = struct.Struct("<2sBBII")
 START_HEAD = struct.Struct("<BIffQI")
 VERIFY_HEAD = struct.Struct("<IB")
-RESULT_BODY = struct.Struct("<HiIf")
+RESULT_BODY = struct.Struct("<HiIfI")
+ROW_HEAD = struct.Struct("<BI")
 MAX_DRAFTS = 64  # more drafts per round than any policy asks for is a malformed request
 MAX_TEXT = 4096
 
@@ -49,7 +57,7 @@ NAMES = {START: "START", VERIFY: "VERIFY", RESULT: "RESULT", ERROR: "ERROR", END
 SAMPLING, HAS_SEED = 1, 2
 # VERIFY: whether q rows follow the drafts, and how each row is stored
 Q_NONE, Q_ROWS = 0, 1
-ROW_DENSE, ROW_SPARSE = 1, 2
+ROW_SUPPORT = 3  # (1, 2: protocol 1's dense and sparse float32 rows, no longer accepted)
 
 # ERROR codes (HTTP-like, so they read familiar in logs)
 BAD_MESSAGE = 400
@@ -88,7 +96,7 @@ class Start:
 class Verify:
     base: int  # committed tokens the client assumes the server holds
     drafts: list[int]
-    q: list[np.ndarray] | None = None  # float64 rows [V] (sparse rows are expanded)
+    q: list[SparseQ] | None = None  # the distribution each draft was drawn from
     session: int = 0
     round: int = 0
 
@@ -101,6 +109,7 @@ class Result:
     server_seconds: float
     session: int = 0
     round: int = 0
+    max_request: int = 0  # bytes; 0: not stated
 
 
 @dataclass
@@ -154,17 +163,14 @@ def encode(msg: Message) -> bytes:
     if isinstance(msg, Verify):
         body = VERIFY_HEAD.pack(msg.base, Q_NONE if msg.q is None else Q_ROWS)
         body += _ids(msg.drafts)
-        for row in msg.q or []:
-            (nonzero,) = np.nonzero(row)
-            # sparse when top-k/top-p truncated the row (ids + probs), else dense is smaller
-            if 2 * len(nonzero) < len(row):
-                body += struct.pack("<BI", ROW_SPARSE, len(nonzero))
-                body += nonzero.astype("<i4").tobytes() + row[nonzero].astype("<f4").tobytes()
-            else:
-                body += struct.pack("<BI", ROW_DENSE, len(row)) + row.astype("<f4").tobytes()
+        for q in msg.q or []:
+            body += ROW_HEAD.pack(ROW_SUPPORT, len(q.ids))
+            body += q.ids.astype("<i4").tobytes() + q.counts.astype("<u2").tobytes()
         return _header(VERIFY, msg.session, msg.round) + body
     if isinstance(msg, Result):
-        body = RESULT_BODY.pack(msg.accepted, msg.token, msg.length, msg.server_seconds)
+        body = RESULT_BODY.pack(
+            msg.accepted, msg.token, msg.length, msg.server_seconds, msg.max_request
+        )
         return _header(RESULT, msg.session, msg.round) + body
     if isinstance(msg, Error):
         return (
@@ -277,11 +283,11 @@ def decode(data: bytes | str, limits: Limits | None = None) -> Message:
         if q_kind not in (Q_NONE, Q_ROWS):
             raise ProtocolError(f"VERIFY: unknown q kind {q_kind}")
         drafts = r.ids("drafts", MAX_DRAFTS, limits.vocab_size)
-        q = [_q_row(r, limits.vocab_size) for _ in drafts] if q_kind == Q_ROWS else None
+        q = [_q_row(r, d, limits.vocab_size) for d in drafts] if q_kind == Q_ROWS else None
         msg = Verify(base, drafts, q)
     elif kind == RESULT:
-        accepted, token, length, seconds = r.unpack(RESULT_BODY, "RESULT fields")
-        msg = Result(accepted, token, length, seconds)
+        accepted, token, length, seconds, max_request = r.unpack(RESULT_BODY, "RESULT fields")
+        msg = Result(accepted, token, length, seconds, max_request=max_request)
     elif kind == ERROR:
         (code,) = r.unpack(struct.Struct("<H"), "ERROR code")
         msg = Error(code, r.text("ERROR text"))
@@ -292,24 +298,55 @@ def decode(data: bytes | str, limits: Limits | None = None) -> Message:
     return msg
 
 
-def _q_row(r: _Reader, vocab: int) -> np.ndarray:
-    """One draft distribution row, as float64 [V] (what the acceptance test computes with)."""
-    row_kind, n = r.unpack(struct.Struct("<BI"), "q row header")
-    if n > vocab:
-        raise ProtocolError(f"VERIFY: a q row of {n} entries exceeds the vocabulary ({vocab})")
-    if row_kind == ROW_DENSE:
-        if n != vocab:
-            raise ProtocolError(f"VERIFY: a dense q row has {n} entries, the vocabulary {vocab}")
-        row = np.frombuffer(r.take(4 * n, "q row"), dtype="<f4").astype(np.float64)
-    elif row_kind == ROW_SPARSE:
-        ids = np.frombuffer(r.take(4 * n, "q row ids"), dtype="<i4")
-        probs = np.frombuffer(r.take(4 * n, "q row probs"), dtype="<f4")
-        if len(ids) and (ids.min() < 0 or ids.max() >= vocab):
-            raise ProtocolError("VERIFY: a sparse q row names ids outside the vocabulary")
-        row = np.zeros(vocab)
-        row[ids] = probs
-    else:
+def _q_row(r: _Reader, draft: int, vocab: int) -> SparseQ:
+    """The distribution one draft was drawn from (its support and counts)."""
+    row_kind, n = r.unpack(ROW_HEAD, "q row header")
+    if row_kind in (1, 2):
+        raise ProtocolError(
+            "VERIFY: float32 q rows (protocol 1) are not accepted: q rows are sent as "
+            "quantized supports; use the same edgespec version on device and server"
+        )
+    if row_kind != ROW_SUPPORT:
         raise ProtocolError(f"VERIFY: unknown q row kind {row_kind}")
-    if not np.all(np.isfinite(row)) or row.min() < 0 or not 0.5 < row.sum() < 1.5:
-        raise ProtocolError("VERIFY: a q row is not a probability distribution")
-    return row
+    if n > min(vocab, SCALE):
+        raise ProtocolError(f"VERIFY: a q row of {n} ids exceeds the vocabulary ({vocab})")
+    ids = np.frombuffer(r.take(4 * n, "q row ids"), dtype="<i4").astype(np.int32)
+    counts = np.frombuffer(r.take(2 * n, "q row counts"), dtype="<u2").astype(np.int64)
+    q = SparseQ(ids, counts)
+    problem = q.check(vocab)
+    if problem is not None:
+        raise ProtocolError(f"VERIFY: a q row is not a probability distribution: {problem}")
+    if q.prob(draft) == 0:
+        raise ProtocolError(
+            f"VERIFY: draft {draft} is outside the support of its q row: a draft must be "
+            "sampled from the distribution sent with it",
+            BAD_REQUEST,
+        )
+    return q
+
+
+def verify_size(drafts: int, support_sizes: list[int] | None) -> int:
+    """Bytes of a VERIFY message with `drafts` drafts and q rows of these support sizes."""
+    rows = sum(ROW_HEAD.size + 6 * n for n in support_sizes or [])
+    return HEADER.size + VERIFY_HEAD.size + 4 + 4 * drafts + rows
+
+
+def max_drafts(max_request: int, row_ids: int | None) -> int:
+    """The most drafts a VERIFY within `max_request` bytes can carry, each with a q row of
+    at most `row_ids` ids (None: no q rows)."""
+    per_draft = 4 + (ROW_HEAD.size + 6 * row_ids if row_ids is not None else 0)
+    room = max_request - verify_size(0, None)
+    return max(0, min(MAX_DRAFTS, room // per_draft))
+
+
+def fit(msg: Verify, max_request: int) -> Verify:
+    """`msg` with trailing drafts (and their q rows) dropped until it fits `max_request`
+    bytes (a prefix of a proposal is a valid proposal); unchanged if it fits."""
+    n = len(msg.drafts)
+    sizes = [len(q.ids) for q in msg.q] if msg.q is not None else None
+    while n and verify_size(n, sizes[:n] if sizes is not None else None) > max_request:
+        n -= 1
+    if n == len(msg.drafts):
+        return msg
+    q = msg.q[:n] if msg.q is not None and n else None
+    return Verify(msg.base, msg.drafts[:n], q, msg.session, msg.round)

@@ -201,6 +201,7 @@ async def _session_rounds(ws: WebSocket, state: State, sid: int, held: list[Serv
             return
         state.rounds += 1
         reply.session, reply.round = sid, round_id
+        reply.max_request = state.limits.max_bytes  # the device sizes its rounds to fit
         try:
             await ws.send_bytes(P.encode(reply))
         except (WebSocketDisconnect, RuntimeError, OSError):

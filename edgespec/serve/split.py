@@ -25,6 +25,7 @@ from time import monotonic, perf_counter
 import numpy as np
 
 from edgespec.runtime.decode import _cut_at_stop, finish_reason
+from edgespec.runtime.draft_q import DEFAULT_SUPPORT, DraftSupport, SparseQ
 from edgespec.runtime.drafters import LookupDrafter
 from edgespec.runtime.graph import GraphSession
 from edgespec.runtime.kv_cache import KVCache
@@ -63,7 +64,7 @@ class Ahead:
     """Tokens drafted after the committed sequence but not yet sent."""
 
     tokens: list[int] = field(default_factory=list)
-    q: list[np.ndarray] = field(default_factory=list)
+    q: list[SparseQ] = field(default_factory=list)
     seconds: float = 0.0
 
 
@@ -169,8 +170,11 @@ def remote_round(
 ) -> tuple[list[int], RoundStats, Ahead]:
     """One pipelined round verified by the server (see the module docstring)."""
     start = perf_counter()
-    # 1. draft: reuse what was drafted while the last round was in flight, top up to γ
-    gamma = max(0, min(policy.next_length(), max_len))
+    # 1. draft: reuse what was drafted while the last round was in flight, top up to γ,
+    #    never more than a request the server accepts can carry
+    sends_q = not params.greedy and not isinstance(drafter, LookupDrafter)
+    cap = P.max_drafts(remote.max_request, remote.q_ids if sends_q else None)
+    gamma = max(0, min(policy.next_length(), max_len, cap))
     drafts, qs = ahead.tokens[:gamma], ahead.q[:gamma]
     draft_seconds = ahead.seconds * len(drafts) / max(len(ahead.tokens), 1)
     # forget what was drafted ahead beyond γ (a drafter's cache never holds the last token
@@ -183,8 +187,12 @@ def remote_round(
         drafts, qs = drafts + proposal.tokens, qs + (proposal.q or [])
         draft_seconds += proposal.seconds + proposal.catchup_seconds
     sampled_q = qs if (not params.greedy and len(qs) == len(drafts) and drafts) else None
-    # 2. send
-    remote.send(P.Verify(len(seq), drafts, sampled_q))
+    # 2. send (a round too large for the server is shortened, never sent: `fit`)
+    msg = P.fit(P.Verify(len(seq), drafts, sampled_q), remote.max_request)
+    if len(msg.drafts) < len(drafts):
+        drafts, qs = msg.drafts, qs[: len(msg.drafts)]
+        drafter.commit(len(seq) + len(drafts) - 1)
+    remote.send(msg)
     # 3. draft ahead while the answer is in flight (not for lookup: it is free and its
     #    n-gram index must only ever see committed tokens)
     nxt = Ahead()
@@ -339,6 +347,7 @@ def build_split(
     timeout: float,
     local_fallback: bool,
     device_profile: dict | None = None,
+    support: DraftSupport = DEFAULT_SUPPORT,
 ) -> tuple[Remote, Target | None, Drafter, DraftLengthPolicy]:
     """What `Model.load(mode="split")` holds: the server session, the local verifier (when
     the bundle has `full` and fallback is on), the drafter and the draft-length policy
@@ -358,13 +367,14 @@ def build_split(
     spec = drafter or ("draft" if "draft" in roles else f"exit:{exits[-1]}" if exits else "lookup")
     chosen: Drafter
     if spec == "draft":
-        chosen = DraftModelDrafter(Target([open_graph("draft")]))
+        chosen = DraftModelDrafter(Target([open_graph("draft")]), support)
     elif spec == "lookup":
         chosen = LookupDrafter()
     elif spec.startswith("exit:") and spec[5:].isdigit():
         if int(spec[5:]) not in exits:
             raise SplitError(f"drafter {spec!r}: this bundle's exit layers are {exits}")
-        chosen = DraftModelDrafter(HeadModel(open_graph(f"head@{spec[5:]}")))  # type: ignore[arg-type]
+        head = HeadModel(open_graph(f"head@{spec[5:]}"))
+        chosen = DraftModelDrafter(head, support)  # type: ignore[arg-type]
     else:
         raise SplitError(f"drafter {spec!r} is not one of: draft, exit:K, lookup")
     local = Target([open_graph("full")]) if local_fallback and "full" in roles else None
@@ -375,6 +385,7 @@ def build_split(
 
         fingerprint = hello(manifest)  # the server checks its target's lower layers against it
     remote = Remote(server, token, fingerprint, timeout=timeout)
+    remote.q_ids = support.max_ids(manifest.target.vocab_size)
     return remote, local, chosen, policy
 
 
