@@ -1,6 +1,7 @@
 """Split decoding with sampling follows the target's distribution: the 2nd to 4th tokens of
 generations drafted on the device (with q rows sent to the server, and tokens drafted ahead
-while rounds are in flight) match the exact marginals of the target's own sampling."""
+while rounds are in flight) match the exact marginals of the target's own sampling — also
+when the drafter samples from a support cut to 3 of the 16 ids (the sparse q path)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,17 @@ from split_server import TOKEN, start_server
 from test_speculative_sampling import CHI2_CRITICAL_P001, chi_square
 
 import edgespec
+from edgespec.runtime.draft_q import DraftSupport
 from edgespec.runtime.sampling import SamplingParams, probabilities
 
 
-@pytest.mark.parametrize("drafter", ["draft", "lookup"])
-def test_split_sampling_follows_the_target_distribution(tiny_vocab_bundle, tmp_path, drafter):
+@pytest.mark.parametrize(
+    "drafter, support",
+    [("draft", DraftSupport()), ("draft", DraftSupport(top_k=3, top_p=0.9)), ("lookup", None)],
+)
+def test_split_sampling_follows_the_target_distribution(
+    tiny_vocab_bundle, tmp_path, drafter, support
+):
     params = SamplingParams(temperature=1.0, top_p=0.95)
     prompt = [3, 7, 1, 3, 7]
     t = edgespec.load(tiny_vocab_bundle, threads=1).target
@@ -46,6 +53,7 @@ def test_split_sampling_follows_the_target_distribution(tiny_vocab_bundle, tmp_p
             threads=1,
             drafter=drafter,
             draft_policy="fixed:1",
+            **({"draft_support": support} if support else {}),
         )
         counts = [np.zeros(16), np.zeros(16), np.zeros(16)]
         for seed in range(1200):
