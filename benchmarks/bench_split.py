@@ -26,6 +26,10 @@ server's rounds per batch and per forward (from its /health). Prints markdown ta
                                       # sampling: rounds carry q rows, bandwidth matters
     python benchmarks/bench_split.py --load-only --devices 1,2,4,8,16 --load-gammas 0,4
                                       # batched vs unbatched serving only
+    python benchmarks/bench_split.py --rtts 50 --temperature 0.8 --draft-top-k 64,0 \
+        --compare-greedy --policies fixed:4,channel-aware --no-trace --no-load
+                                      # sampled drafts' supports (top-64, uncapped) vs greedy,
+                                      # uplink bytes per drafted token
 
 Uses the trained benchmark pair (`benchmarks/train_models.py`; bundle with `full`, `draft`)
 from ~/.cache/edgespec-bench/trained, or EDGESPEC_BENCH.
@@ -68,6 +72,7 @@ class Row:
     mean_gamma: float
     acceptance: float
     rtt_estimate_ms: float | None = None
+    bytes_per_draft: float | None = None  # uplink bytes (all rounds) per drafted token
     extra: dict = field(default_factory=dict)
 
 
@@ -105,7 +110,7 @@ def start_server(bundle: Path, port: int, threads: int | None, max_sessions: int
 
 def timed(model, prompts: list[str], n_new: int, seconds: float, **sampling) -> dict:
     """Generate over the prompts (repeating) for `seconds` of wall time; round stats summed."""
-    tokens = rounds = drafted = accepted = 0
+    tokens = rounds = drafted = accepted = up = 0
     rtt = None
     start = time.perf_counter()
     i = 0
@@ -120,6 +125,7 @@ def timed(model, prompts: list[str], n_new: int, seconds: float, **sampling) -> 
                 rounds += 1
                 drafted += s.drafted
                 accepted += s.accepted
+                up += s.bytes_up
                 rtt = s.rtt_estimate if s.rtt_estimate is not None else rtt
             if time.perf_counter() - start >= seconds:
                 break
@@ -131,10 +137,13 @@ def timed(model, prompts: list[str], n_new: int, seconds: float, **sampling) -> 
         "mean_gamma": drafted / rounds if rounds else 0.0,
         "acceptance": accepted / drafted if drafted else 0.0,
         "rtt_estimate_ms": None if rtt is None else rtt * 1000,
+        "bytes_per_draft": up / drafted if drafted else None,
     }
 
 
-def split_engines(fixed: list[int]) -> list[tuple[str, str]]:
+def split_engines(fixed: list[int], policies: list[str] | None = None) -> list[tuple[str, str]]:
+    if policies:
+        return [(f"split {p}" if p != "fixed:0" else "cloud-only (γ=0)", p) for p in policies]
     return [
         ("cloud-only (γ=0)", "fixed:0"),
         *[(f"split fixed:{g}", f"fixed:{g}") for g in fixed],
@@ -142,14 +151,36 @@ def split_engines(fixed: list[int]) -> list[tuple[str, str]]:
     ]
 
 
+def decodings(args) -> list[tuple[str, dict, object]]:
+    """(label, sampling options, the drafter's DraftSupport) for each way of decoding: greedy,
+    and with --temperature one per --draft-top-k value (0: uncapped)."""
+    from edgespec.runtime.draft_q import DraftSupport
+
+    if not args.temperature:
+        return [("", {}, None)]
+    sampled = [
+        (f"T={args.temperature:g} top-{k or 'all'} ", {"temperature": args.temperature, "seed": 0},
+         DraftSupport(top_k=k))
+        for k in args.draft_top_k
+    ]  # fmt: skip
+    if len(sampled) == 1 and not args.compare_greedy:
+        sampled = [("", *sampled[0][1:])]
+    return ([("greedy ", {}, None)] if args.compare_greedy else []) + sampled
+
+
 def run_conditions(args, bundle: Path, prompts: list[str], port: int) -> list[Row]:
     import edgespec
     from edgespec.runtime.policies import make_policy
 
     fixed = [1, 2, 4, 8] if args.quick else list(range(1, 9))
-    engines = split_engines(fixed)
+    ways = decodings(args)
+    engines = [
+        (prefix + label, policy, options, support)
+        for prefix, options, support in ways
+        for label, policy in split_engines(fixed, args.policies)
+    ]
     rtts, bws = args.rtts, args.bandwidths
-    sampling = {"temperature": args.temperature, "seed": 0} if args.temperature else {}
+    sampling = ways[-1][1]
     conditions: list[tuple[str, ChannelConfig | Trace]] = [
         (f"{rtt:g} ms, {bw:g} Mbit/s", ChannelConfig(rtt_ms=rtt, bandwidth_mbit=bw))
         for rtt in rtts
@@ -189,18 +220,19 @@ def run_conditions(args, bundle: Path, prompts: list[str], port: int) -> list[Ro
                 threads=args.device_threads,
                 local_fallback=False,
                 timeout=30.0,
+                **({"draft_support": support} if support else {}),
             )
-            for label, policy in engines
+            for label, policy, _, support in engines
         }
-        out = models["split channel-aware"].generate(
+        out = models[engines[-1][0]].generate(
             prompts[0], max_new_tokens=args.max_new_tokens, ignore_eos=True
         )
-        print(f"lossless (split channel-aware == local ar): {out.tokens == reference}", flush=True)
+        print(f"lossless (greedy split == local ar): {out.tokens == reference}", flush=True)
         for name, condition in conditions:
             is_trace = isinstance(condition, Trace)
             if not is_trace:
                 channel.config = condition
-            for label, policy in engines:
+            for label, policy, sampling, _ in engines:
                 model = models[label]
                 model.policy = make_policy(policy)  # each condition from a cold start
                 channel.replay(None)
@@ -218,9 +250,11 @@ def run_conditions(args, bundle: Path, prompts: list[str], port: int) -> list[Ro
                     **sampling,
                 )
                 rows.append(Row(name, label, **r))
+                per_draft = r["bytes_per_draft"]
                 print(
                     f"  {name:<28} {label:<22} {r['tokens_per_s']:7.1f} tok/s  "
-                    f"γ̄ {r['mean_gamma']:.1f}",
+                    f"γ̄ {r['mean_gamma']:.1f}  α {r['acceptance']:.2f}  "
+                    + (f"{per_draft:.0f} B up/draft" if per_draft else ""),
                     flush=True,
                 )
             for label, r in device_rows:
@@ -390,6 +424,17 @@ def tables(rows: list[Row], load: list[dict], decoding: str = "greedy") -> str:
             f"{best.engine.split(':')[1]} ({best.tokens_per_s:.1f}) | "
             f"{aware.tokens_per_s / best.tokens_per_s:.2f} |"
         )
+    if any(r.bytes_per_draft for r in rows):
+        out += ["", "Uplink bytes per drafted token (every round's VERIFY, framing included):", ""]
+        out.append("| engine | " + " | ".join(conditions) + " |")
+        out.append("|---|" + "---:|" * len(conditions))
+        for e in engines:
+            cells = []
+            for c in conditions:
+                r = table.get((c, e))
+                ok = r is not None and r.bytes_per_draft
+                cells.append(f"{r.bytes_per_draft:,.0f}" if ok else "-")  # type: ignore[union-attr]
+            out.append(f"| {e} | " + " | ".join(cells) + " |")
     if load:
         out.append("")
         out.append(load_table(load))
@@ -442,6 +487,11 @@ def main() -> None:
     ap.add_argument("--bandwidths", default="1,10,100", help="Mbit/s, comma-separated")
     ap.add_argument("--no-trace", action="store_true")
     ap.add_argument("--temperature", type=float, default=0.0, help="0: greedy; > 0: sampling")
+    ap.add_argument(
+        "--draft-top-k", default="64", help="sampling: the drafter's support sizes (0: uncapped)"
+    )
+    ap.add_argument("--compare-greedy", action="store_true", help="greedy rows in the same run")
+    ap.add_argument("--policies", default=None, help="e.g. fixed:4,channel-aware (default all)")
     ap.add_argument("--quick", action="store_true", help="a small subset (~3 minutes)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
@@ -453,6 +503,8 @@ def main() -> None:
         args.devices = "1,4" if args.devices == "1,2,4,8" else args.devices
     args.devices = [int(n) for n in args.devices.split(",") if n]
     args.load_gammas = [int(g) for g in args.load_gammas.split(",") if g]
+    args.draft_top_k = [int(k) for k in args.draft_top_k.split(",") if k]
+    args.policies = args.policies.split(",") if args.policies else None
     bundle = args.models / "bundle"
     if not (bundle / "manifest.json").exists():
         raise SystemExit(f"no benchmark bundle in {bundle}: run benchmarks/bench_spec.py first")

@@ -20,10 +20,10 @@ from time import perf_counter
 
 import numpy as np
 
-from edgespec.runtime.draft_q import DEFAULT_SUPPORT, DraftSupport, SparseQ, truncate
+from edgespec.runtime.draft_q import DEFAULT_SUPPORT, DraftSupport, SparseQ, from_logits
 from edgespec.runtime.graph import GraphSession
 from edgespec.runtime.policies import DraftLengthPolicy
-from edgespec.runtime.sampling import SamplingParams, probabilities
+from edgespec.runtime.sampling import SamplingParams
 from edgespec.runtime.speculative import Drafter, Proposal
 from edgespec.runtime.target import Target
 
@@ -37,9 +37,8 @@ def _pick(
         d = int(logits.argmax())
         confidence = 1.0 / float(np.exp(logits.astype(np.float64) - logits[d]).sum())
         return d, confidence, None
-    q = probabilities(logits, params)
-    sparse = truncate(q, support)
-    return sparse.sample(rng), float(q.max()), sparse
+    q, confidence = from_logits(logits, params, support)
+    return q.sample(rng), confidence, q
 
 
 def draft_tokens(

@@ -33,11 +33,14 @@ class SamplingParams:
 
 def probabilities(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
     """The sampling distribution (float64, sums to 1) over the vocab for one logits row."""
-    z = logits.astype(np.float64) / params.temperature
+    # in place: at a 150k vocabulary each fresh temporary costs more than the arithmetic
+    z = logits.astype(np.float64)
+    z /= params.temperature
     if params.top_k and params.top_k < z.shape[-1]:
         kth = np.partition(z, -params.top_k)[-params.top_k]
-        z = np.where(z < kth, -np.inf, z)
-    p = np.exp(z - z.max())
+        z[z < kth] = -np.inf
+    z -= z.max()
+    p = np.exp(z, out=z)
     p /= p.sum()
     if params.top_p < 1.0:
         order = np.argsort(-p, kind="stable")
