@@ -72,7 +72,7 @@ class Row:
     mean_gamma: float
     acceptance: float
     rtt_estimate_ms: float | None = None
-    bytes_per_draft: float | None = None  # uplink bytes (all rounds) per drafted token
+    bytes_per_draft: float | None = None  # uplink bytes of drafting rounds per drafted token
     extra: dict = field(default_factory=dict)
 
 
@@ -125,7 +125,7 @@ def timed(model, prompts: list[str], n_new: int, seconds: float, **sampling) -> 
                 rounds += 1
                 drafted += s.drafted
                 accepted += s.accepted
-                up += s.bytes_up
+                up += s.bytes_up if s.drafted else 0  # the rounds that carried drafts
                 rtt = s.rtt_estimate if s.rtt_estimate is not None else rtt
             if time.perf_counter() - start >= seconds:
                 break
@@ -425,7 +425,7 @@ def tables(rows: list[Row], load: list[dict], decoding: str = "greedy") -> str:
             f"{aware.tokens_per_s / best.tokens_per_s:.2f} |"
         )
     if any(r.bytes_per_draft for r in rows):
-        out += ["", "Uplink bytes per drafted token (every round's VERIFY, framing included):", ""]
+        out += ["", "Uplink bytes per drafted token (the rounds that carry drafts, framing included):", ""]
         out.append("| engine | " + " | ".join(conditions) + " |")
         out.append("|---|" + "---:|" * len(conditions))
         for e in engines:

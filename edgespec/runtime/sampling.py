@@ -55,9 +55,11 @@ def probabilities(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
 
 
 def sample(p: np.ndarray, rng: np.random.Generator) -> int:
-    """Inverse-CDF draw from p: one uniform per token, so a seed fixes the whole generation."""
+    """Inverse-CDF draw from p: one uniform per token, so a seed fixes the whole generation.
+    Consumes p (its cumulative sum is taken in place: every caller passes a fresh array)."""
     u = rng.random() * p.sum()
-    return int(min(np.searchsorted(np.cumsum(p), u, side="right"), p.shape[-1] - 1))
+    cdf = np.cumsum(p, out=p)
+    return int(min(np.searchsorted(cdf, u, side="right"), p.shape[-1] - 1))
 
 
 def next_token(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:
