@@ -425,7 +425,7 @@ def tables(rows: list[Row], load: list[dict], decoding: str = "greedy") -> str:
             f"{aware.tokens_per_s / best.tokens_per_s:.2f} |"
         )
     if any(r.bytes_per_draft for r in rows):
-        out += ["", "Uplink bytes per drafted token (the rounds that carry drafts, framing included):", ""]
+        out += ["", "Uplink bytes per drafted token (rounds with drafts, framing included):", ""]
         out.append("| engine | " + " | ".join(conditions) + " |")
         out.append("|---|" + "---:|" * len(conditions))
         for e in engines:
