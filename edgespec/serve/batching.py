@@ -110,7 +110,8 @@ def forward_rounds(
 ) -> tuple[list[np.ndarray], list[int]]:
     """Logits [len(ids), vocab] per (slot, ids) in `work` (distinct slots), the ids appended
     to their rows (lengths advanced); also how many of the rounds each forward served."""
-    width = plan([len(ids) for _, ids in work]) if all(g.batched for g in stages) else 0
+    batched = all(getattr(g, "batched", False) for g in stages)  # static graphs: alone
+    width = plan([len(ids) for _, ids in work]) if batched else 0
     # the kernel needs room for the whole padded chunk after each row's length
     together = [
         (slot, ids)

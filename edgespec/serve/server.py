@@ -85,6 +85,12 @@ def load_state(config: ServerConfig) -> State:
         config.max_sessions,
         stages[0].kv_dtype,
     )
+    if config.max_batch > 1 and not all(getattr(g, "batched", False) for g in stages):
+        log.warning(
+            "%s: the verifier's graphs take no query_seqlens (static graphs, or exported "
+            "before it): verify rounds run one by one; re-export to batch them",
+            config.bundle,
+        )
     stats = BatchStats()
     worker = Worker(
         lambda rounds: verify_rounds(pool, stages, rounds, stats),
