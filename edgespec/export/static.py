@@ -331,8 +331,8 @@ def verify_static(hf_model: Any, folder: Path, manifest: Manifest) -> dict[str, 
     import torch
 
     from edgespec.runtime.graph import session_options
-    from edgespec.runtime.static import StaticGraphSession
     from edgespec.runtime.stack import Stack
+    from edgespec.runtime.static import StaticGraphSession
 
     assert manifest.static is not None
     info = manifest.target
