@@ -428,16 +428,10 @@ def transformers_engine(
 
 
 def export_edgespec(folder: Path, bundle: Path) -> None:
-    import inspect
-
     from edgespec.export import export_bundle
 
     shutil.rmtree(bundle, ignore_errors=True)
-    options: dict[str, Any] = {"dtype": "fp32"}
-    accepted = inspect.signature(export_bundle).parameters
-    if "progress" in accepted:
-        options["progress"] = False
-    export_bundle(model=str(folder), out=str(bundle), **options)
+    export_bundle(model=str(folder), out=str(bundle), dtype="fp32")
 
 
 def edgespec_exporter_digest() -> str:

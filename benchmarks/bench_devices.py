@@ -64,7 +64,6 @@ def bundle_for(checkpoint: Path, method: str, cache: Path) -> Path:
             checkpoint,
             bundle,
             overwrite=True,
-            progress=False,
             verify=False,
             **export_options(method),
         )

@@ -78,7 +78,7 @@ def test_roles_share_one_weights_file(bundles, checkpoints):
 def test_fp16_bundle_runs_and_agrees(checkpoints, tmp_path, hf_models):
     from edgespec.export import export_bundle
 
-    export_bundle(checkpoints["qwen2"], tmp_path / "b", dtype="fp16", progress=False)
+    export_bundle(checkpoints["qwen2"], tmp_path / "b", dtype="fp16")
     model = edgespec.load(tmp_path / "b")
     ids = np.random.default_rng(5).integers(0, 2048, 10)
     model.target.reset(16)
@@ -91,7 +91,7 @@ def test_draft_model_is_exported_into_the_bundle(checkpoints, tmp_path):
     from edgespec.export import export_bundle
 
     m = export_bundle(
-        checkpoints["llama-gqa-tied"], tmp_path / "d", draft=checkpoints["qwen2"], progress=False
+        checkpoints["llama-gqa-tied"], tmp_path / "d", draft=checkpoints["qwen2"]
     )
     assert "draft" in m.roles and m.draft is not None and m.draft.model_type == "qwen2"
     assert load_manifest(tmp_path / "d").graph("draft").model == "draft"

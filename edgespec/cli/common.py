@@ -1,6 +1,8 @@
 """What every `edgespec` command shares: one-line errors instead of tracebacks, the bearer
 token file, the stats lines and the edge/cloud compatibility report.
 
+`ExportProgress` renders the export steps the library reports through `on_progress`.
+
 Takes edgespec's own exceptions and turns them into `click.ClickException`s (one `Error:` line,
 exit status 1); never imports a command module, so the command modules and `edgespec.cli` import
 it without a circle.
@@ -9,6 +11,7 @@ it without a circle.
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Callable
 from functools import wraps
 from pathlib import Path
@@ -90,3 +93,31 @@ def _read_token(path: str | None) -> str | None:
     if not token:
         raise click.BadParameter(f"{path} is empty", param_hint="--token-file")
     return token
+
+
+class ExportProgress:
+    """The export step being worked on: one live line with the elapsed time on a terminal
+    (tqdm), one plain line per step in a log (a redrawn line there is an unreadable run-on).
+    Pass it as `ExportConfig.on_progress`; `close()` when the export returns or fails."""
+
+    def __init__(self) -> None:
+        self.bar: Any = None
+        self.start: float | None = None
+
+    def __call__(self, what: str) -> None:
+        if self.start is None:  # the first step: the clock starts, the bar opens
+            self.start = time.perf_counter()
+            if sys.stderr.isatty():
+                from tqdm import tqdm
+
+                self.bar = tqdm(total=0, bar_format="{desc} [{elapsed}]", leave=True)
+        if self.bar is not None:
+            self.bar.set_description_str(f"export: {what}")
+            self.bar.refresh()
+        else:
+            click.echo(f"export: {what} [{time.perf_counter() - self.start:.1f} s]", err=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from edgespec.cli.common import _friendly, _report_compat
+from edgespec.cli.common import ExportProgress, _friendly, _report_compat
 
 
 @click.command()
@@ -95,7 +95,7 @@ def export(
 ) -> None:
     """Export MODEL (a local checkpoint folder, a hub id, or builtin:tiny-llama) to a bundle."""
     try:
-        from edgespec.export import ExportError, export_bundle
+        from edgespec.export import ExportConfig, ExportError, export_bundle
     except ImportError as e:
         raise click.ClickException(
             f"export needs the [export] extra ({e.name} is missing): pip install 'edgespec[export]'"
@@ -114,10 +114,9 @@ def export(
             f"{verify_width!r} is not a width or a comma-separated list of widths",
             param_hint="--verify-width",
         ) from None
+    progress = ExportProgress()
     try:
-        manifest = export_bundle(
-            model,
-            out,
+        config = ExportConfig(
             draft=draft,
             exit_layers=layers,
             dtype=dtype,
@@ -135,9 +134,13 @@ def export(
             backbone_layers=backbone_layers,
             fit_exit_adapter=fit_exit_adapter,
             adapter_steps=adapter_steps,
+            on_progress=progress,
         )
+        manifest = export_bundle(model, out, config)
     except ExportError as e:
         raise click.ClickException(str(e)) from None
+    finally:
+        progress.close()
     click.echo(f"wrote {out}: {', '.join(manifest.roles)}")
     if check_compat:
         _report_compat(check_compat, out)

@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from edgespec.cli.common import _friendly, _read_token, format_stats
+from edgespec.cli.common import ExportProgress, _friendly, _read_token, format_stats
 from edgespec.runtime.model import MODES
 
 DEMO_MODEL = "builtin:tiny-llama"
@@ -112,7 +112,11 @@ def demo(prompt: str, max_new_tokens: int, threads: int | None) -> None:
 
     bundle = cache_dir() / "bundles" / DEMO_MODEL.split(":")[1]
     if not (bundle / "manifest.json").exists():
-        export_bundle(DEMO_MODEL, bundle, exit_layers=[2], overwrite=True)
+        progress = ExportProgress()
+        try:
+            export_bundle(DEMO_MODEL, bundle, exit_layers=[2], overwrite=True, on_progress=progress)
+        finally:
+            progress.close()
     click.echo(f"bundle: {bundle}  (random weights: the text is gibberish)", err=True)
     import edgespec
 
