@@ -43,7 +43,7 @@ from bench_split import free_port, load_prompts, start_server  # noqa: E402
 
 import edgespec  # noqa: E402
 from edgespec.bundle import load_manifest  # noqa: E402
-from edgespec.channel import Channel, ChannelConfig  # noqa: E402
+from edgespec.tools.channel import Channel, ChannelConfig  # noqa: E402
 
 DEFAULT_MODELS = Path(os.environ.get("EDGESPEC_BENCH", Path.home() / ".cache" / "edgespec-bench"))
 SEED = 0
@@ -248,7 +248,7 @@ def main() -> None:
             port = free_port()
             proc = start_server(b[f"cloud-{t}"], port, 1, 16)
             address = f"127.0.0.1:{port}"
-            if args.rtt_ms:  # an emulated link in front of the server (edgespec.channel)
+            if args.rtt_ms:  # an emulated link in front of the server (edgespec.tools.channel)
                 config = ChannelConfig(rtt_ms=args.rtt_ms, bandwidth_mbit=args.bandwidth_mbit)
                 channels.append(Channel(address, config).start())
                 address = channels[-1].address

@@ -1,7 +1,7 @@
 """Edge-cloud split decoding benchmark: tokens/s over emulated channels, in one run.
 
 Starts `edgespec serve BUNDLE` as a subprocess (the cloud), puts the channel emulator
-(`edgespec.channel`, a TCP proxy on loopback) in front of it, and for each channel condition
+(`edgespec.tools.channel`, a TCP proxy on loopback) in front of it, and for each channel condition
 — RTT 10/50/150 ms × bandwidth 1/10/100 Mbit/s, plus a time-varying trace — measures on the
 device side (greedy, same prompts, device threads fixed):
 
@@ -45,7 +45,7 @@ import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from edgespec.channel import Channel, ChannelConfig, Trace, TraceRow
+from edgespec.tools.channel import Channel, ChannelConfig, Trace, TraceRow
 
 DEFAULT_MODELS = Path(os.environ.get("EDGESPEC_BENCH", Path.home() / ".cache" / "edgespec-bench"))
 # a time-varying channel: good Wi-Fi, a congested cell, a mid link (looping)

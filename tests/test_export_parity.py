@@ -90,8 +90,6 @@ def test_fp16_bundle_runs_and_agrees(checkpoints, tmp_path, hf_models):
 def test_draft_model_is_exported_into_the_bundle(checkpoints, tmp_path):
     from edgespec.export import export_bundle
 
-    m = export_bundle(
-        checkpoints["llama-gqa-tied"], tmp_path / "d", draft=checkpoints["qwen2"]
-    )
+    m = export_bundle(checkpoints["llama-gqa-tied"], tmp_path / "d", draft=checkpoints["qwen2"])
     assert "draft" in m.roles and m.draft is not None and m.draft.model_type == "qwen2"
     assert load_manifest(tmp_path / "d").graph("draft").model == "draft"

@@ -95,9 +95,7 @@ def test_weight_only_bundle_computes_the_fake_quantized_model(
     ids = np.random.default_rng(6).integers(0, 2048, 9)
     ref = hf_logits(fake_quantized(hf_models[arch], method), ids)
     # float compute: equal to the fake-quantized model up to float rounding
-    export_bundle(
-        checkpoints[arch], tmp_path / "exact", quantize=method, accuracy_level=0
-    )
+    export_bundle(checkpoints[arch], tmp_path / "exact", quantize=method, accuracy_level=0)
     np.testing.assert_allclose(bundle_logits(tmp_path / "exact", ids), ref, atol=3e-4, rtol=1e-4)
     # default (int8 activations per row and block of 32): off by activation rounding only,
     # a relative error of about 1/254 per block, far below the weights' own rounding

@@ -65,9 +65,7 @@ def family(tmp_path_factory):
     shutil.copytree(original, root / "tokenizer")
     train_tokenizer(root / "tokenizer", vocab_size=1024)  # same weights, other vocabulary
     bundles = {"edge": root / "b-edge"}
-    export_bundle(
-        original, bundles["edge"], variant="shared-backbone", backbone_layers=K
-    )
+    export_bundle(original, bundles["edge"], variant="shared-backbone", backbone_layers=K)
     for name in ("original", "evolved", "lower", "tokenizer"):
         bundles[name] = root / f"b-{name}"
         export_bundle(root / name, bundles[name])

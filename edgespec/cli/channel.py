@@ -27,7 +27,7 @@ def channel(
     seed: int | None,
 ) -> None:
     """Emulate a network link: a TCP proxy adding delay, jitter, a bandwidth cap and loss."""
-    from edgespec.channel import ChannelConfig, ChannelError, Trace, run_channel
+    from edgespec.tools.channel import ChannelConfig, ChannelError, Trace, run_channel
 
     try:
         config = ChannelConfig(rtt_ms, bandwidth_mbit, jitter_ms, loss)
