@@ -140,6 +140,20 @@ def test_export_option_errors(checkpoints, tmp_path):
     assert (tmp_path / "full" / "x").read_text() == "keep me"
 
 
+def test_export_config_refuses_bad_options_before_loading_anything(tmp_path):
+    from edgespec.export import ExportConfig, ExportError, export_bundle
+
+    with pytest.raises(ExportError, match="choose one of fp32, fp16"):
+        ExportConfig(dtype="bf16")
+    with pytest.raises(ExportError, match="--backbone-layers needs --variant shared-backbone"):
+        ExportConfig(backbone_layers=2)
+    with pytest.raises(ExportError, match="qdq-int8 starts from fp32 graphs"):
+        ExportConfig(quantize="qdq-int8", dtype="fp16")
+    with pytest.raises(TypeError, match="unknown option.*progress.*pass on_progress"):
+        export_bundle(tmp_path / "missing", tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()
+
+
 def test_cli_prints_one_error_line_not_a_traceback(bundle_copy):
     edit_manifest(bundle_copy, lambda m: m.update(schema_version=7))
     run = subprocess.run(

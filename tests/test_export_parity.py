@@ -87,6 +87,19 @@ def test_fp16_bundle_runs_and_agrees(checkpoints, tmp_path, hf_models):
     np.testing.assert_allclose(got, ref, atol=0.05 * np.abs(ref).max())
 
 
+def test_export_prints_nothing_and_reports_each_step_to_on_progress(checkpoints, tmp_path, capfd):
+    from edgespec.export import ExportConfig, export_bundle
+
+    steps: list[str] = []
+    config = ExportConfig(exit_layers=[EXIT_LAYER], on_progress=steps.append)
+    export_bundle(checkpoints["gpt2"], tmp_path / "b", config)
+    out, err = capfd.readouterr()
+    assert "export:" not in out + err and "exit adapter" not in out + err
+    assert steps[0].startswith("loading ") and steps[-1] == "done"
+    assert f"building head@{EXIT_LAYER} graph" in steps
+    assert "checking the exported graph against transformers" in steps
+
+
 def test_draft_model_is_exported_into_the_bundle(checkpoints, tmp_path):
     from edgespec.export import export_bundle
 
