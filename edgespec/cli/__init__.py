@@ -2,6 +2,11 @@
 
 Every expected failure (bad bundle, bad option, bad prompt, missing device) is printed as
 one `Error:` line with the fix, exit status 1; never a traceback.
+
+This module holds the `main` click group and registers one module per command group:
+export.py, generate.py (generate, demo, bench), inspect.py, serve.py, devices.py,
+channel.py; what they share (errors, token file, stats lines, export progress) is
+common.py, which imports none of them, so nothing here imports in a circle.
 """
 
 from __future__ import annotations
