@@ -10,9 +10,9 @@ import pytest
 from speculative_reference import reference_speculative_step
 
 import edgespec
+from edgespec.runtime.accept import accept_sampled
 from edgespec.runtime.draft_q import DraftSupport, SparseQ, quantize, truncate
 from edgespec.runtime.sampling import SamplingParams, probabilities
-from edgespec.runtime.speculative import Proposal, accept_sampled
 
 CHI2_CRITICAL_P001 = {5: 20.52, 7: 24.32, 15: 37.70}  # chi-square quantile at p = 0.001
 
@@ -46,9 +46,7 @@ def test_fast_path_matches_the_reference_step_for_step():
         qs = [random_q(rng, v) for _ in range(g)] if case % 3 else None
         drafts = [qs[i].sample(rng) if qs else int(rng.integers(v)) for i in range(g)]
         seed = int(rng.integers(1 << 30))
-        n, token = accept_sampled(
-            Proposal(drafts, qs, 0.0), np.log(p_rows), params, np.random.default_rng(seed)
-        )
+        n, token = accept_sampled(drafts, qs, np.log(p_rows), params, np.random.default_rng(seed))
         dense = [q.dense(v) for q in qs] if qs else None
         ref = reference_speculative_step(p_rows, dense, drafts, np.random.default_rng(seed))
         assert [*drafts[:n], token] == ref
@@ -78,9 +76,9 @@ def test_sparse_drafts_keep_the_target_distribution():
     params = SamplingParams(temperature=1.0)
     first, second = np.zeros(v), np.zeros(v)
     for _ in range(trials):
-        proposal = Proposal([q.sample(rng) for q in qs], qs, 0.0)
-        n, token = accept_sampled(proposal, np.log(p_rows), params, rng)
-        out = [*proposal.tokens[:n], token]
+        tokens = [q.sample(rng) for q in qs]
+        n, token = accept_sampled(tokens, qs, np.log(p_rows), params, rng)
+        out = [*tokens[:n], token]
         first[out[0]] += 1
         if len(out) > 1:  # the rows do not depend on the prefix: p_rows[1] whatever came first
             second[out[1]] += 1
@@ -100,11 +98,11 @@ def test_emitted_tokens_follow_the_target_distribution(deterministic_draft):
     first, second = np.zeros(v), np.zeros(v)
     for _ in range(trials):
         if deterministic_draft:  # e.g. prompt lookup: fixed drafts, q a point mass
-            proposal = Proposal([2, 0, 5], None, 0.0)
+            tokens, q = [2, 0, 5], None
         else:
-            proposal = Proposal([q.sample(rng) for q in q_rows], q_rows, 0.0)
-        n, token = accept_sampled(proposal, np.log(p_rows), params, rng)
-        out = [*proposal.tokens[:n], token]
+            tokens, q = [q.sample(rng) for q in q_rows], q_rows
+        n, token = accept_sampled(tokens, q, np.log(p_rows), params, rng)
+        out = [*tokens[:n], token]
         first[out[0]] += 1
         if len(out) > 1:
             second[out[1]] += 1

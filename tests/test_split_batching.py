@@ -12,9 +12,9 @@ from split_server import TOKEN, start_server
 from websockets.sync.client import connect
 
 import edgespec
+from edgespec import protocol as P
 from edgespec.runtime.draft_q import quantize
-from edgespec.runtime.target import Target
-from edgespec.serve import protocol as P
+from edgespec.runtime.stack import Stack
 from edgespec.serve.batching import KVPool, forward_alone, forward_batch, forward_rounds, plan
 from edgespec.serve.worker import Worker
 
@@ -42,7 +42,7 @@ def fill(stages, pool, rng, rows: int) -> dict[int, list[int]]:
 
 
 def alone(stages, seq: list[int], n: int, context: int = 96) -> np.ndarray:
-    ref = Target(stages)
+    ref = Stack(stages)
     ref.reset(context)
     return ref.forward(np.asarray(seq), keep=n)
 

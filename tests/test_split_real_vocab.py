@@ -13,9 +13,9 @@ from click.testing import CliRunner
 from split_server import TOKEN, start_server
 
 import edgespec
+from edgespec import protocol as P
 from edgespec.cli import main
 from edgespec.runtime.draft_q import DraftSupport
-from edgespec.serve import protocol as P
 
 VOCAB = 151_936
 FRAMING = 14  # WebSocket frame header + mask of a message over 64 KiB, client to server

@@ -16,8 +16,8 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
 import edgespec
+from edgespec import protocol as P
 from edgespec.runtime.draft_q import quantize
-from edgespec.serve import protocol as P
 
 ARCH = "llama-gqa-tied"
 

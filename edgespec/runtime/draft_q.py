@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from edgespec.runtime.errors import InputError
 from edgespec.runtime.sampling import SamplingParams
 
 SCALE = 65535  # counts are u16 on the wire; q(x) = count / SCALE
@@ -39,9 +40,9 @@ class DraftSupport:
 
     def __post_init__(self) -> None:
         if self.top_k < 0 or self.top_k > SCALE:
-            raise ValueError(f"draft top-k {self.top_k}: choose 1..{SCALE} (0 = no cap)")
+            raise InputError(f"draft top-k {self.top_k}: choose 1..{SCALE} (0 = no cap)")
         if not 0 < self.top_p <= 1:
-            raise ValueError(f"draft top-p {self.top_p}: choose a value in (0, 1]")
+            raise InputError(f"draft top-p {self.top_p}: choose a value in (0, 1]")
 
     def max_ids(self, vocab: int) -> int:
         return min(self.top_k or vocab, vocab, SCALE)

@@ -25,6 +25,7 @@ before graphs took `query_seqlens` run every round alone.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -32,8 +33,11 @@ import onnxruntime as ort
 
 from edgespec.runtime.graph import GraphSession
 from edgespec.runtime.kv_cache import KVCache
+from edgespec.runtime.stack import run_stages
 
 DUMMY_TOKEN = 0
+log = logging.getLogger("edgespec.serve")
+_told = False  # the log said batching is off for these graphs
 
 
 @dataclass
@@ -93,6 +97,20 @@ class KVPool:
         return view
 
 
+def batchable(stages: list[GraphSession]) -> bool:
+    """Whether the graphs take `query_seqlens` (static graphs and bundles exported before it
+    do not: their rounds run alone; said once in the log)."""
+    global _told
+    ok = all(getattr(g, "batched", False) for g in stages)
+    if not ok and not _told:
+        _told = True
+        log.warning(
+            "the verifier's graphs take no query_seqlens (static graphs, or exported before "
+            "it): verify rounds run one by one; re-export the bundle to batch them"
+        )
+    return ok
+
+
 def plan(widths: list[int]) -> int:
     """The width S up to which rounds run together in one padded forward (wider ones run
     alone): the largest S at which the padded positions are at most twice the real ones;
@@ -110,8 +128,7 @@ def forward_rounds(
 ) -> tuple[list[np.ndarray], list[int]]:
     """Logits [len(ids), vocab] per (slot, ids) in `work` (distinct slots), the ids appended
     to their rows (lengths advanced); also how many of the rounds each forward served."""
-    batched = all(getattr(g, "batched", False) for g in stages)  # static graphs: alone
-    width = plan([len(ids) for _, ids in work]) if batched else 0
+    width = plan([len(ids) for _, ids in work]) if batchable(stages) else 0
     # the kernel needs room for the whole padded chunk after each row's length
     together = [
         (slot, ids)
@@ -136,11 +153,11 @@ def forward_alone(
 ) -> np.ndarray:
     """Logits [len(ids), vocab] for ids appended to one row, in one batch-1 forward."""
     view, past = pool.rows(slot, slot + 1), int(pool.lengths[slot])
-    x: dict[str, np.ndarray] = {"input_ids": ids[None, :]}
-    for stage in stages:
-        last = stage is stages[-1]
-        out = stage.run(view, past, keep=len(ids) if last else 0, **x)
-        x = {"hidden": out["hidden"]} if not last else x
+
+    def call(stage: GraphSession, x: dict, last: bool) -> dict:
+        return stage.run(view, past, keep=len(ids) if last else 0, **x)
+
+    out = run_stages(stages, ids[None, :], call)
     pool.lengths[slot] += len(ids)
     return out["logits"][0]
 
@@ -159,11 +176,11 @@ def forward_batch(
         tokens[slot - lo, : len(ids)] = ids
         widths[slot - lo] = len(ids)
     view, pasts = pool.rows(lo, hi), pool.lengths[lo:hi].copy()
-    x: dict[str, np.ndarray] = {"input_ids": tokens}
-    for stage in stages:
-        last = stage is stages[-1]
-        out = stage.run_batch(view, pasts, widths, logits=last, **x)
-        x = {"hidden": out["hidden"]} if not last else x
+
+    def call(stage: GraphSession, x: dict, last: bool) -> dict:
+        return stage.run_batch(view, pasts, widths, logits=last, **x)
+
+    out = run_stages(stages, tokens, call)
     for slot, ids in work:
         pool.lengths[slot] += len(ids)
     return [out["logits"][slot - lo, : len(ids)] for slot, ids in work]
