@@ -79,6 +79,10 @@ class KVPool:
         self.lengths[slot] = 0
         return slot
 
+    def truncate(self, slot: int, length: int) -> None:
+        """Only the first `length` positions of the row stay valid (never grows it)."""
+        self.lengths[slot] = min(length, int(self.lengths[slot]))
+
     def release(self, slot: int) -> None:
         self.lengths[slot] = 0
         self.free.append(slot)
