@@ -40,7 +40,7 @@ def big_vocab_bundle(tmp_path_factory) -> Path:
     draft = write_checkpoint(
         root / "d", "llama", seed=2, vocab_size=VOCAB, num_hidden_layers=1, **dims
     )
-    export_bundle(target, root / "b", draft=draft, progress=False, verify=False)
+    export_bundle(target, root / "b", draft=draft, verify=False)
     return root / "b"
 
 
