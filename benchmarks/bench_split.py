@@ -180,7 +180,7 @@ def run_conditions(args, bundle: Path, prompts: list[str], port: int) -> list[Ro
                 bundle,
                 mode="split",
                 server=server,
-                drafter="draft",
+                drafter=args.drafter,
                 draft_policy=policy,
                 threads=args.device_threads,
                 local_fallback=False,
@@ -456,6 +456,7 @@ def main() -> None:
         "--draft-top-k", default="64", help="sampling: the drafter's support sizes (0: uncapped)"
     )
     ap.add_argument("--compare-greedy", action="store_true", help="greedy rows in the same run")
+    ap.add_argument("--drafter", default="draft", help="the device's drafter: draft | exit:K")
     ap.add_argument("--policies", default=None, help="e.g. fixed:4,channel-aware (default all)")
     ap.add_argument("--quick", action="store_true", help="a small subset (~3 minutes)")
     ap.add_argument("--json", type=Path)

@@ -47,7 +47,7 @@ def big_vocab_bundle(tmp_path_factory) -> Path:
 @pytest.mark.parametrize(
     "policy, support, limit",
     [
-        (None, DraftSupport(), 1 << 20),  # the defaults: channel-aware, top-64 supports
+        (None, DraftSupport(), 1 << 20),  # the defaults: channel-aware, top-128 supports
         ("fixed:4", DraftSupport(top_k=0), 500_000),  # uncapped supports: ~390 KB a row
     ],
 )

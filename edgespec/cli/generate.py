@@ -60,7 +60,7 @@ DEMO_MODEL = "builtin:tiny-llama"
     default=None,
     type=int,
     help="Sampling: model drafters draw from their top-k ids only (split mode sends them; "
-    "lossless) [64; 0 = no cap].",
+    "lossless) [128; 0 = no cap].",
 )
 @click.option("--draft-top-p", default=None, type=float, help="... then top-p of those [1].")
 @click.option("--static", is_flag=True, help="Run the bundle's fixed-shape (NPU) graphs.")

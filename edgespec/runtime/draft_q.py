@@ -35,7 +35,7 @@ class DraftSupport:
     """How a sampling drafter truncates its distribution: at most `top_k` ids (0: no cap),
     then the smallest most-likely prefix holding `top_p` of their mass."""
 
-    top_k: int = 64
+    top_k: int = 128
     top_p: float = 1.0
 
     def __post_init__(self) -> None:
