@@ -38,7 +38,7 @@ from edgespec.bundle import (
     StaticVariants,
     save_manifest,
 )
-from edgespec.export import gpt2, llama
+from edgespec.export import gemma, gpt2, granite, llama, olmo2, phi3
 from edgespec.export.builder import GraphBuilder, WeightStore
 from edgespec.export.decoder import DecoderWeights, build_graph, graph_info
 from edgespec.export.quantize import QdqCalibration, QuantConfig, externalize
@@ -46,7 +46,20 @@ from edgespec.export.shared_backbone import backbone_record, verify_head
 from edgespec.export.static import static_shapes, verify_static, write_static_graph
 
 # model_type (transformers config) -> the family module that extracts its weights.
-FAMILIES: dict[str, ModuleType] = {"llama": llama, "qwen2": llama, "gpt2": gpt2}
+FAMILIES: dict[str, ModuleType] = {
+    "llama": llama,
+    "mistral": llama,
+    "qwen2": llama,
+    "qwen3": llama,
+    "smollm3": llama,
+    "gemma": gemma,
+    "gemma2": gemma,
+    "gemma3_text": gemma,
+    "phi3": phi3,
+    "granite": granite,
+    "olmo2": olmo2,
+    "gpt2": gpt2,
+}
 DTYPES = {"fp32": np.float32, "fp16": np.float16}
 VARIANTS = ("standard", "shared-backbone")
 WEIGHTS_FILE = "weights.bin"
@@ -390,7 +403,7 @@ def model_info(hf_model: Any) -> ModelInfo:
         num_kv_heads=getattr(cfg, "num_key_value_heads", None) or heads,
         head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
         vocab_size=cfg.vocab_size,
-        max_position_embeddings=cfg.max_position_embeddings,
+        max_position_embeddings=family.max_positions(cfg),
         tie_word_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)),
     )
 
