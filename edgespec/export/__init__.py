@@ -347,8 +347,15 @@ def load_checkpoint(model: str | Path, revision: str | None) -> tuple[Any, Any]:
     elif source.startswith((".", "/", "~")) or source.count("/") > 1:
         raise ExportError(f"model folder {source} does not exist")
     try:
-        config = AutoConfig.from_pretrained(source, revision=revision)
+        # trust_remote_code=False: never run a checkpoint's code, and never prompt for it
+        config = AutoConfig.from_pretrained(source, revision=revision, trust_remote_code=False)
     except (OSError, ValueError) as e:
+        if "trust_remote_code" in str(e):
+            raise ExportError(
+                f"{source!r} needs trust_remote_code (its config maps to the checkpoint's own "
+                "Python code), which edgespec never runs; supported architectures: "
+                + ", ".join(sorted(FAMILIES))
+            ) from None
         raise ExportError(
             f"cannot load a config for {source!r}: {e}\n"
             "Pass a local checkpoint folder, or a hub id with network access (or a warm HF cache)."
