@@ -118,3 +118,34 @@ def tiny_vocab_bundle(tmp_path_factory) -> Path:
     draft = write_checkpoint(root / "d", "llama", seed=2, vocab_size=16, **dims)
     export_bundle(target, root / "b", draft=draft, exit_layers=[1], progress=False)
     return root / "b"
+
+
+@pytest.fixture(scope="session")
+def family_checkpoints(tmp_path_factory) -> dict[str, tuple[Path, Path]]:
+    """Per family of tests/family_configs.py: (target, draft), two random models of the
+    family sharing one tokenizer."""
+    from family_configs import FAMILIES
+
+    from edgespec.export.builtin import write_checkpoint
+
+    root = tmp_path_factory.mktemp("family_checkpoints")
+    out = {}
+    for name, (model_type, dims) in FAMILIES.items():
+        dims = dict(dims)
+        tie = dims.pop("tie_word_embeddings", True)
+        target, draft = (
+            write_checkpoint(root / f"{name}-{seed}", model_type, seed=seed, tie=tie, **dims)
+            for seed in (0, 1)
+        )
+        out[name] = (target, draft)
+    return out
+
+
+@pytest.fixture(scope="session")
+def family_hf(family_checkpoints):
+    from transformers import AutoModelForCausalLM
+
+    return {
+        name: AutoModelForCausalLM.from_pretrained(target).eval()
+        for name, (target, _) in family_checkpoints.items()
+    }

@@ -37,23 +37,6 @@ MODES = [
 
 
 @pytest.fixture(scope="session")
-def family_checkpoints(tmp_path_factory) -> dict[str, tuple[Path, Path]]:
-    """Per family: (target, draft) — two random models of the family, one tokenizer."""
-    from edgespec.export.builtin import write_checkpoint
-
-    root = tmp_path_factory.mktemp("family_checkpoints")
-    out = {}
-    for name, (model_type, dims) in FAMILIES.items():
-        dims = dict(dims)
-        tie = dims.pop("tie_word_embeddings", True)
-        out[name] = tuple(
-            write_checkpoint(root / f"{name}-{seed}", model_type, seed=seed, tie=tie, **dims)
-            for seed in (0, 1)
-        )
-    return out
-
-
-@pytest.fixture(scope="session")
 def family_bundles(family_checkpoints, tmp_path_factory) -> dict[str, Path]:
     """Per family: target + draft, exits at 1 and 2, static copies in widths 1 and 4."""
     root = tmp_path_factory.mktemp("family_bundles")
@@ -71,16 +54,6 @@ def family_bundles(family_checkpoints, tmp_path_factory) -> dict[str, Path]:
             progress=False,
         )
     return out
-
-
-@pytest.fixture(scope="session")
-def family_hf(family_checkpoints):
-    from transformers import AutoModelForCausalLM
-
-    return {
-        n: AutoModelForCausalLM.from_pretrained(t).eval()
-        for n, (t, _) in family_checkpoints.items()
-    }
 
 
 def hf_logits(hf, ids) -> np.ndarray:
@@ -326,3 +299,43 @@ def test_sharded_bf16_checkpoint_is_converted_on_export(family_checkpoints, fami
     target.reset(32)
     got = target.forward(ids, keep=24)
     np.testing.assert_allclose(got, hf_logits(rounded, ids), atol=2e-4, rtol=1e-4)
+
+
+@pytest.fixture(scope="module", params=["qwen3", "gemma3"])
+def family_server(request, family_bundles, tmp_path_factory):
+    from split_server import start_server
+
+    server = start_server(family_bundles[request.param], tmp_path_factory.mktemp("server"))
+    yield request.param, server
+    server.stop()
+
+
+def test_split_decoding_against_a_real_server_equals_transformers(
+    family_server, family_bundles, family_checkpoints, family_references, tmp_path
+):
+    """A real `edgespec serve` of the family's bundle verifies drafts from the local draft
+    model, the early exit, prompt lookup, and a shared-backbone edge bundle of the target."""
+    from split_server import TOKEN
+
+    family, server = family_server
+    edge = tmp_path / "edge"
+    export_bundle(
+        family_checkpoints[family][0],
+        edge,
+        variant="shared-backbone",
+        backbone_layers=2,
+        progress=False,
+    )
+    runs = [
+        (family_bundles[family], {"drafter": "draft", "draft_policy": "fixed:3"}),
+        (family_bundles[family], {"drafter": "exit:2", "draft_policy": "fixed:4"}),
+        (family_bundles[family], {"drafter": "lookup", "draft_policy": "fixed:5"}),
+        (edge, {"draft_policy": "fixed:3"}),
+    ]
+    for bundle, options in runs:
+        model = edgespec.load(
+            bundle, mode="split", server=server.url, token=TOKEN, threads=1, **options
+        )
+        out = model.generate(family_prompt(), max_new_tokens=N_NEW, ignore_eos=True)
+        assert out.tokens == family_references[family], options
+        assert out.stats.remote_rounds > 1 and out.stats.local_rounds == 0
