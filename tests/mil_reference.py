@@ -61,7 +61,7 @@ OPS: dict[str, Any] = {
     "matmul": _matmul,
     "softmax": lambda x, axis: _softmax(x, int(axis)),
     "sigmoid": lambda x: 1 / (1 + np.exp(-x)),
-    "tanh": np.tanh,
+    "tanh": lambda x: np.tanh(x),
     "real_div": lambda x, y: x / y,
     "greater_equal": lambda x, y: x >= y,
     "select": lambda cond, a, b: np.where(cond, a, b),
