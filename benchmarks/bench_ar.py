@@ -3,8 +3,8 @@
 What it measures, for random-weight models with the shapes of real small LLMs
 (SmolLM2-135M: Llama, 30 layers, hidden 576; Qwen2.5-0.5B: Qwen2, 24 layers, hidden 896;
 Qwen3-0.6B: q/k norms, 28 layers, hidden 1024; Gemma-3-1B: sliding/global layers, q/k norms,
-26 layers, hidden 1152, a 262k vocabulary), all fp32 on the CPU, with the same prompt ids, the same thread count and the same number of new
-tokens in one run:
+26 layers, hidden 1152, a 262k vocabulary), all fp32 on the CPU, with the same prompt ids,
+the same thread count and the same number of new tokens in one run:
 
 * prefill tokens/s: prompt tokens / time from the start of the prompt forward pass to the
   first new token (the prompt pass plus choosing token 1);
@@ -77,8 +77,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from common import REPO, loadavg
 
-REPO = Path(__file__).resolve().parent.parent
 ENGINES = ("edgespec", "transformers", "genai")
 QUIET_CORES = 0.25  # other processes' CPU use (cores) above which the machine counts as busy
 TOKENIZER_VOCAB = 8192  # trained BPE vocab; prompt ids are drawn below it
@@ -469,16 +469,10 @@ def transformers_engine(
 
 
 def export_edgespec(folder: Path, bundle: Path) -> None:
-    import inspect
-
     from edgespec.export import export_bundle
 
     shutil.rmtree(bundle, ignore_errors=True)
-    options: dict[str, Any] = {"dtype": "fp32"}
-    accepted = inspect.signature(export_bundle).parameters
-    if "progress" in accepted:
-        options["progress"] = False
-    export_bundle(model=str(folder), out=str(bundle), **options)
+    export_bundle(model=str(folder), out=str(bundle), dtype="fp32")
 
 
 def edgespec_exporter_digest() -> str:
@@ -636,8 +630,6 @@ def genai_in_process() -> bool:
 
 def edgespec_importable() -> str | None:
     """None if edgespec (runtime and export) imports, else why not."""
-    if str(REPO) not in sys.path:
-        sys.path.insert(0, str(REPO))  # run from a checkout without installing it
     try:
         import edgespec  # noqa: F401
         from edgespec.export import export_bundle  # noqa: F401
@@ -884,14 +876,6 @@ def wait_for_quiet(max_wait: float) -> float:
         if monitor.other_cores() < QUIET_CORES:
             break
     return time.perf_counter() - start
-
-
-def loadavg() -> float:
-    """The 1-minute load average (other jobs on the machine skew every number)."""
-    try:
-        return float(Path("/proc/loadavg").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return float("nan")
 
 
 def log(message: str) -> None:

@@ -15,7 +15,7 @@ from test_coreml_export import greedy, reference_session
 from edgespec.bundle import load_manifest
 from edgespec.export import export_bundle
 from edgespec.runtime.drafters import EarlyExitDrafter, NoDrafter
-from edgespec.runtime.target import Target
+from edgespec.runtime.stack import Stack
 
 pytest.importorskip("coremltools", reason="coremltools is not installed")
 
@@ -55,11 +55,11 @@ def test_ml_programs_decode_like_transformers_across_the_window(
             torch.tensor([prompt]), max_new_tokens=n, min_new_tokens=n, do_sample=False,
             pad_token_id=0,
         )[0, len(prompt) :].tolist()  # fmt: skip
-    full = Target([reference_session(folder, hf, "full")])
+    full = Stack([reference_session(folder, hf, "full")])
     full.reset(len(prompt))
     got = full.forward(np.array(prompt, np.int64), keep=len(prompt))
     assert np.abs(got - ref_logits).max() < 2e-2 * max(1.0, np.abs(ref_logits).max())
     assert greedy(full, NoDrafter(), prompt, n) == ref
     head, tail = (reference_session(folder, hf, r) for r in ("head@2", "tail@2"))
-    split = Target([head, tail])
+    split = Stack([head, tail])
     assert greedy(split, EarlyExitDrafter(split, {2: head}, {2: tail}, 2), prompt, n) == ref
