@@ -51,7 +51,6 @@ def family_bundles(family_checkpoints, tmp_path_factory) -> dict[str, Path]:
             static=True,
             max_context=MAX_CONTEXT,
             verify_width=WIDTHS,
-            progress=False,
         )
     return out
 
@@ -173,7 +172,6 @@ def int8_bundles(family_checkpoints, tmp_path_factory) -> dict[str, Path]:
             quantize="int8",
             accuracy_level=0,
             exit_layers=[2],
-            progress=False,
         )
     return out
 
@@ -187,9 +185,7 @@ def test_int8_bundle_computes_the_fake_quantized_model(
     ids = np.random.default_rng(6).integers(0, 2048, 40)
     ref = hf_logits(fake_quantized(family_hf[family], "int8"), ids)
     out = tmp_path / "int8"
-    export_bundle(
-        family_checkpoints[family][0], out, quantize="int8", accuracy_level=0, progress=False
-    )
+    export_bundle(family_checkpoints[family][0], out, quantize="int8", accuracy_level=0)
     target = edgespec.load(out).target
     target.reset(48)
     got = [target.forward(ids[:20], keep=20)]
@@ -222,7 +218,6 @@ def test_int4_and_qdq_bundles_decode_losslessly(family, method, family_checkpoin
         tmp_path / method,
         quantize=method,
         exit_layers=[2],
-        progress=False,
     )
     kw = dict(max_new_tokens=N_NEW, ignore_eos=True)
     ar = edgespec.load(tmp_path / method).generate(family_prompt(), **kw).tokens
@@ -238,7 +233,6 @@ def test_shared_backbone_edge_bundle_exports_the_familys_head(family, family_che
         tmp_path / "edge",
         variant="shared-backbone",
         backbone_layers=2,
-        progress=False,
     )
     assert m.roles == ["head@2"] and m.extra["export_check"]["max_abs_hidden_diff"] < 1e-4
 
@@ -266,7 +260,7 @@ def test_unimplemented_features_are_refused_before_any_file_is_written(
     AutoConfig.for_model(model_type, **dict(SMALL, vocab_size=2048), **change).save_pretrained(ckpt)
     out = tmp_path / "out"
     with pytest.raises(ExportError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        export_bundle(ckpt, out, progress=False)
+        export_bundle(ckpt, out)
     assert not out.exists() or not any(out.iterdir())
 
 
@@ -278,7 +272,7 @@ def test_a_checkpoint_that_needs_remote_code_is_refused_by_name(tmp_path):
     config = {"model_type": "my_llm", "auto_map": {"AutoConfig": "configuration_my.MyConfig"}}
     (ckpt / "config.json").write_text(json.dumps(config))
     with pytest.raises(ExportError, match="trust_remote_code"):
-        export_bundle(ckpt, tmp_path / "out", progress=False)
+        export_bundle(ckpt, tmp_path / "out")
 
 
 def test_sharded_bf16_checkpoint_is_converted_on_export(family_checkpoints, family_hf, tmp_path):
@@ -291,7 +285,7 @@ def test_sharded_bf16_checkpoint_is_converted_on_export(family_checkpoints, fami
     hf.save_pretrained(tmp_path / "bf16", max_shard_size="200KB")
     AutoTokenizer.from_pretrained(src).save_pretrained(tmp_path / "bf16")
     assert len(list((tmp_path / "bf16").glob("*.safetensors"))) > 1
-    m = export_bundle(tmp_path / "bf16", tmp_path / "out", progress=False)
+    m = export_bundle(tmp_path / "bf16", tmp_path / "out")
     assert m.extra["export_check"]["argmax_agreement"] == 1.0
     rounded = AutoModelForCausalLM.from_pretrained(tmp_path / "bf16", dtype=torch.float32).eval()
     ids = np.random.default_rng(5).integers(0, 2048, 24)
@@ -324,7 +318,6 @@ def test_split_decoding_against_a_real_server_equals_transformers(
         edge,
         variant="shared-backbone",
         backbone_layers=2,
-        progress=False,
     )
     runs = [
         (family_bundles[family], {"drafter": "draft", "draft_policy": "fixed:3"}),

@@ -35,7 +35,6 @@ def family_coreml_bundles(family_checkpoints, tmp_path_factory) -> dict[str, Pat
             coreml=True,
             max_context=MAX_CONTEXT,
             verify_width=WIDTH,
-            progress=False,
         )
     return out
 
