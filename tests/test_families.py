@@ -332,3 +332,35 @@ def test_split_decoding_against_a_real_server_equals_transformers(
         out = model.generate(family_prompt(), max_new_tokens=N_NEW, ignore_eos=True)
         assert out.tokens == family_references[family], options
         assert out.stats.remote_rounds > 1 and out.stats.local_rounds == 0
+
+
+def test_longrope_bundle_stops_where_its_rotary_table_is_exact(tmp_path):
+    """LongRoPE switches every position's angles once the sequence passes
+    original_max_position_embeddings, which no fixed table expresses: the bundle's context
+    ends there, and up to it the logits are transformers'."""
+    from transformers import AutoModelForCausalLM
+
+    from edgespec.export.builtin import write_checkpoint
+
+    model_type, dims = FAMILIES["phi3"]
+    dims = dict(dims, original_max_position_embeddings=64)
+    dims.pop("tie_word_embeddings")
+    dims["rope_parameters"] = {
+        "rope_type": "longrope",
+        "rope_theta": 10000.0,
+        "partial_rotary_factor": 0.5,
+        "short_factor": [1.0 + 0.1 * i for i in range(8)],
+        "long_factor": [2.0 + 0.5 * i for i in range(8)],
+    }
+    ckpt = write_checkpoint(tmp_path / "ckpt", model_type, tie=False, **dims)
+    m = export_bundle(ckpt, tmp_path / "out")
+    assert m.target.max_position_embeddings == 64  # of the config's 256
+    ids = np.random.default_rng(0).integers(0, 2048, 60)
+    target = edgespec.load(tmp_path / "out").target
+    target.reset(64)
+    got = [target.forward(ids[:30], keep=30)]
+    got += [target.forward(ids[i : i + 1], keep=1) for i in range(30, 60)]
+    ref = hf_logits(AutoModelForCausalLM.from_pretrained(ckpt).eval(), ids)
+    np.testing.assert_allclose(np.concatenate(got), ref, atol=2e-4, rtol=1e-4)
+    out = edgespec.load(tmp_path / "out").generate([int(i) for i in ids[:40]], max_new_tokens=40)
+    assert out.finish_reason == "context"
