@@ -92,6 +92,8 @@ async def health(request: Request) -> JSONResponse:
             "rounds_served": state.rounds,
             "completion_tokens": state.completion_tokens,
             "prefill_chunks": state.worker.steps_run,
+            # most prompt positions prefilled while a queued round waited (<= 2 chunks)
+            "prefill_positions_before_a_round_max": state.worker.most_step_work_before_a_round,
             "rejected_tokens": state.gate.rejected,
             "max_batch": state.config.max_batch,
             "batch_window_ms": state.config.batch_window_ms,

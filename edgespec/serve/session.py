@@ -78,7 +78,7 @@ def prefill(
     chunk: int = 0,
 ) -> Generator[int, None, tuple[ServerSession, Result]]:
     """A new session for msg.ids, with the first token after them, as steps: each `next()`
-    prefills at most `chunk` positions (0: all at once) and yields the positions done, so the
+    prefills at most `chunk` positions (0: all at once) and yields how many it did, so the
     worker can run other sessions' rounds between chunks; the generator returns (session,
     first Result). Everything that can refuse the request is built before the slot is taken;
     the session is appended to `held` as soon as it owns one (so a handler that is gone by
@@ -115,8 +115,7 @@ def prefill(
             if session.slot is None:  # released between chunks: the device went away
                 raise ProtocolError("the session was closed during its prefill", BAD_REQUEST)
             logits = forward_alone(stages, pool, slot, ids[lo : lo + step])
-            if lo + step < len(ids):
-                yield lo + step
+            yield len(ids[lo : lo + step])
         session.seq.append(next_token(logits[-1], params, rng))
     except BaseException:  # GeneratorExit included: a prefill cut short frees its slot
         release(pool, session)

@@ -54,6 +54,11 @@ class Worker:
         self.busy = 0  # jobs submitted and not yet answered
         self.served = 0
         self.steps_run = 0  # steps of stepped jobs (prefill chunks) run so far
+        # what those steps did: the sum of the ints they yield (prefill: positions); a round
+        # notes it when queued, so `most_step_work_before_a_round` is the largest amount of
+        # stepped work that ran while a round waited (the interleaving bound, measured)
+        self.step_work = 0
+        self.most_step_work_before_a_round = 0
         self.trace: list[str] | None = None
         self.thread = threading.Thread(target=self._loop, name="edgespec-worker", daemon=True)
         self.thread.start()
@@ -75,14 +80,14 @@ class Worker:
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> None:
         """Queue fn(*args) without waiting for it (in order with the jobs queued before)."""
-        self.jobs.put(("call", (fn, args), None, None))
+        self.jobs.put(("call", (fn, args), None, None, 0))
 
     async def _submit(self, kind: str, payload: Any) -> Any:
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         self.busy += 1
         try:
-            self.jobs.put((kind, payload, future, loop))
+            self.jobs.put((kind, payload, future, loop, self.step_work))
             return await future
         finally:
             self.busy -= 1
@@ -113,16 +118,17 @@ class Worker:
                 elif job[0] == "call":
                     self._call(job)
                 else:  # a stepped job starts: its generator is made now, in arrival order
-                    _, (fn, args), future, loop = job
+                    _, (fn, args), future, loop, _ = job
                     try:
                         parked.append((fn(*args), future, loop))
                     except Exception as e:
                         self._answer(future, loop, None, e)
+                    continue  # starting is not a turn: queued rounds still go first
             if parked:
                 self._step(parked)
 
     def _call(self, job: tuple) -> None:
-        _, (fn, args), future, loop = job
+        _, (fn, args), future, loop, _ = job
         self._note("call")
         try:
             result, error = fn(*args), None
@@ -138,14 +144,16 @@ class Worker:
             if len(batch) >= self.max_batch:
                 break
             batch.append(pending.popleft())
-        for _ in batch:
+        for job in batch:
             self._note("round")
+            waited = self.step_work - job[4]
+            self.most_step_work_before_a_round = max(self.most_step_work_before_a_round, waited)
         try:
             outcomes = self.run_rounds([j[1] for j in batch])  # type: ignore[misc]
         except Exception as e:  # run_rounds answers per round; this is a bug in it
             log.exception("a batch of %d rounds failed", len(batch))
             outcomes = [(None, e)] * len(batch)
-        for (_, _, future, loop), (result, error) in zip(batch, outcomes, strict=True):
+        for (_, _, future, loop, _), (result, error) in zip(batch, outcomes, strict=True):
             self._answer(future, loop, result, error)
 
     def _step(self, parked: deque) -> None:
@@ -158,7 +166,8 @@ class Worker:
         self._note("step")
         self.steps_run += 1
         try:
-            next(gen)
+            work = next(gen)
+            self.step_work += work if isinstance(work, int) else 1
         except StopIteration as done:
             self._answer(future, loop, done.value, None)
         except Exception as e:
