@@ -27,17 +27,8 @@ CONTEXT = 1024
 
 
 @pytest.fixture(scope="module")
-def bundle(tmp_path_factory) -> Path:
-    """A tiny llama with a long context (long decodes and prompts) that drafts for itself."""
-    from edgespec.export import export_bundle
-    from edgespec.export.builtin import write_checkpoint
-
-    root = tmp_path_factory.mktemp("long")
-    dims = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2)
-    dims |= dict(num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=CONTEXT)
-    ckpt = write_checkpoint(root / "ckpt", "llama", **dims)
-    export_bundle(ckpt, root / "bundle", draft=ckpt, progress=False)
-    return root / "bundle"
+def bundle(long_bundle) -> Path:
+    return long_bundle
 
 
 @pytest.fixture(scope="module")

@@ -165,6 +165,8 @@ def completion_request(state: State, body: bytes) -> tuple[P.Start, int, bool]:
         req = json.loads(body or b"{}")
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"the body is not JSON: {e}") from None
+    except RecursionError:
+        raise ValueError("the body nests JSON too deeply") from None
     if not isinstance(req, dict):
         raise ValueError("the body must be a JSON object")
     if req.get("stream"):
