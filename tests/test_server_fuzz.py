@@ -88,7 +88,7 @@ def mutate(rng: random.Random, data: bytes) -> bytes:
 
 def test_mutated_frames_decode_or_raise_protocol_error(frames):
     rng = random.Random(SEED)
-    limits = P.Limits(vocab_size=512, max_bytes=8192, max_ids=96)
+    limits = P.Limits(vocab_size=2048, max_bytes=8192, max_ids=96)
     outcomes = {"ok": 0, "refused": 0}
     for _ in range(3000):
         data = mutate(rng, rng.choice(frames))
@@ -145,7 +145,7 @@ def test_mutated_frames_on_a_live_server_are_answered_and_leak_nothing(long_bund
 
 def _is_end(data: bytes) -> bool:
     try:
-        return isinstance(P.decode(data, P.Limits(vocab_size=512)), P.End)
+        return isinstance(P.decode(data, P.Limits(vocab_size=2048)), P.End)
     except P.ProtocolError:
         return False
 

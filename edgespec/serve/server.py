@@ -164,7 +164,9 @@ async def session_endpoint(ws: WebSocket) -> None:
             )
         )
         return
-    await ws.accept()
+    # a device that offers the subprotocol learns the limits in its START's RESULT
+    limits = P.SUBPROTOCOL in ws.scope.get("subprotocols", [])
+    await ws.accept(subprotocol=P.SUBPROTOCOL if limits else None)
     sid = next(state.ids)
     if state.closing or len(state.connections) >= state.config.max_sessions:
         reason = (
@@ -176,22 +178,24 @@ async def session_endpoint(ws: WebSocket) -> None:
         return
     state.connections.add(sid)
     try:
-        await _serve_session(ws, state, sid)
+        await _serve_session(ws, state, sid, limits)
     except WebSocketDisconnect:
         pass  # the device went away; its cache goes with this frame
     finally:
         state.connections.discard(sid)
 
 
-async def _serve_session(ws: WebSocket, state: State, sid: int) -> None:
+async def _serve_session(ws: WebSocket, state: State, sid: int, limits: bool) -> None:
     held: list[ServerSession] = []  # the session's slot, freed however the connection ends
     try:
-        await _session_rounds(ws, state, sid, held)
+        await _session_rounds(ws, state, sid, held, limits)
     finally:  # on the worker, after any job of this session still queued there
         state.worker.submit(release_all, state.pool, held)
 
 
-async def _session_rounds(ws: WebSocket, state: State, sid: int, held: list[ServerSession]) -> None:
+async def _session_rounds(
+    ws: WebSocket, state: State, sid: int, held: list[ServerSession], limits: bool
+) -> None:
     session: ServerSession | None = None
     while True:
         try:
@@ -225,6 +229,8 @@ async def _session_rounds(ws: WebSocket, state: State, sid: int, held: list[Serv
                     held,
                     state.config.prefill_chunk,
                 )
+                if limits:
+                    reply.limits = P.ServerLimits(state.max_context, state.config.max_request_bytes)
             elif isinstance(msg, P.Verify):
                 if session is None:
                     raise P.ProtocolError("VERIFY before START: start the session first")

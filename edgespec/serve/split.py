@@ -34,7 +34,14 @@ from edgespec.runtime.speculative import Drafter, speculative_round
 from edgespec.runtime.stats import RoundStats, Step
 from edgespec.runtime.target import Target
 from edgespec.serve import protocol as P
-from edgespec.serve.client import Exchange, LinkError, Remote, SplitError
+from edgespec.serve.client import (
+    Exchange,
+    LinkError,
+    Remote,
+    RoundLate,
+    ServerLimit,
+    SplitError,
+)
 
 
 @dataclass
@@ -117,15 +124,20 @@ def split_decode(
     drafter.begin(prompt, capacity)
     fallback = Fallback(local, capacity)
     t0 = perf_counter()
+    link = RemoteState(capacity)
     try:
         first = remote.start(prompt, capacity, params)
+        link.started(remote, len(prompt))
         seq = [*prompt, first.result.token]
         stats = _channel(RoundStats("prefill", 1, len(prompt), perf_counter() - t0), first)
-    except LinkError as e:
+    except (LinkError, ServerLimit) as e:
+        if isinstance(e, ServerLimit):
+            link.give_up(remote, fallback, e)
         seq = [*prompt]
         token, stats = fallback.prefill(seq, params, rng, e)
         seq.append(token)
-    step, produced, ahead = Step([seq[-1]], stats), 1, Ahead()
+    step, produced = Step([seq[-1]], stats), 1
+    rounds = Rounds(remote, fallback, link, drafter, policy, params, rng, capacity)
     try:
         while True:
             step.finish_reason = finish_reason(
@@ -135,26 +147,179 @@ def split_decode(
             if step.finish_reason:
                 return
             max_len = min(max_new_tokens - produced - 1, capacity - len(seq))
-            new, stats = [], None
-            if remote.link is not None:
-                try:
-                    new, stats, ahead = remote_round(
-                        remote, drafter, policy, seq, ahead, max_len, params, rng
-                    )
-                except LinkError:
-                    ahead = Ahead()
-                    drafter.commit(len(seq) - 1)  # the lost round's drafts are void
-                    fallback.next_retry = 0.0  # reconnect at once (with its retries)
-            if stats is None and fallback.retry_due():
-                new, stats = resync(remote, seq, capacity, params, fallback)
-            if stats is None:
-                new, stats = fallback.round(drafter, policy, seq, max_len, params, rng)
-            new = _cut_at_stop(new, stop_ids)
+            got = rounds.next(seq, max_len)
+            if got is None:  # no local verifier, and the server can go no further
+                step = Step([], RoundStats("decode", 0, 0, 0.0))
+                step.finish_reason = "server_context"
+                yield step
+                return
+            new = _cut_at_stop(got[0], stop_ids)
             seq += new
             produced += len(new)
-            step = Step(new, stats)
+            step = Step(new, got[1])
     finally:
         remote.end()
+
+
+@dataclass
+class Rounds:
+    """Chooses who verifies each round: the server while it answers in time and has room,
+    the local verifier while a round is late or the server is down or full."""
+
+    remote: Remote
+    fallback: Fallback
+    link: RemoteState
+    drafter: Drafter
+    policy: DraftLengthPolicy
+    params: SamplingParams
+    rng: np.random.Generator
+    capacity: int
+    ahead: Ahead = field(default_factory=Ahead)
+
+    def next(self, seq: list[int], max_len: int) -> tuple[list[int], RoundStats] | None:
+        remote, link, fallback = self.remote, self.link, self.fallback
+        if link.late is not None:
+            got = link.settle(remote, seq, self.params, fallback)
+            if got is not None:
+                return got
+            if link.late is not None:  # still awaited: decode locally meanwhile
+                return self._local(seq, max_len)
+        if remote.link is not None and not link.done:
+            room = link.room(len(seq))
+            if room < 0:  # the server's context is full: it can go no further
+                link.give_up(remote, fallback, None)
+            else:
+                try:
+                    new, stats, self.ahead = remote_round(
+                        remote,
+                        self.drafter,
+                        self.policy,
+                        seq,
+                        self.ahead,
+                        min(max_len, room),
+                        self.params,
+                        self.rng,
+                    )
+                    return new, stats
+                except RoundLate:
+                    if fallback.target is None:  # nothing else can verify: wait for it
+                        got = link.wait(remote, seq)
+                        if got is not None:
+                            self._void(seq)
+                            return got
+                        fallback.next_retry = 0.0
+                    else:
+                        link.late = (len(seq), remote.sent_drafts)
+                        self._void(seq)
+                        return self._local(seq, max_len)
+                except ServerLimit as e:
+                    link.give_up(remote, fallback, e)
+                except LinkError:
+                    fallback.next_retry = 0.0  # reconnect at once (with its retries)
+                self._void(seq)
+        if not link.done and link.late is None and fallback.retry_due():
+            got = resync(remote, seq, self.capacity, self.params, fallback, link)
+            if got is not None:
+                return got
+        if fallback.target is None:
+            if link.done:
+                return None
+            fallback.failed(LinkError("the server is not connected"))  # raises SplitError
+        return self._local(seq, max_len)
+
+    def _void(self, seq: list[int]) -> None:
+        """The drafts of a round the server did not answer (in time) are void."""
+        self.ahead = Ahead()
+        self.drafter.commit(len(seq) - 1)
+
+    def _local(self, seq: list[int], max_len: int) -> tuple[list[int], RoundStats]:
+        return self.fallback.round(self.drafter, self.policy, seq, max_len, self.params, self.rng)
+
+
+@dataclass
+class RemoteState:
+    """What the device knows of its server session: the server's capacity for it (from
+    the limits announced at START), whether the server can go no further (`done`), and a
+    round that is late (`late`: (base, drafts) sent) and still awaited."""
+
+    capacity: int  # the device's own
+    server_capacity: int = 0
+    done: bool = False
+    late: tuple[int, list[int]] | None = None
+
+    def started(self, remote: Remote, length: int) -> None:
+        limit = remote.limits.max_context if remote.limits else self.capacity
+        self.server_capacity = max(min(self.capacity, limit), length + 1)
+
+    def room(self, length: int) -> int:
+        """Positions a round after `length` tokens may add on the server (< 0: none)."""
+        return self.server_capacity - length
+
+    def give_up(self, remote: Remote, fallback: Fallback, error: Exception | None) -> None:
+        """The server cannot hold this generation any further: the rest is local."""
+        self.done, self.late = True, None
+        remote.end()
+        remote.drop()
+        if fallback.target is not None:
+            fallback.next_retry = None
+            fallback.last_error = str(error) if error else "the server's context is full"
+
+    def wait(self, remote: Remote, seq: list[int]) -> tuple[list[int], RoundStats] | None:
+        """No local verifier: wait for the late round up to the timeout."""
+        try:
+            return _take(remote.receive(), remote.sent_drafts, len(seq))
+        except LinkError:
+            return None
+
+    def settle(
+        self, remote: Remote, seq: list[int], params: SamplingParams, fallback: Fallback
+    ) -> tuple[list[int], RoundStats] | None:
+        """A late round's answer, if it came and is still useful (it continues exactly what
+        the device committed since: greedy, any consistent answer; sampling, only if nothing
+        was committed since). Leaves `late` set while the answer may still come."""
+        assert self.late is not None
+        base, drafts = self.late
+        try:
+            waited = perf_counter() - remote.pending[0] if remote.pending else 0.0
+            if not remote.answered() and waited <= remote.timeout:
+                return None  # still awaited
+            x = remote.receive()  # here, or LinkError: past the timeout
+        except (LinkError, SplitError) as e:
+            self.late = None
+            fallback.failed(e, keep_cache=True)  # probe the server again later
+            return None
+        self.late = None
+        n, token = x.result.accepted, x.result.token
+        answer = [*drafts[:n], token]
+        committed = seq[base:]
+        consistent = x.result.length == base + n + 1 and (
+            not committed or (params.greedy and answer[: len(committed)] == committed)
+        )
+        if consistent and len(answer) >= len(committed):
+            fallback.recovered()
+            if len(answer) == len(committed):
+                return None  # in step again; the next round goes to the server
+            new, stats = _take(x, drafts, base)
+            return new[len(committed) :], stats
+        # the server's session no longer matches: rebuild it from the committed tokens
+        remote.drop()
+        fallback.next_retry = 0.0
+        return None
+
+
+def _take(x: Exchange, drafts: list[int], base: int) -> tuple[list[int], RoundStats]:
+    """The tokens and stats of a remote round's answer that came late."""
+    n = x.result.accepted
+    stats = RoundStats(
+        "decode",
+        n + 1,
+        len(drafts) + 1,
+        x.arrived_at - x.sent_at,
+        drafted=len(drafts),
+        accepted=n,
+        verify_seconds=x.result.server_seconds,
+    )
+    return [*drafts[:n], x.result.token], _channel(stats, x)
 
 
 def remote_round(
@@ -183,6 +348,13 @@ def remote_round(
         drafts, qs = drafts + proposal.tokens, qs + (proposal.q or [])
         draft_seconds += proposal.seconds + proposal.catchup_seconds
     sampled_q = qs if (not params.greedy and len(qs) == len(drafts) and drafts) else None
+    if remote.limits is not None:  # within the server's request size (q rows are large)
+        fit = P.fit_drafts(len(seq), drafts, sampled_q, remote.limits, max_len)
+        if fit < len(drafts):
+            drafts, qs = drafts[:fit], qs[:fit]
+            sampled_q = sampled_q[:fit] if sampled_q and fit else None
+            drafter.commit(len(seq) + len(drafts) - 1)
+            gamma = len(drafts)
     # 2. send
     remote.send(P.Verify(len(seq), drafts, sampled_q))
     # 3. draft ahead while the answer is in flight (not for lookup: it is free and its
@@ -196,8 +368,8 @@ def remote_round(
         nxt.tokens += p.tokens
         nxt.q += p.q or []
         nxt.seconds += p.seconds
-    # 4. accept: the server's verdict
-    x = remote.receive()
+    # 4. accept: the server's verdict (RoundLate past the device's own deadline for it)
+    x = remote.receive(late=remote.late_after())
     n, token = x.result.accepted, x.result.token
     if n > len(drafts) or x.result.length != len(seq) + n + 1:
         remote.drop()
@@ -237,19 +409,31 @@ def _channel(stats: RoundStats, x: Exchange) -> RoundStats:
 
 
 def resync(
-    remote: Remote, seq: list[int], capacity: int, params: SamplingParams, fallback: Fallback
-) -> tuple[list[int], RoundStats | None]:
+    remote: Remote,
+    seq: list[int],
+    capacity: int,
+    params: SamplingParams,
+    fallback: Fallback,
+    link: RemoteState,
+) -> tuple[list[int], RoundStats] | None:
     """Reconnect and rebuild the server session from the committed sequence; its answer is
-    the next token (a γ = 0 round). On failure: no tokens, and the fallback is told."""
+    the next token (a γ = 0 round). On failure: None, and the fallback is told."""
     t0 = perf_counter()
-    # right after a failure: the full retries with backoff; later probes: one attempt, so a
-    # stalled server costs the device one connect timeout per probe
-    attempts = remote.retries + 1 if fallback.next_retry == 0.0 else 1
+    # right after a failure: the full retries with backoff; later probes: one attempt,
+    # bounded by the device's own deadline, so a stalled server costs little per probe
+    probe = fallback.next_retry != 0.0
+    attempts = 1 if probe else remote.retries + 1
     try:
-        x = remote.start(seq, capacity, params, attempts)
+        x = remote.start(
+            seq, capacity, params, attempts, max(1.0, remote.late_after()) if probe else None
+        )
+    except ServerLimit as e:
+        link.give_up(remote, fallback, e)
+        return None
     except LinkError as e:
         fallback.failed(e)
-        return [], None
+        return None
+    link.started(remote, len(seq))
     fallback.recovered()
     stats = RoundStats(
         "decode", 1, len(seq), perf_counter() - t0, verify_seconds=x.result.server_seconds
@@ -266,10 +450,10 @@ class Fallback:
     retry_after: float = 2.0  # seconds of local decoding before trying the server again
     max_retry_after: float = 60.0
     next_retry: float | None = None  # when to try the server again; None: it is up
-    synced: int = 0  # tokens of the sequence the local cache holds
+    synced: int = -1  # tokens of the sequence the local cache holds (-1: not allocated)
     last_error: str = ""
 
-    def failed(self, error: Exception) -> None:
+    def failed(self, error: Exception, keep_cache: bool = False) -> None:
         self.last_error = str(error)
         if self.target is None:
             raise SplitError(
@@ -278,7 +462,8 @@ class Fallback:
             ) from None
         self.next_retry = monotonic() + self.retry_after
         self.retry_after = min(2 * self.retry_after, self.max_retry_after)
-        self.synced = -1  # the local cache must catch up on what the server verified
+        if not keep_cache:  # the local cache must catch up on what the server verified
+            self.synced = -1
 
     def recovered(self) -> None:
         self.next_retry, self.retry_after = None, 2.0
