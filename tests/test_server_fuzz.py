@@ -19,7 +19,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 import edgespec
-from edgespec.serve import protocol as P
+from edgespec import protocol as P
 
 SEED = 18
 INTERESTING_U32 = [0, 1, 2, 63, 64, 65, 255, 256, 1023, 1024, 0x7FFFFFFF, 0x80000000, 0xFFFFFFFF]

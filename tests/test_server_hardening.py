@@ -20,7 +20,7 @@ from split_server import TOKEN, start_server
 from websockets.sync.client import connect
 
 import edgespec
-from edgespec.serve import protocol as P
+from edgespec import protocol as P
 from edgespec.serve.server import ConfigError, ServerConfig
 
 CONTEXT = 1024
@@ -369,7 +369,7 @@ def test_long_prefills_interleave_with_running_rounds(bundle):
 
     chunk, long_len = 16, 600
     state = load_state(ServerConfig(str(bundle), threads=1, max_sessions=4, prefill_chunk=chunk))
-    worker, stages = state.worker, state.model.target.stages
+    worker, stages = state.worker, state.stages
     worker.trace = []
     prompts = [[(7 * k + i) % 200 + 3 for i in range(long_len)] for k in range(3)]
 

@@ -14,7 +14,7 @@ from split_server import TOKEN, start_server
 from websockets.sync.client import connect
 
 import edgespec
-from edgespec.serve import protocol as P
+from edgespec import protocol as P
 
 PROMPT = "def f(x):"
 N = 80  # past the 48-position server below

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
-from edgespec.serve import protocol as P
+from edgespec import protocol as P
 from edgespec.serve import requests as R
 from edgespec.serve.auth import client_address
 from edgespec.serve.session import ServerSession, prefill, release_all
@@ -78,7 +78,7 @@ async def health(request: Request) -> JSONResponse:
     status = "closing" if state.closing else "ok"
     if not state.gate.allows(request.headers):
         return JSONResponse({"status": status})  # liveness for load balancers, nothing more
-    m = state.model.manifest
+    m = state.manifest
     return JSONResponse(
         {
             "status": status,
@@ -134,7 +134,7 @@ async def completions(request: Request) -> Response:
             return busy(str(e))
         return error(str(e))
     sid = next(state.ids)
-    tokenizer = state.model.tokenizer
+    tokenizer = state.tokenizer
     text = tokenizer.decode(
         [t for t in tokens if tokenizer.id_to_token(t) is not None], skip_special_tokens=True
     )
@@ -143,7 +143,7 @@ async def completions(request: Request) -> Response:
             "id": f"cmpl-{sid}",
             "object": "text_completion",
             "created": int(time.time()),
-            "model": state.model.manifest.source.get("model"),
+            "model": state.manifest.source.get("model"),
             "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": None}],
             "usage": {
                 "prompt_tokens": len(msg.ids),
@@ -171,10 +171,10 @@ def completion_request(state: State, body: bytes) -> tuple[P.Start, int, bool]:
         raise ValueError("the body must be a JSON object")
     if req.get("stream"):
         raise ValueError("stream=true is not supported: use the /v1/session WebSocket")
-    vocab = state.model.manifest.target.vocab_size
+    vocab = state.manifest.target.vocab_size
     prompt = req.get("prompt")
     if isinstance(prompt, str) and prompt:
-        ids = state.model.tokenizer.encode(prompt)
+        ids = state.tokenizer.encode(prompt)
     elif (
         isinstance(prompt, list)
         and prompt
@@ -202,13 +202,13 @@ async def _complete(state: State, msg: P.Start, max_tokens: int, ignore_eos: boo
         session, reply = await state.worker.steps(
             prefill,
             state.pool,
-            state.model.target.stages,
+            state.stages,
             msg,
             state.max_context,
             held,
             state.config.prefill_chunk,
         )
-        stop = frozenset() if ignore_eos else frozenset(state.model.manifest.eos_token_ids)
+        stop = frozenset() if ignore_eos else frozenset(state.manifest.eos_token_ids)
         tokens = [reply.token]
         while True:
             state.completion_tokens += 1

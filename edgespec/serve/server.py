@@ -33,10 +33,14 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from edgespec import protocol as P
 from edgespec.backbone import HELLO_PREFIX, BackboneMismatch, parse_hello
 from edgespec.backbone import check as check_backbone
-from edgespec.runtime.model import Model
-from edgespec.serve import protocol as P
+from edgespec.bundle import Manifest
+from edgespec.runtime.graph import GraphSession
+from edgespec.runtime.opener import GraphOptions, open_bundle
+from edgespec.runtime.stack import Stack
+from edgespec.runtime.tokenizer import Tokenizer
 from edgespec.serve.auth import Gate, client_address
 from edgespec.serve.batching import KVPool
 from edgespec.serve.http import completions, health
@@ -115,7 +119,9 @@ def _seconds(name: str, value: object, positive: bool, most: float = 1e9) -> Non
 @dataclass
 class State:
     config: ServerConfig
-    model: Model
+    manifest: Manifest
+    stages: list[GraphSession]  # the target's graphs, run over the pool's rows
+    tokenizer: Tokenizer
     worker: Worker
     max_context: int
     limits: P.Limits
@@ -130,14 +136,15 @@ class State:
 
 
 def load_state(config: ServerConfig) -> State:
-    model = Model.load(config.bundle, mode="ar", threads=config.threads, device=config.device)
-    context = model.target.max_positions
+    graphs = open_bundle(config.bundle, GraphOptions(config.device, config.threads))
+    target = Stack([graphs.open("full")])
+    context = target.max_positions
     if config.max_context is not None:
         context = min(context, config.max_context)
-    limits = P.Limits(model.manifest.target.vocab_size, config.max_request_bytes, context)
-    stages, m = model.target.stages, model.target.model
+    limits = P.Limits(graphs.manifest.target.vocab_size, config.max_request_bytes, context)
+    stages, m = target.stages, target.model
     pool = KVPool.allocate(
-        list(range(m.num_layers)),
+        target.layers,
         m.num_kv_heads,
         m.head_dim,
         context,
@@ -150,7 +157,11 @@ def load_state(config: ServerConfig) -> State:
         config.max_batch,
         config.batch_window_ms / 1000,
     )
-    return State(config, model, worker, context, limits, pool, stats, Gate(config.token))
+    tokenizer = graphs.tokenizer()
+    gate = Gate(config.token)
+    return State(
+        config, graphs.manifest, stages, tokenizer, worker, context, limits, pool, stats, gate
+    )
 
 
 # -- WebSocket sessions ---------------------------------------------------------------------
@@ -223,7 +234,7 @@ async def _session_rounds(
                 session, reply = await state.worker.steps(
                     prefill,
                     state.pool,
-                    state.model.target.stages,
+                    state.stages,
                     msg,
                     state.max_context,
                     held,
@@ -276,14 +287,14 @@ def check_start(state: State, msg: P.Start) -> None:
         check_sampling(msg.temperature, msg.top_p, msg.top_k, state.limits.vocab_size)
     except FieldError as e:
         raise P.ProtocolError(f"START: {e}", P.BAD_REQUEST) from None
-    fingerprint = state.model.manifest.backbone_fingerprint
+    fingerprint = state.manifest.backbone_fingerprint
     if msg.fingerprint.startswith(HELLO_PREFIX):
         try:
             hello = parse_hello(msg.fingerprint)
         except BackboneMismatch as e:  # not a fingerprint at all: a bad message
             raise P.ProtocolError(f"START: {e}", P.BAD_MESSAGE) from None
         try:  # a shared-backbone edge bundle: same tokenizer and lower layers?
-            check_backbone(state.model.manifest.backbone, *hello)  # type: ignore[misc]
+            check_backbone(state.manifest.backbone, *hello)  # type: ignore[misc]
         except BackboneMismatch as e:
             raise P.ProtocolError(str(e), P.INCOMPATIBLE) from None
     elif msg.fingerprint and msg.fingerprint != fingerprint:
