@@ -197,3 +197,35 @@ def test_mutated_completion_bodies_get_a_named_answer(server):
             assert answer["error"]["message"], answer
     assert seen.get(400) and seen.get(200), seen
     assert np.isfinite(server.health()["mean_batch"])
+
+
+def test_a_device_refuses_server_messages_that_are_not_answers():
+    """A hostile server sending a VERIFY with a sparse q row must not make the device build
+    a vocabulary-sized row (2^31 floats with the default limits): the link refuses it."""
+    import threading
+
+    from websockets.sync.server import serve
+
+    from edgespec.runtime.errors import LinkError
+    from edgespec.runtime.link import Link
+
+    q = np.zeros(8)
+    q[1] = 1.0
+    hostile = P.encode(P.Verify(3, [1], [q]))
+
+    def handler(conn):
+        conn.recv()
+        conn.send(hostile)
+        time.sleep(1)
+
+    with serve(handler, "127.0.0.1", 0) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        port = server.socket.getsockname()[1]
+        link = Link(f"ws://127.0.0.1:{port}", None, 5)
+        link.send(P.End())
+        t0 = time.monotonic()
+        with pytest.raises(LinkError, match="not an answer"):
+            link.poll(5)
+        assert time.monotonic() - t0 < 2
+        link.close()
+        server.shutdown()

@@ -107,6 +107,12 @@ class Link:
                 at = perf_counter()
                 size = len(data)
                 try:
+                    # a server sends RESULT and ERROR only; decoding anything else (a VERIFY's
+                    # vocabulary-sized q rows) would let a hostile server cost memory and time
+                    if isinstance(data, bytes) and len(data) >= P.HEADER.size:
+                        kind = P.HEADER.unpack_from(data)[2]
+                        if kind not in (P.RESULT, P.ERROR):
+                            raise P.ProtocolError(f"message type {kind} is not an answer")
                     msg = P.decode(data)
                 except P.ProtocolError as e:
                     self.inbox.put(LinkError(f"the server sent a malformed message: {e}"))
