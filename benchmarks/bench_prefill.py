@@ -2,9 +2,10 @@
 
 One session decodes (γ = 0 rounds, one after another, as a device would) on the server's
 real worker, model and KV pool, first alone (idle latency), then while `--prompts` other
-sessions START with `--prompt-len`-token prompts. Prints, per `--chunks` setting (0: each
-prefill in one piece, as before chunking), the running session's round latency (p50 / p99 /
-max, ms) during the prefills and its ratio to the idle p50, and how long the prefills took.
+sessions START with `--prompt-len`-token prompts. Prints, per `--chunks` (most positions per
+chunk; 0: each prefill in one piece, as before chunking) and `--budgets-ms` (chunks sized to
+take about that long; 0: always the most positions), the running session's round latency
+(p50 / p99 / max, ms) during the prefills, its ratio to the idle p50, and the prefills' time.
 
     python benchmarks/bench_prefill.py                          # a random 2k-context model
     python benchmarks/bench_prefill.py --bundle B --chunks 0,128,256,512
@@ -44,7 +45,10 @@ def default_bundle() -> Path:
 async def scenario(state, prompts: list[list[int]], idle_rounds: int) -> dict:
     worker, args = state.worker, (state.pool, state.stages)
     chunk, context = state.config.prefill_chunk, state.max_context
-    running, _ = await worker.steps(prefill, *args, Start([1, 2, 3], context), context, [], chunk)
+    budget = state.config.prefill_budget_ms / 1000
+    running, _ = await worker.steps(
+        prefill, *args, Start([1, 2, 3], context), context, [], chunk, budget
+    )
 
     async def one_round() -> float:
         t = time.perf_counter()
@@ -55,7 +59,7 @@ async def scenario(state, prompts: list[list[int]], idle_rounds: int) -> dict:
     t0 = time.perf_counter()
     longs = [
         asyncio.ensure_future(
-            worker.steps(prefill, *args, Start(p, len(p) + 2), context, [], chunk)
+            worker.steps(prefill, *args, Start(p, len(p) + 2), context, [], chunk, budget)
         )
         for p in prompts
     ]
@@ -70,6 +74,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bundle", type=Path, default=None)
     ap.add_argument("--chunks", default="0,256")
+    ap.add_argument("--budgets-ms", default="0,20", help="prefill_budget_ms values to try")
     ap.add_argument("--prompts", type=int, default=6)
     ap.add_argument("--prompt-len", type=int, default=2000)
     ap.add_argument("--threads", type=int, default=None)
@@ -79,12 +84,19 @@ def main() -> None:
     rng = np.random.default_rng(0)
     print(f"load average {os.getloadavg()[0]:.1f}; {a.prompts} prompts of {a.prompt_len} tokens")
     print(
-        f"{'chunk':>6} {'idle p50':>9} {'p50':>8} {'p99':>8} {'max':>8} {'p50/idle':>9} "
-        f"{'rounds':>7} {'prefills s':>10}"
+        f"{'chunk':>6} {'budget':>7} {'idle p50':>9} {'p50':>8} {'p99':>8} {'max':>8} "
+        f"{'p50/idle':>9} {'rounds':>7} {'prefills s':>10}"
     )
-    for chunk in [int(c) for c in a.chunks.split(",")]:
+    runs = [(int(c), float(b)) for c in a.chunks.split(",") for b in a.budgets_ms.split(",")]
+    for chunk, budget in runs:
+        if chunk == 0 and budget:
+            continue  # unchunked: no budget applies
         config = ServerConfig(
-            str(bundle), threads=a.threads, max_sessions=a.prompts + 1, prefill_chunk=chunk
+            str(bundle),
+            threads=a.threads,
+            max_sessions=a.prompts + 1,
+            prefill_chunk=chunk,
+            prefill_budget_ms=budget,
         )
         state = load_state(config)
         vocab = state.manifest.target.vocab_size
@@ -96,8 +108,8 @@ def main() -> None:
         idle, busy = np.median(r["idle"]) * 1e3, np.asarray(r["busy"]) * 1e3
         p50, p99 = np.percentile(busy, 50), np.percentile(busy, 99)
         print(
-            f"{chunk:>6} {idle:>8.2f}ms {p50:>7.1f}ms {p99:>7.1f}ms {busy.max():>7.1f}ms "
-            f"{p50 / idle:>8.1f}x {len(busy):>7} {r['prefill_s']:>10.2f}"
+            f"{chunk:>6} {budget:>5g}ms {idle:>8.2f}ms {p50:>7.1f}ms {p99:>7.1f}ms "
+            f"{busy.max():>7.1f}ms {p50 / idle:>8.1f}x {len(busy):>7} {r['prefill_s']:>10.2f}"
         )
     print(f"load average {os.getloadavg()[0]:.1f} at the end")
 

@@ -532,7 +532,13 @@ def _read_token(path: str | None) -> str | None:
     default=256,
     show_default=True,
     type=int,
-    help="Prompt positions per prefill step, between other sessions' rounds (0: whole).",
+    help="Most prompt positions per prefill step, between other sessions' rounds (0: whole).",
+)
+@click.option(
+    "--prefill-budget-ms",
+    default=20.0,
+    show_default=True,
+    help="Size prefill steps to take about this long (0: always --prefill-chunk positions).",
 )
 @click.option("--device", default="cpu", show_default=True, help="A device profile or auto.")
 @click.option("--log-level", default="info", show_default=True)

@@ -207,6 +207,7 @@ async def _complete(state: State, msg: P.Start, max_tokens: int, ignore_eos: boo
             state.max_context,
             held,
             state.config.prefill_chunk,
+            state.config.prefill_budget_ms / 1000,
         )
         stop = frozenset() if ignore_eos else frozenset(state.manifest.eos_token_ids)
         tokens = [reply.token]

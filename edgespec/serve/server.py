@@ -14,7 +14,8 @@ process exits 0 within drain_seconds + body_timeout + 2 s whatever its clients d
 (`transport` bounds headers, handshakes and shutdown; `serve.http` bodies).
 All model work runs on one `Worker` thread; each session owns a slot of one `KVPool`, and
 verify rounds that arrive together share forwards (`batching`; `max_batch = 1`: each alone);
-prefills run in chunks of `prefill_chunk` positions between other sessions' rounds. A slot
+prefills run in chunks (at most `prefill_chunk` positions, sized to take about
+`prefill_budget_ms`) between other sessions' rounds. A slot
 is taken only once a START has passed every check, and freed on every path out.
 """
 
@@ -71,6 +72,7 @@ class ServerConfig:
     header_timeout: float = 10.0  # seconds a connection has to send its request headers
     body_timeout: float = 10.0  # seconds a request has to send its body
     prefill_chunk: int = 256  # positions per prefill step between other rounds (0: whole)
+    prefill_budget_ms: float = 20.0  # size chunks to take about this long (0: fixed size)
 
     def __post_init__(self) -> None:
         _integer("max_sessions", self.max_sessions, 1)
@@ -86,6 +88,7 @@ class ServerConfig:
         _seconds("header_timeout", self.header_timeout, positive=True)
         _seconds("body_timeout", self.body_timeout, positive=True)
         _seconds("batch_window_ms", self.batch_window_ms, positive=False, most=1000.0)
+        _seconds("prefill_budget_ms", self.prefill_budget_ms, positive=False, most=10000.0)
 
 
 class ConfigError(ValueError):
@@ -239,6 +242,7 @@ async def _session_rounds(
                     state.max_context,
                     held,
                     state.config.prefill_chunk,
+                    state.config.prefill_budget_ms / 1000,
                 )
                 if limits:
                     reply.limits = P.ServerLimits(state.max_context, state.config.max_request_bytes)

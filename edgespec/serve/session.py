@@ -34,6 +34,8 @@ from edgespec.runtime.graph import GraphSession
 from edgespec.runtime.sampling import SamplingParams, next_token
 from edgespec.serve.batching import KVPool, forward_alone, forward_rounds
 
+MIN_CHUNK = 16  # positions: smaller prefill chunks cost more in per-forward overhead
+
 
 @dataclass
 class ServerSession:
@@ -76,14 +78,17 @@ def prefill(
     max_context: int,
     held: list[ServerSession] | None = None,
     chunk: int = 0,
+    budget: float = 0.0,
 ) -> Generator[int, None, tuple[ServerSession, Result]]:
     """A new session for msg.ids, with the first token after them, as steps: each `next()`
     prefills at most `chunk` positions (0: all at once) and yields how many it did, so the
-    worker can run other sessions' rounds between chunks; the generator returns (session,
-    first Result). Everything that can refuse the request is built before the slot is taken;
-    the session is appended to `held` as soon as it owns one (so a handler that is gone by
-    the time it ends can free it), and the slot is freed if any step fails or the generator
-    is closed early."""
+    worker can run other sessions' rounds between chunks; with a `budget` (seconds), each
+    chunk is sized from the last one's speed to take about that long (at least MIN_CHUNK
+    positions): a round waiting behind a chunk waits about `budget`, whatever the model.
+    The generator returns (session, first Result). Everything that can refuse the request
+    is built before the slot is taken; the session is appended to `held` as soon as it owns
+    one (so a handler that is gone by the time it ends can free it), and the slot is freed
+    if any step fails or the generator is closed early."""
     t0 = perf_counter()
     if not msg.ids:
         raise ProtocolError("START carries no token ids: send the prompt's ids", BAD_REQUEST)
@@ -110,12 +115,21 @@ def prefill(
     if held is not None:
         held.append(session)
     step = chunk if chunk > 0 else len(ids)
+    if budget > 0 and chunk > 0:
+        step = min(step, MIN_CHUNK)  # the first chunk measures this model's speed
     try:
-        for lo in range(0, len(ids), step):
+        lo = 0
+        while lo < len(ids):
             if session.slot is None:  # released between chunks: the device went away
                 raise ProtocolError("the session was closed during its prefill", BAD_REQUEST)
-            logits = forward_alone(stages, pool, slot, ids[lo : lo + step])
-            yield len(ids[lo : lo + step])
+            t = perf_counter()
+            part = ids[lo : lo + step]
+            logits = forward_alone(stages, pool, slot, part)
+            lo += len(part)
+            took = perf_counter() - t
+            if budget > 0 and chunk > 0 and took > 0:  # attention grows with the position
+                step = int(min(chunk, max(MIN_CHUNK, len(part) * budget / took)))
+            yield len(part)
         session.seq.append(next_token(logits[-1], params, rng))
     except BaseException:  # GeneratorExit included: a prefill cut short frees its slot
         release(pool, session)
