@@ -38,7 +38,7 @@ def default_bundle() -> Path:
         dims = dict(hidden_size=256, intermediate_size=688, num_hidden_layers=4)
         dims |= dict(num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=2304)
         ckpt = write_checkpoint(DEFAULT / "prefill-ckpt", "llama", **dims)
-        export_bundle(ckpt, out, progress=False)
+        export_bundle(ckpt, out)
     return out
 
 
