@@ -98,6 +98,24 @@ def spec_bundles(checkpoints: dict[str, Path], tmp_path_factory) -> dict[str, Pa
     return out
 
 
+LONG_CONTEXT = 1024
+
+
+@pytest.fixture(scope="session")
+def long_bundle(tmp_path_factory) -> Path:
+    """A tiny 2-layer llama with a 1024-position context (long prompts and decodes, for the
+    server tests) whose draft is itself."""
+    from edgespec.export import export_bundle
+    from edgespec.export.builtin import write_checkpoint
+
+    root = tmp_path_factory.mktemp("long")
+    dims = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2)
+    dims |= dict(num_attention_heads=4, num_key_value_heads=2)
+    ckpt = write_checkpoint(root / "ckpt", "llama", max_position_embeddings=LONG_CONTEXT, **dims)
+    export_bundle(ckpt, root / "bundle", draft=ckpt)
+    return root / "bundle"
+
+
 @pytest.fixture(scope="session")
 def tiny_vocab_bundle(tmp_path_factory) -> Path:
     """A 16-token model and a different 16-token draft: exact distributions are computable."""
