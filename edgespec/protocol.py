@@ -331,19 +331,24 @@ def _q_row(r: _Reader, vocab: int) -> np.ndarray:
     row_kind, n = r.unpack(struct.Struct("<BI"), "q row header")
     if n > vocab:
         raise ProtocolError(f"VERIFY: a q row of {n} entries exceeds the vocabulary ({vocab})")
-    if row_kind == ROW_DENSE:
-        if n != vocab:
-            raise ProtocolError(f"VERIFY: a dense q row has {n} entries, the vocabulary {vocab}")
-        row = np.frombuffer(r.take(4 * n, "q row"), dtype="<f4").astype(np.float64)
-    elif row_kind == ROW_SPARSE:
-        ids = np.frombuffer(r.take(4 * n, "q row ids"), dtype="<i4")
-        probs = np.frombuffer(r.take(4 * n, "q row probs"), dtype="<f4")
-        if len(ids) and (ids.min() < 0 or ids.max() >= vocab):
-            raise ProtocolError("VERIFY: a sparse q row names ids outside the vocabulary")
-        row = np.zeros(vocab)
-        row[ids] = probs
-    else:
-        raise ProtocolError(f"VERIFY: unknown q row kind {row_kind}")
+    # arbitrary bytes may hold signalling NaNs: casting them raises numpy's "invalid" flag
+    # (a RuntimeWarning per hostile message); they are refused just below
+    with np.errstate(invalid="ignore"):
+        if row_kind == ROW_DENSE:
+            if n != vocab:
+                raise ProtocolError(
+                    f"VERIFY: a dense q row has {n} entries, the vocabulary {vocab}"
+                )
+            row = np.frombuffer(r.take(4 * n, "q row"), dtype="<f4").astype(np.float64)
+        elif row_kind == ROW_SPARSE:
+            ids = np.frombuffer(r.take(4 * n, "q row ids"), dtype="<i4")
+            probs = np.frombuffer(r.take(4 * n, "q row probs"), dtype="<f4")
+            if len(ids) and (ids.min() < 0 or ids.max() >= vocab):
+                raise ProtocolError("VERIFY: a sparse q row names ids outside the vocabulary")
+            row = np.zeros(vocab)
+            row[ids] = probs
+        else:
+            raise ProtocolError(f"VERIFY: unknown q row kind {row_kind}")
     if not np.all(np.isfinite(row)) or row.min() < 0 or not 0.5 < row.sum() < 1.5:
         raise ProtocolError("VERIFY: a q row is not a probability distribution")
     return row

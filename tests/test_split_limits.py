@@ -129,3 +129,16 @@ def test_frozen_server_is_detected_from_round_times_and_decoding_goes_on(
         assert max(gaps[4:]) < 3.0, gaps  # the late bound plus one local round, not 10 s
     finally:
         s.stop()
+
+
+def test_against_a_server_that_announces_no_limits_the_refusal_ends_in_local_rounds(
+    bundle, small_server, ar_tokens, monkeypatch
+):
+    """An older server (no `edgespec.limits`: the device offers a name this server does not
+    know) refuses the round past its context with ERROR 422: the device finishes locally."""
+    monkeypatch.setattr(P, "SUBPROTOCOL", "edgespec.not-this-one")
+    model = split(bundle, small_server.url)
+    out = model.generate(PROMPT, max_new_tokens=N, ignore_eos=True)
+    assert model.verifier.remote.remote.limits is None
+    assert out.tokens == ar_tokens.tokens
+    assert out.stats.remote_rounds > 0 and out.stats.local_rounds > 0
