@@ -297,6 +297,7 @@ def format_stats(s: Any, finish: str, split: bool = False) -> str:
         line += (
             f"\nsplit: {s.remote_rounds} rounds verified by the server, {s.local_rounds} locally"
             + (" (server unreachable: continued on the local verifier)" if s.local_rounds else "")
+            + (f", {s.reconnects} reconnects" if s.reconnects else "")
             + f" | network {s.network_seconds:.2f}s, server {s.server_seconds:.2f}s | "
             f"{s.bytes_up} B up, {s.bytes_down} B down"
         )
@@ -530,9 +531,46 @@ def _read_token(path: str | None) -> str | None:
 )
 @click.option("--device", default="cpu", show_default=True, help="A device profile or auto.")
 @click.option("--log-level", default="info", show_default=True)
+@click.option(
+    "--replicas",
+    default=None,
+    type=click.IntRange(1),
+    help="Serve a fleet of N replicas on Ray Serve (the [fleet] extra) behind one address.",
+)
+@click.option(
+    "--autoscale",
+    default=None,
+    metavar="MIN:MAX",
+    help="Fleet: let Ray Serve scale between MIN and MAX replicas on ongoing sessions.",
+)
+@click.option(
+    "--ray-address",
+    default=None,
+    help="Fleet: join this Ray cluster (e.g. auto, or HOST:6379); default: a local Ray.",
+)
+@click.option(
+    "--cpus-per-replica",
+    default=0.5,
+    show_default=True,
+    type=click.FloatRange(0, min_open=True),
+    help="Fleet: Ray CPUs each replica reserves.",
+)
 @_friendly
-def serve(bundle: str, host: str, port: int, token_file: str | None, log_level: str, **limits):
-    """Serve BUNDLE's target as the verifier of split decoding (and /v1/completions)."""
+def serve(
+    bundle: str,
+    host: str,
+    port: int,
+    token_file: str | None,
+    log_level: str,
+    replicas: int | None,
+    autoscale: str | None,
+    ray_address: str | None,
+    cpus_per_replica: float,
+    **limits,
+):
+    """Serve BUNDLE's target as the verifier of split decoding (and /v1/completions).
+
+    With --replicas or --autoscale: a fleet of replicas on Ray Serve at the same address."""
     try:
         from edgespec.serve.server import ServerConfig, run
     except ImportError as e:
@@ -542,7 +580,27 @@ def serve(bundle: str, host: str, port: int, token_file: str | None, log_level: 
     token = _read_token(token_file)
     if token is None and host not in ("127.0.0.1", "localhost", "::1"):
         click.echo(f"warning: serving on {host} without --token-file: anyone can connect", err=True)
-    run(ServerConfig(bundle, token, **limits), host, port, log_level)
+    config = ServerConfig(bundle, token, **limits)
+    if replicas is None and autoscale is None:
+        if ray_address is not None:
+            raise click.UsageError("--ray-address deploys a fleet: add --replicas N or --autoscale")
+        run(config, host, port, log_level)
+        return
+    try:
+        from edgespec.serve import fleet
+    except ImportError as e:
+        raise click.ClickException(
+            f"--replicas needs the [fleet] extra ({e.name} is missing): "
+            "pip install 'edgespec[fleet]'"
+        ) from None
+    try:
+        scale = fleet.parse_autoscale(autoscale) if autoscale else None
+        fleet_config = fleet.FleetConfig(
+            replicas or 1, scale, ray_address=ray_address, cpus_per_replica=cpus_per_replica
+        )
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
+    fleet.run(config, fleet_config, host, port, log_level)
 
 
 @main.command()

@@ -252,7 +252,12 @@ def resync(
         return [], None
     fallback.recovered()
     stats = RoundStats(
-        "decode", 1, len(seq), perf_counter() - t0, verify_seconds=x.result.server_seconds
+        "decode",
+        1,
+        len(seq),
+        perf_counter() - t0,
+        verify_seconds=x.result.server_seconds,
+        reconnected=True,
     )
     return [x.result.token], _channel(stats, x)
 
