@@ -151,12 +151,12 @@ async def _running_replicas(app: str) -> set[str]:
     }
 
 
-def board(fleet: FleetConfig):
+def board(app: str, period: float):
     """The application's board (created by `deploy`, found by the replicas); detached, so
     it outlives any replica (`run` removes it with the application)."""
     return Board.options(
-        name=f"{BOARD}-{fleet.name}", namespace=NAMESPACE, get_if_exists=True, lifetime="detached"
-    ).remote(fleet.name, fleet.report_period)
+        name=f"{BOARD}-{app}", namespace=NAMESPACE, get_if_exists=True, lifetime="detached"
+    ).remote(app, period)
 
 
 def replica_report(state: State) -> dict:
@@ -216,12 +216,13 @@ class Draining:
 class Verifier:
     """One replica: the single server's state and routes, plus reporting and draining."""
 
-    def __init__(self, config: ServerConfig, fleet: FleetConfig) -> None:
-        self.config, self.fleet = config, fleet
+    def __init__(self, config: ServerConfig, app: str, report_period: float) -> None:
+        # (no replica count here: changing it must scale the deployment, not replace it)
+        self.config, self.report_period = config, report_period
         self.state = load_state(config)
         self.draining = asyncio.Event()
         self.replica = serve.get_replica_context().replica_tag
-        self.board = board(fleet)
+        self.board = board(app, report_period)
         self.reporter = asyncio.get_running_loop().create_task(self._report_loop())
 
     def __serve_build_asgi_app__(self):
@@ -241,7 +242,7 @@ class Verifier:
                     await drain(self.state)
             except Exception:  # the board restarts with the app; keep serving meanwhile
                 log.exception("replica %s: report failed", self.replica)
-            await asyncio.sleep(self.fleet.report_period)
+            await asyncio.sleep(self.report_period)
 
     async def _health(self, request: Request) -> JSONResponse:
         # this replica's report is fresh; the others are at most one period old
@@ -311,7 +312,7 @@ def application(config: ServerConfig, fleet: FleetConfig):
     deployment = serve.deployment(name="verifier", **options)(Verifier)
     # replicas run the bundle with intra-op threads sized to their CPU share by default
     threads = config.threads or max(1, round(fleet.cpus_per_replica))
-    return deployment.bind(replace(config, threads=threads), fleet)
+    return deployment.bind(replace(config, threads=threads), fleet.name, fleet.report_period)
 
 
 # -- the command ---------------------------------------------------------------------------
@@ -319,6 +320,12 @@ def connect(fleet: FleetConfig) -> bool:
     """Join `fleet.ray_address` or start a local Ray; True if this call started Ray."""
     if ray.is_initialized():
         return False
+    # Ray's router keeps each replica's count of ongoing requests in a cache (10 s by
+    # default) that misses long WebSocket sessions; at 0 it asks the two replicas it picks,
+    # so a new session goes to the one with fewer sessions, never to a full one while
+    # another has room (workers of a local Ray inherit this; on a cluster, set it on
+    # `ray start`)
+    os.environ.setdefault("RAY_SERVE_QUEUE_LENGTH_CACHE_TIMEOUT_S", "0")
     quiet = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False}
     if fleet.ray_address:
         ray.init(address=fleet.ray_address, namespace=NAMESPACE, **quiet)
@@ -340,7 +347,8 @@ def deploy(
     application; returns once its replicas are up. Redeploying with fewer replicas drains
     the ones that go."""
     serve.start(http_options={"host": host, "port": port})
-    ray.get(board(fleet).fleet.remote())  # up before the replicas look for it
+    # the board is up before the replicas look for it
+    ray.get(board(fleet.name, fleet.report_period).fleet.remote())
     serve.run(application(config, fleet), name=fleet.name, route_prefix="/")
 
 
@@ -368,7 +376,7 @@ def run(
         while not stop.wait(0.5):  # a short wait: signals are handled between waits
             pass
         serve.delete(fleet.name)
-        ray.kill(board(fleet))
+        ray.kill(board(fleet.name, fleet.report_period))
     finally:
         if started:
             serve.shutdown()
