@@ -22,9 +22,9 @@ ray = pytest.importorskip("ray")
 serve = pytest.importorskip("ray.serve")
 
 import edgespec  # noqa: E402
+from edgespec import protocol as P  # noqa: E402
 from edgespec.runtime.stats import GenerationStats  # noqa: E402
 from edgespec.serve import fleet as F  # noqa: E402
-from edgespec.serve import protocol as P  # noqa: E402
 from edgespec.serve.server import ServerConfig  # noqa: E402
 
 ARCH = "llama-gqa-tied"

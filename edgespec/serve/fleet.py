@@ -254,7 +254,7 @@ class Verifier:
             log.exception("replica %s: the board did not answer", self.replica)
             replicas = [mine | {"replica": self.replica, "draining": self.state.closing}]
         live = [r for r in replicas if not r["draining"]]
-        m = self.state.model.manifest
+        m = self.state.manifest
         return JSONResponse(
             {
                 "status": "ok" if live else "closing",
