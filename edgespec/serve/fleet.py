@@ -280,7 +280,7 @@ class Verifier:
         # graceful shutdown ran out of time
         self.reporter.cancel()
         await drain(self.state)
-        self.state.worker.stop()
+        await asyncio.to_thread(self.state.worker.stop)
         with contextlib.suppress(Exception):  # the board went first (the app is being deleted)
             await asyncio.wait_for(self.board.forget.remote(self.replica), 5)
 
