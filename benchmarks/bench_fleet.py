@@ -166,9 +166,11 @@ def load_run(
     ]
     for t in threads:
         t.start()
+    time.sleep(max(0.0, start + (kill_at or seconds / 2) - time.monotonic()))
+    replicas = health(port).get("per_replica", [])
+    split = [r["sessions"] for r in replicas]  # sessions per replica at mid-run
     if kill_at is not None:
-        time.sleep(max(0.0, start + kill_at - time.monotonic()))
-        victim = max(health(port)["per_replica"], key=lambda r: r["sessions"])
+        victim = max(replicas, key=lambda r: r["sessions"])
         killed.update(victim, at=time.monotonic())
         os.kill(victim["pid"], signal.SIGKILL)
     for t in threads:
@@ -176,7 +178,7 @@ def load_run(
     for ch in channels:
         ch.__exit__(None, None, None)
     lat = np.array([x for _, x in rounds]) * 1000
-    out = dict(stats, devices=devices)
+    out = dict(stats, devices=devices, split="/".join(map(str, split)) or "-")
     out["tokens_per_s"] = stats["tokens"] / seconds
     out["p50_ms"] = float(np.percentile(lat, 50)) if len(lat) else float("nan")
     out["p99_ms"] = float(np.percentile(lat, 99)) if len(lat) else float("nan")
@@ -241,15 +243,16 @@ def main() -> None:
 def table(rows: list[dict]) -> str:
     plain = {r["devices"]: r for r in rows if r["server"] == "plain server"}
     lines = [
-        "| server | devices | tokens/s | × plain | round p50 ms | round p99 ms | generations "
-        "| lost | reconnects | local rounds |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| server | devices | sessions per replica | tokens/s | × plain | round p50 ms "
+        "| round p99 ms | generations | lost | reconnects | local rounds |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         base = plain.get(r["devices"])
         ratio = r["tokens_per_s"] / base["tokens_per_s"] if base else float("nan")
         lines.append(
-            f"| {r['server']} | {r['devices']} | {r['tokens_per_s']:.0f} | {ratio:.2f} "
+            f"| {r['server']} | {r['devices']} | {r['split']} | {r['tokens_per_s']:.0f} "
+            f"| {ratio:.2f} "
             f"| {r['p50_ms']:.0f} | {r['p99_ms']:.0f} | {r['generations']} | {r['lost']} "
             f"| {r['reconnects']} | {r['local_rounds']} |"
         )

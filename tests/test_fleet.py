@@ -23,6 +23,7 @@ serve = pytest.importorskip("ray.serve")
 
 import edgespec  # noqa: E402
 from edgespec import protocol as P  # noqa: E402
+from edgespec.channel import Channel, ChannelConfig  # noqa: E402
 from edgespec.runtime.stats import GenerationStats  # noqa: E402
 from edgespec.serve import fleet as F  # noqa: E402
 from edgespec.serve.server import ServerConfig  # noqa: E402
@@ -94,13 +95,20 @@ def ar_tokens(bundle):
     return {p: ar.generate(p, max_new_tokens=N, ignore_eos=True).tokens for p in PROMPTS}
 
 
-def generate_all(bundle, url, prompts, during=None) -> dict[str, tuple[list[int], GenerationStats]]:
-    """One device per prompt, concurrently (greedy, prompt lookup, one draft per round so a
-    generation has many rounds); `during()` runs once every device has its first token."""
+def generate_all(
+    bundle, port, prompts, during=None
+) -> dict[str, tuple[list[int], GenerationStats]]:
+    """One device per prompt, concurrently (greedy, prompt lookup, one draft per round, each
+    behind a 20 ms RTT link so a generation lasts seconds); `during()` runs once every
+    device has its first token."""
     results: dict = {}
     started = threading.Barrier(len(prompts) + 1)
 
     def device(prompt: str) -> None:
+        with Channel(f"127.0.0.1:{port}", ChannelConfig(rtt_ms=20)) as link:
+            run(prompt, f"ws://{link.address}")
+
+    def run(prompt: str, url: str) -> None:
         model = edgespec.load(
             bundle, mode="split", server=url, token=TOKEN, threads=1, drafter="lookup",
             draft_policy="fixed:1", timeout=10.0,
@@ -139,7 +147,7 @@ def test_fleet_health_reports_every_replica(fleet):
 
 def test_concurrent_split_generations_equal_ar_and_use_both_replicas(bundle, fleet, ar_tokens):
     before = {r["replica"]: r["rounds_served"] for r in fleet.health()["per_replica"]}
-    results = generate_all(bundle, fleet.url, PROMPTS)
+    results = generate_all(bundle, fleet.port, PROMPTS)
     for prompt in PROMPTS:
         tokens, stats = results[prompt]
         assert tokens == ar_tokens[prompt]
@@ -158,7 +166,7 @@ def test_killing_a_replica_mid_generation_loses_no_session(bundle, fleet, ar_tok
         victim.update(max(h["per_replica"], key=lambda r: r["sessions"]))
         os.kill(victim["pid"], signal.SIGKILL)
 
-    results = generate_all(bundle, fleet.url, PROMPTS, during=kill)
+    results = generate_all(bundle, fleet.port, PROMPTS, during=kill)
     assert victim["sessions"] >= 1
     for prompt in PROMPTS:
         tokens, stats = results[prompt]
@@ -260,7 +268,7 @@ def test_a_replica_stopped_on_purpose_drains_and_its_devices_resume_elsewhere(
             time.sleep(0.05)
         stopped.update(gone=gone, seconds=time.monotonic() - t0, live=_pids(after))
 
-    results = generate_all(bundle, fleet.url, PROMPTS, during=scale_down)
+    results = generate_all(bundle, fleet.port, PROMPTS, during=scale_down)
     for prompt in PROMPTS:
         tokens, stats = results[prompt]
         assert tokens == ar_tokens[prompt]
