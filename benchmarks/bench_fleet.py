@@ -2,7 +2,7 @@
 2-replica fleet (Ray Serve), then a run that kills a replica mid-load.
 
 Each device is a thread running split decoding (greedy, the prompt-lookup drafter: devices
-cost little CPU) through the channel emulator (`edgespec.channel`, one link per device, all
+cost little CPU) through the channel emulator (`edgespec.tools.channel`, one link per device, all
 at `--rtt` ms) to `edgespec serve` started as a subprocess (with `--replicas R` for a fleet).
 Devices generate for `--seconds`; the table gives tokens/s over all devices, p50/p99 of a
 decode round's latency (draft + wire + verify, as the device saw it), and the fleet's cost
@@ -22,7 +22,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -32,9 +31,10 @@ import urllib.request
 from pathlib import Path
 
 import numpy as np
+from common import free_port, load_line
 
 import edgespec
-from edgespec.channel import Channel, ChannelConfig
+from edgespec.tools.channel import Channel, ChannelConfig
 
 PROMPTS = [
     "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return",
@@ -42,12 +42,6 @@ PROMPTS = [
     "import os\nimport sys\nimport json\nimport time\nimport",
     "class Point:\n    def __init__(self, x, y):\n        self.x = x\n        self.y =",
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def health(port: int) -> dict:
@@ -238,6 +232,7 @@ def main() -> None:
             finally:
                 stop_server(proc)
     print(table(rows))
+    print(load_line())
 
 
 def table(rows: list[dict]) -> str:

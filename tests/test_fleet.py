@@ -23,10 +23,10 @@ serve = pytest.importorskip("ray.serve")
 
 import edgespec  # noqa: E402
 from edgespec import protocol as P  # noqa: E402
-from edgespec.channel import Channel, ChannelConfig  # noqa: E402
 from edgespec.runtime.stats import GenerationStats  # noqa: E402
 from edgespec.serve import fleet as F  # noqa: E402
 from edgespec.serve.server import ServerConfig  # noqa: E402
+from edgespec.tools.channel import Channel, ChannelConfig  # noqa: E402
 
 ARCH = "llama-gqa-tied"
 PROMPTS = ["def fibonacci(n):\n    if n < 2:", "x = ", "import os\n", "class A:\n    def"]
