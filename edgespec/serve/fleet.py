@@ -151,7 +151,7 @@ async def _running_replicas(app: str) -> set[str]:
     }
 
 
-def board(app: str, period: float):
+def board(app: str, period: float) -> ray.actor.ActorHandle:
     """The application's board (created by `deploy`, found by the replicas); detached, so
     it outlives any replica (`run` removes it with the application)."""
     return Board.options(
@@ -225,7 +225,7 @@ class Verifier:
         self.board = board(app, report_period)
         self.reporter = asyncio.get_running_loop().create_task(self._report_loop())
 
-    def __serve_build_asgi_app__(self):
+    def __serve_build_asgi_app__(self) -> Draining:
         app = create_app(self.config, self.state)
         # the fleet's /health comes first; the replica's own routes stay as they are
         app.router.routes.insert(0, Route("/health", self._health))
@@ -285,7 +285,7 @@ class Verifier:
             await asyncio.wait_for(self.board.forget.remote(self.replica), 5)
 
 
-def application(config: ServerConfig, fleet: FleetConfig):
+def application(config: ServerConfig, fleet: FleetConfig) -> serve.Application:
     """The Ray Serve application: the Verifier deployment with the fleet's sizing."""
     options: dict[str, Any] = {
         "ray_actor_options": {"num_cpus": fleet.cpus_per_replica},
