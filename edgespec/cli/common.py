@@ -67,6 +67,7 @@ def format_stats(s: Any, finish: str, split: bool = False) -> str:
         line += (
             f"\nsplit: {s.remote_rounds} rounds verified by the server, {s.local_rounds} locally"
             + (" (server unreachable: continued on the local verifier)" if s.local_rounds else "")
+            + (f", {s.reconnects} reconnects" if s.reconnects else "")
             + f" | network {s.network_seconds:.2f}s, server {s.server_seconds:.2f}s | "
             f"{s.bytes_up} B up, {s.bytes_down} B down"
         )

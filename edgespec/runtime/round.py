@@ -97,6 +97,7 @@ class Verdict:
 
     def fill(self, stats: RoundStats) -> RoundStats:
         stats.verifier = self.verifier
+        stats.reconnected = self.resync  # counted as GenerationStats.reconnects
         for name, value in self.channel.items():
             setattr(stats, name, value)
         return stats

@@ -31,6 +31,7 @@ class RoundStats:
     bytes_down: int = 0
     rtt_estimate: float | None = None  # the policy's channel estimates after this round (s)
     bandwidth_estimate: float | None = None  # uplink, bytes/s
+    reconnected: bool = False  # this round rebuilt the server session on a new connection
 
 
 @dataclass
@@ -60,8 +61,10 @@ class GenerationStats:
     server_seconds: float = 0.0
     bytes_up: int = 0
     bytes_down: int = 0
+    reconnects: int = 0  # server sessions rebuilt after a failure (resync, possibly elsewhere)
 
     def add(self, r: RoundStats) -> None:
+        self.reconnects += r.reconnected
         if r.verifier == "remote":
             self.remote_rounds += 1
             self.network_seconds += r.network_seconds
