@@ -1,4 +1,4 @@
-"""The runtime never needs torch: an app installs numpy + onnxruntime (+ click) only."""
+"""The runtime never needs torch: an app installs numpy + onnxruntime (+ click, jinja2) only."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ RUNTIME_FILES = [
     PACKAGE / "bundle.py",
     PACKAGE / "__init__.py",
 ]
-ALLOWED = {"numpy", "onnxruntime", "edgespec", "click"}
+ALLOWED = {"numpy", "onnxruntime", "edgespec", "click", "jinja2"}
 
 BLOCK_HEAVY = """
 import sys, importlib.abc

@@ -40,6 +40,7 @@ from edgespec.bundle import (
 )
 from edgespec.export import gpt2, llama
 from edgespec.export.builder import GraphBuilder, WeightStore
+from edgespec.export.chat_format import save_chat_format
 from edgespec.export.decoder import DecoderWeights, build_graph, graph_info
 from edgespec.export.quantize import QdqCalibration, QuantConfig, externalize
 from edgespec.export.shared_backbone import backbone_record, verify_head
@@ -220,6 +221,7 @@ def export_bundle(
         variant=variant,
         backbone_layers=backbone_layers,
         backbone=backbone_record(tokenizer, weights),
+        chat=save_chat_format(tokenizer, target, out),
     )
     if quant is not None:
         manifest.extra["quantization"] = quant.describe()
