@@ -30,7 +30,14 @@ def _friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
         from edgespec.devices import DeviceError
         from edgespec.runtime.tokenizer import TokenizerError
 
-        expected: tuple[type[Exception], ...] = (BundleError, DeviceError, TokenizerError)
+        from edgespec.runtime.chat_template import ChatTemplateError
+
+        expected: tuple[type[Exception], ...] = (
+            BundleError,
+            DeviceError,
+            TokenizerError,
+            ChatTemplateError,
+        )
         try:
             from edgespec.runtime.model import InputError
 

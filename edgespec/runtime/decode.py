@@ -27,19 +27,28 @@ def decode(
     params: SamplingParams,
     max_new_tokens: int,
     stop_ids: frozenset[int],
+    cached: int = 0,
 ) -> Iterator[Step]:
-    """Yield one Step per round: the prefill's first token, then each round's tokens."""
+    """Yield one Step per round: the prefill's first token, then each round's tokens.
+
+    cached: the first `cached` prompt tokens equal the start of the sequence the caches last
+    held (a conversation's earlier turns): the target and the drafter keep those positions
+    and prefill only the rest (at least the last prompt token, whose logits start decoding).
+    """
     rng = np.random.default_rng(params.seed)
     # drafts are capped below so that the last verify writes position P + max_new - 1
     capacity = min(len(prompt) + max_new_tokens, target.max_positions)
-    target.reset(capacity)
+    kept = target.resume(capacity, min(cached, len(prompt) - 1))
 
     start = perf_counter()
-    logits = target.forward(np.asarray(prompt, dtype=np.int64), keep=1)[-1]
-    drafter.begin(prompt, capacity)
+    logits = target.forward(np.asarray(prompt[kept:], dtype=np.int64), keep=1)[-1]
+    drafter.begin(prompt, capacity, min(cached, len(prompt) - 1))
     seq = [*prompt, next_token(logits, params, rng)]
     seconds = perf_counter() - start
-    step = Step([seq[-1]], RoundStats("prefill", 1, len(prompt), seconds, verify_seconds=seconds))
+    prefill = RoundStats(
+        "prefill", 1, len(prompt) - kept, seconds, verify_seconds=seconds, cached_tokens=kept
+    )
+    step = Step([seq[-1]], prefill)
     produced = 1
     while True:
         step.finish_reason = finish_reason(

@@ -67,7 +67,7 @@ def draft_tokens(
 class NoDrafter:
     """Drafts nothing: the decode loop becomes plain autoregressive decoding."""
 
-    def begin(self, prompt: list[int], capacity: int) -> None:
+    def begin(self, prompt: list[int], capacity: int, cached: int = 0) -> None:
         pass
 
     def propose(
@@ -88,9 +88,11 @@ class DraftModelDrafter:
     def __init__(self, draft: Target) -> None:
         self.model = draft
 
-    def begin(self, prompt: list[int], capacity: int) -> None:
-        self.model.reset(min(capacity, self.model.max_positions))
-        self.model.forward(np.asarray(prompt, np.int64), keep=0)
+    def begin(self, prompt: list[int], capacity: int, cached: int = 0) -> None:
+        # the draft cache holds a prefix of the last sequence: keep what the prompt shares
+        kept = self.model.resume(min(capacity, self.model.max_positions), cached)
+        if kept < len(prompt):
+            self.model.forward(np.asarray(prompt[kept:], np.int64), keep=0)
 
     def propose(
         self,
@@ -131,8 +133,8 @@ class EarlyExitDrafter:
     ) -> None:
         self.target, self.heads, self.tails, self.exit_layer = target, heads, tails, exit_layer
 
-    def begin(self, prompt: list[int], capacity: int) -> None:
-        pass  # the target's prefill already filled the head's layers
+    def begin(self, prompt: list[int], capacity: int, cached: int = 0) -> None:
+        pass  # the target's prefill (or its kept prefix) already filled the head's layers
 
     def propose(
         self,
@@ -181,10 +183,13 @@ class LookupDrafter:
         self.last_end: dict[tuple[int, ...], int] = {}
         self.indexed = 0
 
-    def begin(self, prompt: list[int], capacity: int) -> None:
-        self.last_end, self.indexed = {}, 0
+    def begin(self, prompt: list[int], capacity: int, cached: int = 0) -> None:
+        # the index covers the last sequence up to `indexed`: still exact if the prompt
+        # shares all of it (a conversation's next turn), else rebuilt (lazily, in propose)
+        if cached < self.indexed:
+            self.last_end, self.indexed = {}, 0
         if self.fallback is not None:
-            self.fallback.begin(prompt, capacity)
+            self.fallback.begin(prompt, capacity, cached)
 
     def propose(
         self,

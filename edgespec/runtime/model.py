@@ -19,6 +19,7 @@ import numpy as np
 from edgespec.bundle import BundleError, Manifest, load_manifest
 from edgespec.devices import Profile, get_profile
 from edgespec.runtime.calibrate import load_cost
+from edgespec.runtime.chat import ChatOptions, ChatReply, ChatSession
 from edgespec.runtime.coreml import open_coreml
 from edgespec.runtime.decode import decode
 from edgespec.runtime.drafters import (
@@ -92,6 +93,7 @@ class Model:
         )
         self.mode, self.drafter, self.policy = mode, drafter, policy
         self.remote = remote  # split mode: the server session (`edgespec.serve.client.Remote`)
+        self._chat: ChatSession | None = None  # the conversation `chat()` continues
 
     @classmethod
     def load(
@@ -308,6 +310,20 @@ class Model:
                 text += detok.flush()
             yield Chunk(text, step.tokens, step.stats, step.finish_reason)
 
+    # -- conversations ----------------------------------------------------------------------
+    def chat_session(self, system: str | None = None) -> ChatSession:
+        """A conversation with caches of its own: each turn prefills only what is new (see
+        `edgespec.runtime.chat`). Needs a bundle with a chat template."""
+        return ChatSession(self, system)
+
+    def chat(self, messages: Sequence[dict[str, Any]], **options: Any) -> ChatReply:
+        """Reply to a conversation (a list of {"role", "content"} messages) with the bundle's
+        chat template; consecutive calls keep the shared prefix in the cache. `options` are
+        `ChatOptions` fields (max_new_tokens, temperature, stop, tools, flags, ...)."""
+        if self._chat is None:
+            self._chat = ChatSession(self)
+        return self._chat.reply(messages, chat_options(**options))
+
     def generate(self, prompt: Prompt, **options) -> Generation:
         """Run `stream()` to the end; return the text, tokens and stats."""
         prompt_ids = self.encode(prompt)
@@ -321,6 +337,16 @@ class Model:
         known = [t for t in tokens if self.tokenizer.id_to_token(t) is not None]
         text = self.tokenizer.decode(known, skip_special_tokens=True)
         return Generation(text, tokens, prompt_ids, finish, stats)
+
+
+def chat_options(**options: Any) -> ChatOptions:
+    """ChatOptions from keyword arguments, refusing unknown names with the known ones."""
+    try:
+        return ChatOptions(**options)
+    except TypeError:
+        known = ", ".join(ChatOptions.__dataclass_fields__)
+        unknown = ", ".join(sorted(set(options) - set(ChatOptions.__dataclass_fields__)))
+        raise InputError(f"unknown chat option(s) {unknown}; the options are: {known}") from None
 
 
 def seed_from_calibration(
@@ -392,4 +418,13 @@ def _graph_opener(
     return open_graph
 
 
-__all__ = ["BundleError", "Chunk", "Generation", "InputError", "Model"]
+__all__ = [
+    "BundleError",
+    "ChatOptions",
+    "ChatReply",
+    "ChatSession",
+    "Chunk",
+    "Generation",
+    "InputError",
+    "Model",
+]

@@ -39,8 +39,10 @@ class Proposal:
 
 
 class Drafter(Protocol):
-    def begin(self, prompt: list[int], capacity: int) -> None:
-        """Start a generation (prefill any state of its own)."""
+    def begin(self, prompt: list[int], capacity: int, cached: int = 0) -> None:
+        """Start a generation (prefill any state of its own). `cached`: the first `cached`
+        prompt tokens equal the start of the sequence the last generation ran on (a
+        conversation's earlier turns), so state built on them may be kept."""
 
     def propose(
         self,
