@@ -28,9 +28,8 @@ def _friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
     def run(*args: Any, **kwargs: Any) -> Any:
         from edgespec.bundle import BundleError
         from edgespec.devices import DeviceError
-        from edgespec.runtime.tokenizer import TokenizerError
-
         from edgespec.runtime.chat_template import ChatTemplateError
+        from edgespec.runtime.tokenizer import TokenizerError
 
         expected: tuple[type[Exception], ...] = (
             BundleError,
