@@ -651,5 +651,13 @@ def channel(
         click.echo("\nstopped", err=True)
 
 
+def _register_chat() -> None:
+    from edgespec.cli_chat import chat
+
+    main.add_command(chat)
+
+
+_register_chat()
+
 if __name__ == "__main__":
     main()
