@@ -74,16 +74,30 @@ def _flags(pairs: tuple[str, ...]) -> dict[str, Any]:
 @click.argument("bundle", type=click.Path())
 @click.option("--system", "-s", default=None, help="A system message for the conversation.")
 @click.option("--max-new-tokens", "-n", default=256, show_default=True, type=int)
-@click.option("--temperature", "-t", default=None, type=float,
-              help="0 = greedy (default: the bundle's generation config, else greedy).")  # fmt: skip
+@click.option(
+    "--temperature",
+    "-t",
+    default=None,
+    type=float,
+    help="0 = greedy (default: the bundle's generation config, else greedy).",
+)
 @click.option("--top-p", default=None, type=float)
 @click.option("--top-k", default=None, type=int)
 @click.option("--seed", default=None, type=int, help="Seed for sampling.")
 @click.option("--stop", multiple=True, help="A stop string (repeatable).")
-@click.option("--flag", "flags", multiple=True,
-              help="A chat template variable, KEY=VALUE (JSON), e.g. enable_thinking=false.")  # fmt: skip
-@click.option("--truncation", type=click.Choice(["error", "drop-oldest"]), default="error",
-              show_default=True, help="What to do when the conversation outgrows the context.")  # fmt: skip
+@click.option(
+    "--flag",
+    "flags",
+    multiple=True,
+    help="A chat template variable, KEY=VALUE (JSON), e.g. enable_thinking=false.",
+)
+@click.option(
+    "--truncation",
+    type=click.Choice(["error", "drop-oldest"]),
+    default="error",
+    show_default=True,
+    help="What to do when the conversation outgrows the context.",
+)
 @decoding_options
 def chat(bundle: str, system: str | None, **options: Any) -> None:
     """Chat with BUNDLE in the terminal (needs a bundle exported with a chat template)."""
