@@ -69,6 +69,16 @@ class ChatOptions:
 
 
 @dataclass
+class Prompt:
+    """A checked, encoded request, ready for any session to decode."""
+
+    ids: list[int]
+    options: ChatOptions
+    params: SamplingParams
+    dropped: int = 0  # truncation="drop-oldest": messages left out
+
+
+@dataclass
 class ChatChunk:
     text: str
     tokens: list[int]
@@ -122,7 +132,10 @@ class ChatSession:
 
     def __init__(self, model: Model, system: str | None = None) -> None:
         self.model = model
-        self.template = ChatTemplate.from_bundle(model.folder, model.manifest)
+        # a bundle without a template still serves plain completions (`prepare_ids`)
+        self.template = (
+            ChatTemplate.from_bundle(model.folder, model.manifest) if model.manifest.chat else None
+        )
         self.local = model.remote is None
         if self.local:
             assert model.target is not None
@@ -164,24 +177,55 @@ class ChatSession:
         self, messages: Sequence[dict[str, Any]], options: ChatOptions | None = None
     ) -> Iterator[ChatChunk]:
         """Yield the reply's text as it is decoded; the last chunk has finish_reason."""
+        return self.stream_prompt(self.prepare(messages, options))
+
+    def prepare(
+        self, messages: Sequence[dict[str, Any]], options: ChatOptions | None = None
+    ) -> Prompt:
+        """Check the options, render and encode the conversation (touches no cache)."""
         o = options or ChatOptions()
         params = self._params(o)
         ids, dropped = self._prompt(list(messages), o)
+        return Prompt(ids, o, params, dropped)
+
+    def prepare_ids(self, ids: list[int], options: ChatOptions | None = None) -> Prompt:
+        """A prompt that is already token ids (a plain completion: no template)."""
+        o = options or ChatOptions()
+        params = self._params(o)
+        vocab = self.model.manifest.target.vocab_size
+        if not ids:
+            raise ChatError("the prompt is empty: give some text or at least one token id")
+        if any(not 0 <= i < vocab for i in ids):
+            raise ChatError(f"prompt token ids must be in 0..{vocab - 1}")
+        if len(ids) >= self.context():
+            raise ChatError(
+                f"the prompt is {len(ids)} tokens but the model's context is {self.context()} "
+                "positions: shorten it"
+            )
+        return Prompt(list(ids), o, params, 0)
+
+    def shared_prefix(self, ids: Sequence[int]) -> int:
+        """How many leading prompt tokens this session's caches may already hold."""
+        return common_prefix(self.seq, ids) if self.local else 0
+
+    def stream_prompt(self, prompt: Prompt) -> Iterator[ChatChunk]:
+        """Decode a prepared prompt, keeping the cached prefix; see `stream`."""
+        ids, o, params = prompt.ids, prompt.options, prompt.params
         stop_ids = frozenset(o.stop_ids) | (
             frozenset() if o.ignore_eos else frozenset(self.model.manifest.eos_token_ids)
         )
-        cached = common_prefix(self.seq, ids) if self.local else 0
+        cached = self.shared_prefix(ids)
         self.seq = []  # until this turn ends cleanly, trust nothing in the caches
         steps = self._steps(ids, params, o.max_new_tokens, stop_ids, cached)
         stats, tokens = GenerationStats(), []
         detok = self.model.tokenizer.stream_decoder(skip_special_tokens=True)
         stopper = StopStrings(o.stop)
-        finish, kept = "length", 0
+        finish, kept, started = "length", 0, False
         try:
             for step in steps:
                 stats.add(step.stats)
                 if step.stats.phase == "prefill":
-                    kept = step.stats.cached_tokens
+                    kept, started = step.stats.cached_tokens, True
                 tokens += step.tokens
                 text = "".join(
                     detok.push(t) for t in step.tokens if self.model.tokenizer.id_to_token(t)
@@ -191,16 +235,17 @@ class ChatSession:
                 text, hit = stopper.push(text, final=bool(step.finish_reason))
                 if hit or step.finish_reason:
                     finish = "stop" if hit else FINISH[step.finish_reason or "length"]
+                    self.last = ChatReply(
+                        stopper.text, list(tokens), len(ids), kept, finish, stats, prompt.dropped
+                    )
                     yield ChatChunk(text, step.tokens, step.stats, finish)
-                    break
+                    return
                 yield ChatChunk(text, step.tokens, step.stats)
         finally:
             steps.close()  # a stop string or a closed stream ends the decode loop cleanly
-        # the caches now hold a prefix of prompt + reply (rounds truncate on rejection)
-        self.seq = [*ids, *tokens]
-        self.last = ChatReply(
-            stopper.text, tokens, len(ids), kept, finish, stats, dropped_messages=dropped
-        )
+            # once prefilled, every cache holds a prefix of prompt + reply (rounds truncate on
+            # rejection, in a finally); a failed prefill leaves them unknown: trust nothing
+            self.seq = [*ids, *tokens] if started else []
 
     # -- helpers ----------------------------------------------------------------------------
     def _params(self, o: ChatOptions) -> SamplingParams:
@@ -228,6 +273,9 @@ class ChatSession:
         return self.model.manifest.target.max_position_embeddings
 
     def _encode(self, messages: list[dict[str, Any]], o: ChatOptions) -> list[int]:
+        if self.template is None:  # raises the error that says what is missing
+            ChatTemplate.from_bundle(self.model.folder, self.model.manifest)
+        assert self.template is not None
         text = self.template.render(
             messages,
             add_generation_prompt=True,
