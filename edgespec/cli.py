@@ -552,10 +552,25 @@ def _read_token(path: str | None) -> str | None:
     help="Wait this long for more rounds when a batch is not full (adds latency when idle).",
 )
 @click.option("--device", default="cpu", show_default=True, help="A device profile or auto.")
+@click.option(
+    "--mode",
+    type=click.Choice(["ar", "spec", "self-spec", "lookup"]),
+    default=None,
+    help="How the OpenAI endpoints decode (default: the fastest the bundle supports: spec if "
+    "it has a draft model, else self-spec, else lookup; the auto policy speculates only while "
+    "it wins).",
+)
+@click.option(
+    "--conversations",
+    default=4,
+    show_default=True,
+    type=click.IntRange(1),
+    help="OpenAI endpoints: conversations decoded at once, each keeping its own KV cache.",
+)
 @click.option("--log-level", default="info", show_default=True)
 @_friendly
 def serve(bundle: str, host: str, port: int, token_file: str | None, log_level: str, **limits):
-    """Serve BUNDLE's target as the verifier of split decoding (and /v1/completions)."""
+    """Serve BUNDLE: the verifier of split decoding and the OpenAI API (/v1/chat/completions)."""
     try:
         from edgespec.serve.server import ServerConfig, run
     except ImportError as e:

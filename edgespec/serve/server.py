@@ -2,7 +2,8 @@
 
     WS   /v1/session      one generation session per connection (binary `protocol` messages)
     GET  /health          liveness, load and the model's backbone fingerprint
-    POST /v1/completions  OpenAI-style plain completion, for cloud-only use
+    POST /v1/chat/completions, /v1/completions, GET /v1/models: the OpenAI API, decoded with
+                          the local speculative mode of `--mode` (`edgespec.serve.openai`)
 
 Guarantees: a bearer token is required when configured (HTTP 401 otherwise); at most
 `max_sessions` sessions hold a KV cache at once, each at most `max_context` positions;
@@ -34,6 +35,8 @@ from edgespec.backbone import HELLO_PREFIX, BackboneMismatch, check_hello
 from edgespec.runtime.model import Model
 from edgespec.serve import protocol as P
 from edgespec.serve.batching import KVPool
+from edgespec.serve.chat_engine import ChatEngine
+from edgespec.serve.openai import ROUTES, load_engine
 from edgespec.serve.session import BatchStats, ServerSession, release_all, start, verify_rounds
 from edgespec.serve.worker import Worker
 
@@ -53,6 +56,8 @@ class ServerConfig:
     drain_seconds: float = 10.0  # how long shutdown waits for running rounds
     max_batch: int = 16  # rounds per batch (1: every round alone, unbatched)
     batch_window_ms: float = 0.0  # wait this long for more rounds when a batch is not full
+    mode: str | None = None  # OpenAI endpoints' decoding mode (default: fastest in the bundle)
+    conversations: int = 4  # OpenAI endpoints: conversations decoded at once, each its own cache
 
 
 @dataclass
@@ -68,6 +73,7 @@ class State:
     ids: itertools.count = field(default_factory=lambda: itertools.count(1))
     closing: bool = False
     rounds: int = 0
+    chat: ChatEngine | None = None  # the OpenAI endpoints' decoder
 
 
 def load_state(config: ServerConfig) -> State:
@@ -91,7 +97,10 @@ def load_state(config: ServerConfig) -> State:
         config.max_batch,
         config.batch_window_ms / 1000,
     )
-    return State(config, model, worker, context, limits, pool, stats)
+    chat = load_engine(
+        config.bundle, config.mode, config.threads, config.device, config.conversations
+    )
+    return State(config, model, worker, context, limits, pool, stats, chat=chat)
 
 
 def authorized(config: ServerConfig, headers: Any) -> bool:
@@ -233,112 +242,9 @@ async def health(request: Request) -> JSONResponse:
             "max_batch": state.config.max_batch,
             "batch_window_ms": state.config.batch_window_ms,
             **state.stats.report(),
+            "openai": state.chat.report() if state.chat else None,
         }
     )
-
-
-def _bad(message: str, status: int = 400) -> JSONResponse:
-    kind = "authentication_error" if status == 401 else "invalid_request_error"
-    return JSONResponse({"error": {"message": message, "type": kind}}, status_code=status)
-
-
-async def completions(request: Request) -> JSONResponse:
-    """OpenAI-style `POST /v1/completions` (no streaming): the server decodes alone."""
-    state: State = request.app.state.edgespec
-    if not authorized(state.config, request.headers):
-        return _bad("missing or wrong bearer token", 401)
-    body = await request.body()
-    if len(body) > state.config.max_request_bytes:
-        return _bad(f"request of {len(body)} bytes exceeds {state.config.max_request_bytes}", 413)
-    try:
-        req = _completion_request(state, body)
-    except ValueError as e:
-        return _bad(str(e))
-    if state.closing or len(state.sessions) >= state.config.max_sessions:
-        return _bad("the server is full or shutting down: try again later", 503)
-    sid = next(state.ids)
-    state.sessions.add(sid)
-    try:
-        tokens, finish = await _complete(state, *req)
-    except P.ProtocolError as e:
-        return _bad(str(e))
-    finally:
-        state.sessions.discard(sid)
-    prompt_ids = req[0].ids
-    text = state.model.tokenizer.decode(
-        [t for t in tokens if state.model.tokenizer.id_to_token(t) is not None],
-        skip_special_tokens=True,
-    )
-    return JSONResponse(
-        {
-            "id": f"cmpl-{sid}",
-            "object": "text_completion",
-            "created": int(time.time()),
-            "model": state.model.manifest.source.get("model"),
-            "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": None}],
-            "usage": {
-                "prompt_tokens": len(prompt_ids),
-                "completion_tokens": len(tokens),
-                "total_tokens": len(prompt_ids) + len(tokens),
-            },
-        }
-    )
-
-
-def _completion_request(state: State, body: bytes) -> tuple[P.Start, int, bool]:
-    import json
-
-    try:
-        req = json.loads(body or b"{}")
-    except json.JSONDecodeError as e:
-        raise ValueError(f"the body is not JSON: {e}") from None
-    if not isinstance(req, dict):
-        raise ValueError("the body must be a JSON object")
-    if req.get("stream"):
-        raise ValueError("stream=true is not supported: use the /v1/session WebSocket")
-    prompt = req.get("prompt")
-    if isinstance(prompt, str) and prompt:
-        ids = state.model.tokenizer.encode(prompt)
-    elif isinstance(prompt, list) and prompt and all(isinstance(i, int) for i in prompt):
-        ids = prompt
-    else:
-        raise ValueError("prompt must be a non-empty string or a list of token ids")
-    vocab = state.model.manifest.target.vocab_size
-    if any(not 0 <= i < vocab for i in ids):
-        raise ValueError(f"prompt token ids must be in 0..{vocab - 1}")
-    try:
-        max_tokens = int(req.get("max_tokens", 16))
-        temperature = float(req.get("temperature", 1.0))
-        top_p = float(req.get("top_p", 1.0))
-        seed = None if req.get("seed") is None else int(req["seed"])
-    except (TypeError, ValueError):
-        raise ValueError("max_tokens, temperature, top_p and seed must be numbers") from None
-    if max_tokens < 1:
-        raise ValueError("max_tokens must be at least 1")
-    start_msg = P.Start(ids, len(ids) + max_tokens, temperature, top_p, 0, seed)
-    return start_msg, max_tokens, bool(req.get("ignore_eos", False))
-
-
-async def _complete(state: State, msg: P.Start, max_tokens: int, ignore_eos: bool):
-    """Plain decoding, one round per token, batched with other sessions' rounds."""
-    held: list[ServerSession] = []
-    try:
-        session, reply = await state.worker.run(
-            start, state.pool, state.model.target.stages, msg, state.max_context, held
-        )
-        stop = frozenset() if ignore_eos else frozenset(state.model.manifest.eos_token_ids)
-        tokens = [reply.token]
-        while True:
-            if tokens[-1] in stop:
-                return tokens, "stop"
-            if len(tokens) >= max_tokens:
-                return tokens, "length"
-            if len(session.seq) >= session.capacity or state.closing:
-                return tokens, "length"
-            reply = await state.worker.round((session, P.Verify(len(session.seq), [])))
-            tokens.append(reply.token)
-    finally:
-        state.worker.submit(release_all, state.pool, held)
 
 
 # -- app and process ------------------------------------------------------------------------
@@ -347,7 +253,7 @@ def create_app(config: ServerConfig, state: State | None = None) -> Starlette:
         routes=[
             WebSocketRoute("/v1/session", session_endpoint),
             Route("/health", health),
-            Route("/v1/completions", completions, methods=["POST"]),
+            *ROUTES,
         ]
     )
     app.state.edgespec = state or load_state(config)
@@ -390,3 +296,5 @@ def run(config: ServerConfig, host: str = "127.0.0.1", port: int = 8700, log_lev
         server.run()
     finally:
         state.worker.stop()
+        if state.chat is not None:
+            state.chat.stop()
