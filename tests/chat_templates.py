@@ -303,3 +303,11 @@ SPECIAL_TOKENS = [
 ]
 # Qwen3 writes these as added, non-special tokens
 ADDED_TOKENS = ["<think>", "</think>", "<tool_call>", "</tool_call>"]
+
+# the chat test bundle's template: Qwen 2.5's, plus a check that refuses a conversation that
+# already ends with the assistant's turn (so servers have a template error to report)
+CHAT_BUNDLE_TEMPLATE = (
+    "{%- if add_generation_prompt and messages[-1]['role'] == 'assistant' %}"
+    "{{- raise_exception('the conversation already ends with an assistant message') }}"
+    "{%- endif %}\n" + QWEN25
+)

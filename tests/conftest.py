@@ -125,8 +125,9 @@ CHAT_DIMS = dict(SMALL, num_key_value_heads=2, vocab_size=2048 + 32)
 
 def write_chat_checkpoint(folder: Path, seed: int = 0, template: str | None = None) -> Path:
     """A qwen2 checkpoint whose tokenizer has ChatML control tokens (ids past the trained
-    2,048, inside the model's vocab) and, unless template="", a Qwen 2.5-style chat template."""
-    from chat_templates import ADDED_TOKENS, QWEN25, SPECIAL_TOKENS
+    2,048, inside the model's vocab) and, unless template="", a Qwen 2.5-style chat template
+    (`chat_templates.CHAT_BUNDLE_TEMPLATE`)."""
+    from chat_templates import ADDED_TOKENS, CHAT_BUNDLE_TEMPLATE, SPECIAL_TOKENS
     from transformers import AutoTokenizer, GenerationConfig
 
     from edgespec.export.builtin import write_checkpoint
@@ -137,7 +138,7 @@ def write_chat_checkpoint(folder: Path, seed: int = 0, template: str | None = No
     tok.add_tokens(ADDED_TOKENS)
     tok.eos_token = "<|im_end|>"
     tok.pad_token = "<|endoftext|>"
-    tok.chat_template = QWEN25 if template is None else (template or None)
+    tok.chat_template = CHAT_BUNDLE_TEMPLATE if template is None else (template or None)
     tok.save_pretrained(folder)
     eos = [tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids("<|endoftext|>")]
     GenerationConfig(eos_token_id=eos, bos_token_id=0).save_pretrained(folder)

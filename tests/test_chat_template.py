@@ -6,7 +6,7 @@ import json
 import shutil
 
 import pytest
-from chat_templates import QWEN25, TEMPLATES
+from chat_templates import CHAT_BUNDLE_TEMPLATE, QWEN25, TEMPLATES
 
 from edgespec.bundle import BundleError, load_manifest
 from edgespec.runtime.chat_template import ChatTemplate, ChatTemplateError
@@ -172,7 +172,7 @@ def test_named_templates_pick_tool_use_for_tools_and_default_otherwise():
 def test_export_copies_the_template_and_generation_defaults(chat_bundle, hf_tokenizer):
     m = load_manifest(chat_bundle)
     assert m.chat is not None
-    assert (chat_bundle / m.chat.templates["default"]).read_text() == QWEN25
+    assert (chat_bundle / m.chat.templates["default"]).read_text() == CHAT_BUNDLE_TEMPLATE
     assert m.chat.special_tokens["eos_token"] == "<|im_end|>"
     assert m.eos_token_ids == [hf_tokenizer.convert_tokens_to_ids("<|im_end|>"), 0]
     t = ChatTemplate.from_bundle(chat_bundle, m)
