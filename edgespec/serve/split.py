@@ -89,6 +89,16 @@ class HeadModel:
             self.head.graph.kv_layers, m.num_kv_heads, m.head_dim, capacity, self.head.kv_dtype
         )
 
+    def resume(self, capacity: int, keep: int) -> int:
+        """As `Target.resume`: keep the first `keep` positions, with room for `capacity`."""
+        if keep <= 0 or self.cache is None or self.cache.length == 0:
+            self.reset(capacity)
+            return 0
+        self.cache.truncate(min(keep, self.cache.length))
+        if self.cache.capacity < capacity:
+            self.cache = self.cache.grown(capacity)
+        return self.cache.length
+
     def forward(self, ids: np.ndarray, keep: int = 1) -> np.ndarray:
         assert self.cache is not None
         out = self.head.run(self.cache, self.cache.length, input_ids=ids[None, :], keep=keep)
