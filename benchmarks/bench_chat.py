@@ -192,7 +192,8 @@ def print_tables(title: str, local: list[dict], served: list[dict]) -> None:
         )
     if served:
         print(
-            "\n| server mode | last-turn TTFT | cached / prompt | decode tok/s | vs ar | acceptance |"
+            "\n| server mode | last-turn TTFT | cached / prompt | decode tok/s | vs ar"
+            " | acceptance |"
         )
         print("|---|---:|---:|---:|---:|---:|")
         for r in served:
