@@ -237,3 +237,16 @@ def test_a_missing_template_file_is_named(chat_bundle, tmp_path):
     (b / "chat_templates" / "default.jinja").unlink()
     with pytest.raises(BundleError, match="chat_templates/default.jinja"):
         load_manifest(b)
+
+
+def test_inspect_shows_the_chat_template_and_generation_defaults(chat_bundle, bundles):
+    from click.testing import CliRunner
+
+    from edgespec.cli import main
+
+    r = CliRunner().invoke(main, ["inspect", str(chat_bundle)])
+    assert r.exit_code == 0, r.output
+    assert "chat template default" in r.output and "chat_templates/default.jinja" in r.output
+    assert "eos_token='<|im_end|>'" in r.output and "generation defaults" in r.output
+    r = CliRunner().invoke(main, ["inspect", str(bundles["qwen2"])])
+    assert "chat template" in r.output and "none (a base model" in r.output
