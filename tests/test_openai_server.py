@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 import urllib.request
 
 import openai
@@ -289,3 +290,33 @@ def test_nan_and_bad_json_and_wrong_token_are_refused(server):
     assert status == 401 and body["error"]["type"] == "authentication_error"
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=f"{server.http}/v1", api_key="wrong", max_retries=0).models.list()
+
+
+def test_a_short_request_is_not_held_up_by_a_long_one(client):
+    """Requests are decoded one round each in turn: a short reply asked for while a long one
+    streams finishes first."""
+    done: dict[str, float] = {}
+    started = threading.Event()
+
+    def long_reply() -> None:
+        for chunk in client.chat.completions.create(
+            model="m",
+            messages=[{"role": "user", "content": "Go on for a while."}],
+            max_tokens=200,
+            temperature=0,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        ):
+            if chunk.choices and chunk.choices[0].delta.content:
+                started.set()
+        done["long"] = time.monotonic()
+
+    t = threading.Thread(target=long_reply)
+    t.start()
+    assert started.wait(60)
+    client.chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "Short."}], max_tokens=2
+    )
+    done["short"] = time.monotonic()
+    t.join(timeout=120)
+    assert done["short"] < done["long"]
