@@ -130,8 +130,11 @@ class ChatSession:
     """One conversation over its own caches. `stream(messages)` / `reply(messages)` take the
     whole conversation each turn (OpenAI style); `say(text)` keeps the messages here."""
 
-    def __init__(self, model: Model, system: str | None = None) -> None:
+    def __init__(
+        self, model: Model, system: str | None = None, max_context: int | None = None
+    ) -> None:
         self.model = model
+        self.max_context = max_context  # a server's cap on prompt + reply, below the model's
         # a bundle without a template still serves plain completions (`prepare_ids`)
         self.template = (
             ChatTemplate.from_bundle(model.folder, model.manifest) if model.manifest.chat else None
@@ -216,7 +219,8 @@ class ChatSession:
         )
         cached = self.shared_prefix(ids)
         self.seq = []  # until this turn ends cleanly, trust nothing in the caches
-        steps = self._steps(ids, params, o.max_new_tokens, stop_ids, cached)
+        max_new = min(o.max_new_tokens, self.context() - len(ids))  # stop at the context
+        steps = self._steps(ids, params, max_new, stop_ids, cached)
         stats, tokens = GenerationStats(), []
         detok = self.model.tokenizer.stream_decoder(skip_special_tokens=True)
         stopper = StopStrings(o.stop)
@@ -268,9 +272,12 @@ class ChatSession:
             raise ChatError(str(e)) from None
 
     def context(self) -> int:
+        """Positions a prompt and its reply may fill together."""
         if self.local:
-            return self.target.max_positions
-        return self.model.manifest.target.max_position_embeddings
+            limit = self.target.max_positions
+        else:
+            limit = self.model.manifest.target.max_position_embeddings
+        return min(limit, self.max_context or limit)
 
     def _encode(self, messages: list[dict[str, Any]], o: ChatOptions) -> list[int]:
         if self.template is None:  # raises the error that says what is missing

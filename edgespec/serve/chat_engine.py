@@ -50,13 +50,15 @@ class EngineStats:
 
 
 class ChatEngine:
-    def __init__(self, model: Model, conversations: int = 4) -> None:
+    def __init__(
+        self, model: Model, conversations: int = 4, max_context: int | None = None
+    ) -> None:
         if conversations < 1:
             raise ValueError(f"conversations={conversations}: at least 1")
         if model.remote is not None:
             raise ValueError("the OpenAI endpoints decode locally: load a local mode")
         self.model = model
-        self.sessions = [model.chat_session() for _ in range(conversations)]
+        self.sessions = [ChatSession(model, max_context=max_context) for _ in range(conversations)]
         self.busy: set[int] = set()
         self.last_used = [0] * conversations
         self.clock = 0

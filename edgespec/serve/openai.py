@@ -54,14 +54,19 @@ def fastest_mode(bundle: str) -> str:
 
 
 def load_engine(
-    bundle: str, mode: str | None, threads: int | None, device: str, conversations: int
+    bundle: str,
+    mode: str | None,
+    threads: int | None,
+    device: str,
+    conversations: int,
+    max_context: int | None = None,
 ) -> ChatEngine:
     mode = mode or fastest_mode(bundle)
     if mode not in LOCAL_MODES:
         raise ValueError(f"--mode {mode!r}: the OpenAI endpoints decode with one of {LOCAL_MODES}")
     policy = None if mode == "ar" else "auto"
     model = Model.load(bundle, mode=mode, draft_policy=policy, threads=threads, device=device)
-    return ChatEngine(model, conversations)
+    return ChatEngine(model, conversations, max_context)
 
 
 def error(message: str, status: int = 400, param: str | None = None, code: str | None = None):

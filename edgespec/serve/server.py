@@ -98,7 +98,7 @@ def load_state(config: ServerConfig) -> State:
         config.batch_window_ms / 1000,
     )
     chat = load_engine(
-        config.bundle, config.mode, config.threads, config.device, config.conversations
+        config.bundle, config.mode, config.threads, config.device, config.conversations, context
     )
     return State(config, model, worker, context, limits, pool, stats, chat=chat)
 
