@@ -90,3 +90,22 @@ main()
     for args in (["generate", b, "-p", "x = 1", "-n", "4"], ["inspect", b]):
         run = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True)
         assert run.returncode == 0, run.stderr
+
+
+def test_chat_runs_with_torch_unimportable(chat_bundle):
+    code = (
+        BLOCK_HEAVY
+        + f"""
+import edgespec
+m = edgespec.load({str(chat_bundle)!r}, mode='spec')
+s = m.chat_session(system='Be brief.')
+r1 = s.reply([{{'role': 'user', 'content': 'hi'}}], None)
+r2 = m.chat([{{'role': 'user', 'content': 'hi'}}], max_new_tokens=4, stop=['x'])
+assert r1.tokens and r2.tokens
+assert not any(k.split('.')[0] in ('torch', 'transformers') for k in sys.modules)
+print('ok')
+"""
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "ok"
