@@ -225,7 +225,7 @@ def main() -> None:
     modes = [m for m in args.server_modes.split(",") if m]
     out: dict[str, Any] = {
         "load": os.getloadavg(),
-        "args": vars(args) | {"trained": str(args.trained)},
+        "args": {k: str(v) for k, v in vars(args).items()},
     }
     targets = []
     if args.shape:
