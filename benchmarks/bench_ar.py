@@ -76,8 +76,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from common import REPO, loadavg
 
-REPO = Path(__file__).resolve().parent.parent
 ENGINES = ("edgespec", "transformers", "genai")
 QUIET_CORES = 0.25  # other processes' CPU use (cores) above which the machine counts as busy
 TOKENIZER_VOCAB = 8192  # trained BPE vocab; prompt ids are drawn below it
@@ -428,16 +428,10 @@ def transformers_engine(
 
 
 def export_edgespec(folder: Path, bundle: Path) -> None:
-    import inspect
-
     from edgespec.export import export_bundle
 
     shutil.rmtree(bundle, ignore_errors=True)
-    options: dict[str, Any] = {"dtype": "fp32"}
-    accepted = inspect.signature(export_bundle).parameters
-    if "progress" in accepted:
-        options["progress"] = False
-    export_bundle(model=str(folder), out=str(bundle), **options)
+    export_bundle(model=str(folder), out=str(bundle), dtype="fp32")
 
 
 def edgespec_exporter_digest() -> str:
@@ -595,8 +589,6 @@ def genai_in_process() -> bool:
 
 def edgespec_importable() -> str | None:
     """None if edgespec (runtime and export) imports, else why not."""
-    if str(REPO) not in sys.path:
-        sys.path.insert(0, str(REPO))  # run from a checkout without installing it
     try:
         import edgespec  # noqa: F401
         from edgespec.export import export_bundle  # noqa: F401
@@ -843,14 +835,6 @@ def wait_for_quiet(max_wait: float) -> float:
         if monitor.other_cores() < QUIET_CORES:
             break
     return time.perf_counter() - start
-
-
-def loadavg() -> float:
-    """The 1-minute load average (other jobs on the machine skew every number)."""
-    try:
-        return float(Path("/proc/loadavg").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return float("nan")
 
 
 def log(message: str) -> None:

@@ -53,7 +53,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-DEFAULT_MODELS = Path(os.environ.get("EDGESPEC_BENCH", Path.home() / ".cache" / "edgespec-bench"))
+from common import DEFAULT_MODELS
+
 FIXED = [1, 2, 3, 4, 6, 8]
 EXITS = [2, 4]
 PAUSE = 0.02  # seconds between two timed generations
@@ -298,7 +299,11 @@ def edgespec_configs(blind: Path, calibrated: Path) -> list[tuple[str, Path, dic
     # prompt lookup first, the draft model where lookup finds nothing (edgespec's n-gram
     # drafter combined with its draft model, the pair genai's two modes each use alone)
     rows.append(
-        ("spec+lookup auto", blind, {"mode": "spec", "lookup": True, "draft_policy": "auto"})
+        (
+            "spec+lookup auto",
+            blind,
+            {"mode": "spec", "drafter": "lookup+draft", "draft_policy": "auto"},
+        )
     )
     return rows
 
@@ -511,8 +516,6 @@ def main() -> None:
     if args.genai_worker:
         genai_worker(args.genai_worker)
         return
-    if str(Path(__file__).resolve().parent.parent) not in sys.path:
-        sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     import edgespec
     from edgespec.runtime.calibrate import calibrate
 

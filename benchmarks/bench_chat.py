@@ -29,12 +29,14 @@ import argparse
 import json
 import os
 import shutil
-import sys
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
-CACHE = Path(os.environ.get("EDGESPEC_BENCH", Path.home() / ".cache" / "edgespec-bench"))
+from common import DEFAULT_MODELS, free_port, load_line, start_server
+
+CACHE = DEFAULT_MODELS
 CHATML = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + "
     "message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}"
@@ -67,7 +69,7 @@ def chat_bundle(checkpoint: Path, out: Path, draft: Path | None, exits: list[int
     tok = AutoTokenizer.from_pretrained(ckpt)
     tok.chat_template = CHATML
     tok.save_pretrained(ckpt)
-    export_bundle(ckpt, out, draft=draft, exit_layers=exits, overwrite=True, progress=False)
+    export_bundle(ckpt, out, draft=draft, exit_layers=exits, overwrite=True)
     stamp.write_text(key)
     return out
 
@@ -123,17 +125,12 @@ def serve_modes(
 ) -> list[dict]:
     import openai
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-    from split_server import start_server  # the tests' helper: a real server on loopback
-
     rows = []
     for mode in modes:
-        tmp = CACHE / "bench-chat-logs"
-        tmp.mkdir(parents=True, exist_ok=True)
-        args = ("--mode", mode, "--threads", str(threads))
-        server = start_server(bundle, tmp, None, *args)
+        port = free_port()
+        server = start_server(bundle, port, threads, 8, "--mode", mode)
         try:
-            client = openai.OpenAI(base_url=f"{server.http}/v1", api_key="x", timeout=600)
+            client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", timeout=600)
             messages: list[dict[str, str]] = [
                 {"role": "system", "content": "You are a helpful assistant."}
             ]
@@ -163,7 +160,8 @@ def serve_modes(
                 decode_tokens += usage.completion_tokens - 1
                 decode_s += last - first
                 messages.append({"role": "assistant", "content": "".join(pieces)})
-            h = server.health()["openai"]
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=30) as r:
+                h = json.load(r)["openai"]
             rows.append(
                 {
                     "mode": mode,
@@ -176,7 +174,8 @@ def serve_modes(
                 }
             )
         finally:
-            server.stop()
+            server.terminate()
+            server.wait(timeout=30)
     base = next((r["decode_tok_s"] for r in rows if r["mode"] == "ar"), None)
     for r in rows:
         r["speedup_vs_ar"] = r["decode_tok_s"] / base if base else None
@@ -229,7 +228,6 @@ def main() -> None:
     }
     targets = []
     if args.shape:
-        sys.path.insert(0, str(Path(__file__).parent))
         import bench_ar
 
         ckpt = bench_ar.build_checkpoint(args.shape, 0, CACHE, False)
@@ -249,7 +247,7 @@ def main() -> None:
         out[title] = {"local": local, "served": served}
         print_tables(title, local, served)
     out["load_after"] = os.getloadavg()
-    print(f"\nload average before / after: {out['load']} / {out['load_after']}")
+    print(f"\nbefore: load average {out['load']}; after: {load_line()}")
     if args.json:
         args.json.write_text(json.dumps(out, indent=2))
 

@@ -55,7 +55,7 @@ def bundles(
     out = {}
     for name, ckpt in checkpoints.items():
         out[name] = root / name
-        export_bundle(ckpt, out[name], exit_layers=[EXIT_LAYER], progress=False)
+        export_bundle(ckpt, out[name], exit_layers=[EXIT_LAYER])
     return out
 
 
@@ -91,11 +91,10 @@ def spec_bundles(checkpoints: dict[str, Path], tmp_path_factory) -> dict[str, Pa
             out[name],
             draft=checkpoints[DRAFT_FOR[name]],
             exit_layers=SPEC_EXITS,
-            progress=False,
         )
     ckpt = checkpoints["qwen2"]
     out["self-draft"] = root / "self-draft"
-    export_bundle(ckpt, out["self-draft"], draft=ckpt, progress=False)
+    export_bundle(ckpt, out["self-draft"], draft=ckpt)
     return out
 
 
@@ -116,7 +115,7 @@ def tiny_vocab_bundle(tmp_path_factory) -> Path:
     )
     target = write_checkpoint(root / "t", "llama", seed=1, vocab_size=16, **dims)
     draft = write_checkpoint(root / "d", "llama", seed=2, vocab_size=16, **dims)
-    export_bundle(target, root / "b", draft=draft, exit_layers=[1], progress=False)
+    export_bundle(target, root / "b", draft=draft, exit_layers=[1])
     return root / "b"
 
 
@@ -165,6 +164,5 @@ def chat_bundle(chat_checkpoints: dict[str, Path], tmp_path_factory) -> Path:
         out,
         draft=chat_checkpoints["draft"],
         exit_layers=[EXIT_LAYER],
-        progress=False,
     )
     return out

@@ -16,7 +16,7 @@ MODES = {
     "spec": dict(mode="spec", draft_policy="fixed:3"),
     "self-spec": dict(mode="self-spec", draft_policy="fixed:3"),
     "lookup": dict(mode="lookup", draft_policy="fixed:3"),
-    "lookup+spec": dict(mode="spec", lookup=True, draft_policy="fixed:3"),
+    "lookup+draft": dict(mode="spec", drafter="lookup+draft", draft_policy="fixed:3"),
 }
 USERS = ["Write a function that adds two numbers.", "Now make it multiply.", "Thanks, bye."]
 

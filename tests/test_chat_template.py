@@ -207,7 +207,7 @@ def test_export_reads_every_template_layout(chat_checkpoints, tmp_path, source):
     gen = GenerationConfig.from_pretrained(ckpt)
     gen.do_sample, gen.temperature, gen.top_p = True, 0.7, 0.8
     gen.save_pretrained(ckpt)
-    m = export_bundle(ckpt, tmp_path / "b", progress=False, verify=False)
+    m = export_bundle(ckpt, tmp_path / "b", verify=False)
     assert m.chat is not None
     got = {k: (tmp_path / "b" / v).read_text() for k, v in m.chat.templates.items()}
     assert got == named

@@ -26,16 +26,18 @@ from typing import TYPE_CHECKING, Any
 from edgespec.runtime.chat_template import ChatTemplate, ChatTemplateError
 from edgespec.runtime.decode import decode
 from edgespec.runtime.drafters import (
-    DraftModelDrafter,
+    Chain,
     EarlyExitDrafter,
     LookupDrafter,
+    ModelDrafter,
     NoDrafter,
 )
+from edgespec.runtime.local import LocalVerifier
 from edgespec.runtime.policies import DraftLengthPolicy
+from edgespec.runtime.round import Drafter
 from edgespec.runtime.sampling import SamplingParams
-from edgespec.runtime.speculative import Drafter
+from edgespec.runtime.stack import Stack
 from edgespec.runtime.stats import GenerationStats, RoundStats, Step
-from edgespec.runtime.target import Target
 
 if TYPE_CHECKING:
     from edgespec.runtime.model import Model
@@ -98,21 +100,22 @@ class ChatReply:
 
 
 def fork_decoder(
-    target: Target, drafter: Drafter, policy: DraftLengthPolicy
-) -> tuple[Target, Drafter, DraftLengthPolicy]:
-    """The same graphs with caches of their own (buffers are allocated on first use)."""
-    fresh = Target(target.stages)
+    target: Stack, drafter: Drafter, policy: DraftLengthPolicy
+) -> tuple[Stack, Drafter, DraftLengthPolicy]:
+    """The same graph sessions with caches of their own (allocated on first use)."""
+    fresh = Stack(target.stages, target.logits)
 
     def fork(d: Drafter) -> Drafter:
         if isinstance(d, NoDrafter):
             return NoDrafter()
-        if isinstance(d, DraftModelDrafter):
-            return DraftModelDrafter(Target(d.model.stages))
-        if isinstance(d, EarlyExitDrafter):
+        if isinstance(d, ModelDrafter):
+            return ModelDrafter(Stack(d.model.stages, d.model.logits))
+        if isinstance(d, EarlyExitDrafter):  # drafts into the target's own cache
             return EarlyExitDrafter(fresh, d.heads, d.tails, d.exit_layer)
         if isinstance(d, LookupDrafter):
-            fallback = None if d.fallback is None else fork(d.fallback)
-            return LookupDrafter(d.max_ngram, d.min_ngram, fallback)
+            return LookupDrafter(d.max_ngram, d.min_ngram)
+        if isinstance(d, Chain):
+            return Chain([fork(member) for member in d.drafters])
         raise TypeError(f"cannot give a {type(d).__name__} a cache of its own")
 
     return fresh, fork(drafter), copy.deepcopy(policy)
@@ -139,12 +142,15 @@ class ChatSession:
         self.template = (
             ChatTemplate.from_bundle(model.folder, model.manifest) if model.manifest.chat else None
         )
-        self.local = model.remote is None
+        # local modes get caches of their own; split mode uses the model's (its server
+        # session starts afresh every turn, so nothing is kept across turns there)
+        self.local = isinstance(model.verifier, LocalVerifier)
         if self.local:
             assert model.target is not None
             self.target, self.drafter, self.policy = fork_decoder(
                 model.target, model.drafter, model.policy
             )
+            self.verifier = LocalVerifier(self.target)
         self.system = system
         self.messages: list[dict[str, Any]] = []
         self.seq: list[int] = []  # the tokens whose positions the caches hold (a prefix of)
@@ -328,22 +334,10 @@ class ChatSession:
     ) -> Iterator[Step]:
         if self.local:
             return decode(
-                self.target, self.drafter, self.policy, ids, params, max_new, stop_ids, cached
+                self.verifier, self.drafter, self.policy, ids, params, max_new, stop_ids, cached
             )
-        from edgespec.serve.split import split_decode  # split mode needs the [serve] extra
-
         m = self.model
-        return split_decode(
-            m.remote,
-            m.target,
-            m.drafter,
-            m.policy,
-            ids,
-            params,
-            max_new,
-            stop_ids,
-            m.manifest.target.max_position_embeddings,
-        )
+        return decode(m.verifier, m.drafter, m.policy, ids, params, max_new, stop_ids)
 
 
 class StopStrings:

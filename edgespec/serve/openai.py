@@ -28,7 +28,9 @@ from starlette.routing import Route
 
 from edgespec.runtime.chat import ChatError, ChatReply, Prompt
 from edgespec.runtime.chat_template import ChatTemplateError
-from edgespec.runtime.model import MODES, Model
+from edgespec.runtime.model import Model
+from edgespec.runtime.registry import MODES
+from edgespec.serve.auth import authorized
 from edgespec.serve.chat_engine import ChatEngine, Job
 from edgespec.serve.openai_requests import (
     RequestError,
@@ -82,8 +84,6 @@ def error(message: str, status: int = 400, param: str | None = None, code: str |
 
 async def _admit(request: Request) -> tuple[Any, dict[str, Any] | Response]:
     """(server state, the parsed body) or (state, an error response)."""
-    from edgespec.serve.server import authorized
-
     state = request.app.state.edgespec
     if not authorized(state.config, request.headers):
         return state, error("missing or wrong bearer token (Authorization: Bearer ...)", 401)
@@ -168,8 +168,6 @@ async def completions(request: Request) -> Response:
 
 
 async def models(request: Request) -> Response:
-    from edgespec.serve.server import authorized
-
     state = request.app.state.edgespec
     if not authorized(state.config, request.headers):
         return error("missing or wrong bearer token (Authorization: Bearer ...)", 401)
@@ -178,7 +176,7 @@ async def models(request: Request) -> Response:
 
 
 def _name(state: Any) -> str:
-    return str(state.model.manifest.source.get("model") or "edgespec")
+    return str(state.manifest.source.get("model") or "edgespec")
 
 
 # -- answering ------------------------------------------------------------------------------

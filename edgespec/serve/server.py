@@ -18,7 +18,6 @@ verify rounds that arrive together share forwards (`batching`; `max_batch = 1`: 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import itertools
 import logging
 import time
@@ -31,9 +30,14 @@ from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from edgespec import protocol as P
 from edgespec.backbone import HELLO_PREFIX, BackboneMismatch, check_hello
-from edgespec.runtime.model import Model
-from edgespec.serve import protocol as P
+from edgespec.bundle import Manifest
+from edgespec.runtime.graph import GraphSession
+from edgespec.runtime.opener import GraphOptions, open_bundle
+from edgespec.runtime.stack import Stack
+from edgespec.runtime.tokenizer import Tokenizer
+from edgespec.serve.auth import authorized
 from edgespec.serve.batching import KVPool
 from edgespec.serve.chat_engine import ChatEngine
 from edgespec.serve.openai import ROUTES, load_engine
@@ -63,7 +67,9 @@ class ServerConfig:
 @dataclass
 class State:
     config: ServerConfig
-    model: Model
+    manifest: Manifest
+    stages: list[GraphSession]  # the target's graphs, run over the pool's rows
+    tokenizer: Tokenizer
     worker: Worker
     max_context: int
     limits: P.Limits
@@ -77,14 +83,15 @@ class State:
 
 
 def load_state(config: ServerConfig) -> State:
-    model = Model.load(config.bundle, mode="ar", threads=config.threads, device=config.device)
-    context = model.target.max_positions
+    graphs = open_bundle(config.bundle, GraphOptions(config.device, config.threads))
+    target = Stack([graphs.open("full")])
+    context = target.max_positions
     if config.max_context is not None:
         context = min(context, config.max_context)
-    limits = P.Limits(model.manifest.target.vocab_size, config.max_request_bytes, context)
-    stages, m = model.target.stages, model.target.model
+    limits = P.Limits(graphs.manifest.target.vocab_size, config.max_request_bytes, context)
+    stages, m = target.stages, target.model
     pool = KVPool.allocate(
-        list(range(m.num_layers)),
+        target.layers,
         m.num_kv_heads,
         m.head_dim,
         context,
@@ -97,17 +104,13 @@ def load_state(config: ServerConfig) -> State:
         config.max_batch,
         config.batch_window_ms / 1000,
     )
+    tokenizer = graphs.tokenizer()
     chat = load_engine(
         config.bundle, config.mode, config.threads, config.device, config.conversations, context
     )
-    return State(config, model, worker, context, limits, pool, stats, chat=chat)
-
-
-def authorized(config: ServerConfig, headers: Any) -> bool:
-    if not config.token:
-        return True
-    given = headers.get("authorization", "")
-    return hmac.compare_digest(given.encode(), f"Bearer {config.token}".encode())
+    return State(
+        config, graphs.manifest, stages, tokenizer, worker, context, limits, pool, stats, chat=chat
+    )
 
 
 # -- WebSocket sessions ---------------------------------------------------------------------
@@ -169,10 +172,10 @@ async def _session_rounds(ws: WebSocket, state: State, sid: int, held: list[Serv
             if state.closing:
                 raise P.ProtocolError("the server is shutting down: reconnect later", P.UNAVAILABLE)
             if isinstance(msg, P.Start):
-                fingerprint = state.model.manifest.backbone_fingerprint
+                fingerprint = state.manifest.backbone_fingerprint
                 if msg.fingerprint.startswith(HELLO_PREFIX):
                     try:  # a shared-backbone edge bundle: same tokenizer and lower layers?
-                        check_hello(state.model.manifest.backbone, msg.fingerprint)
+                        check_hello(state.manifest.backbone, msg.fingerprint)
                     except BackboneMismatch as e:
                         raise P.ProtocolError(str(e), P.INCOMPATIBLE) from None
                 elif msg.fingerprint and msg.fingerprint != fingerprint:
@@ -185,7 +188,7 @@ async def _session_rounds(ws: WebSocket, state: State, sid: int, held: list[Serv
                 session = None  # free the old slot before taking a new one
                 state.worker.submit(release_all, state.pool, held)
                 session, reply = await state.worker.run(
-                    start, state.pool, state.model.target.stages, msg, state.max_context, held
+                    start, state.pool, state.stages, msg, state.max_context, held
                 )
             elif isinstance(msg, P.Verify):
                 if session is None:
@@ -229,7 +232,7 @@ async def _refuse(ws: WebSocket, error: P.Error, close_code: int) -> None:
 # -- HTTP -----------------------------------------------------------------------------------
 async def health(request: Request) -> JSONResponse:
     state: State = request.app.state.edgespec
-    m = state.model.manifest
+    m = state.manifest
     return JSONResponse(
         {
             "status": "closing" if state.closing else "ok",

@@ -10,51 +10,14 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable
 from time import perf_counter
 from typing import Any
 
 import click
 
-from edgespec.runtime.model import MODES
+from edgespec.cli.common import _friendly, decoding_options, load_config
 
 HELP = "/reset  new conversation   /stats  last reply's speed   /help   /exit (or Ctrl-D)"
-
-
-def decoding_options(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """The flags that choose how a bundle decodes (the same spelling as `generate`)."""
-    options = [
-        click.option("--mode", type=click.Choice(MODES), default="ar", show_default=True,
-                     help="ar, spec (draft model), self-spec (early exit), lookup, split."),
-        click.option("--draft-policy", default=None,
-                     help="fixed:N | confidence:T | acceptance | auto | dynamic-exit."),
-        click.option("--exit-layer", default=None, type=int, help="Exit layer for self-spec."),
-        click.option("--lookup", is_flag=True, help="Try prompt lookup before the drafter."),
-        click.option("--device", default="cpu", show_default=True, help="A device profile."),
-        click.option("--threads", default=None, type=int, help="Intra-op threads."),
-        click.option("--server", default=None, help="split: the verifier, ws://HOST:PORT."),
-        click.option("--drafter", default=None, help="split: draft | exit:K | lookup."),
-        click.option("--token-file", default=None, type=click.Path(), help="split: token file."),
-        click.option("--static", is_flag=True, help="Run the fixed-shape (NPU) graphs."),
-    ]  # fmt: skip
-    for option in reversed(options):
-        fn = option(fn)
-    return fn
-
-
-def load_options(options: dict[str, Any]) -> dict[str, Any]:
-    """Model.load keyword arguments from the decoding flags (split-only ones checked)."""
-    token_file = options.pop("token_file")
-    if options["mode"] == "split":
-        from edgespec.cli import _read_token
-
-        options["token"] = _read_token(token_file)
-    elif token_file or options["server"] or options["drafter"]:
-        raise click.UsageError("--server/--drafter/--token-file need --mode split")
-    else:
-        options.pop("server")
-        options.pop("drafter")
-    return options
 
 
 def _flags(pairs: tuple[str, ...]) -> dict[str, Any]:
@@ -99,22 +62,19 @@ def _flags(pairs: tuple[str, ...]) -> dict[str, Any]:
     help="What to do when the conversation outgrows the context.",
 )
 @decoding_options
+@_friendly
 def chat(bundle: str, system: str | None, **options: Any) -> None:
     """Chat with BUNDLE in the terminal (needs a bundle exported with a chat template)."""
-    from edgespec.cli import _friendly
-
-    _friendly(_chat)(bundle, system, options)
-
-
-def _chat(bundle: str, system: str | None, options: dict[str, Any]) -> None:
-    import edgespec
     from edgespec.runtime.chat import ChatOptions
+    from edgespec.runtime.chat_template import ChatTemplate
+    from edgespec.runtime.model import Model
 
     reply_keys = ("max_new_tokens", "temperature", "top_p", "top_k", "seed", "stop", "truncation")
     reply = {k: options.pop(k) for k in reply_keys}
     reply["flags"] = _flags(options.pop("flags"))
     chat_options = ChatOptions(**reply)
-    model = edgespec.load(bundle, **load_options(options))
+    model = Model.load(bundle, load_config(options))
+    ChatTemplate.from_bundle(model.folder, model.manifest)  # no template: say so now
     session = model.chat_session(system=system)
     interactive = sys.stdin.isatty()
     if interactive:

@@ -1,0 +1,142 @@
+"""`edgespec generate`, `edgespec demo` and `edgespec bench`: decoding from a bundle."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from edgespec.cli.common import (
+    ExportProgress,
+    _friendly,
+    decoding_options,
+    format_stats,
+    load_config,
+)
+
+DEMO_MODEL = "builtin:tiny-llama"
+
+
+@click.command()
+@click.argument("bundle", type=click.Path())
+@click.option("--prompt", "-p", required=True, help="Prompt text.")
+@click.option("--max-new-tokens", "-n", default=128, show_default=True, type=int)
+@click.option("--temperature", "-t", default=0.0, show_default=True, type=float, help="0 = greedy.")
+@click.option("--top-p", default=1.0, show_default=True, type=float)
+@click.option("--top-k", default=0, show_default=True, type=int, help="0 = off.")
+@click.option("--seed", default=None, type=int, help="Seed for sampling.")
+@click.option("--stream/--no-stream", default=True, show_default=True, help="Print as produced.")
+@click.option("--stats", is_flag=True, help="Print speed and speculation stats to stderr.")
+@click.option("--ignore-eos", is_flag=True, help="Keep going past end-of-sequence tokens.")
+@decoding_options
+@_friendly
+def generate(bundle: str, prompt: str, max_new_tokens: int, **options: Any) -> None:
+    """Generate text from BUNDLE."""
+    from edgespec.runtime.model import Model
+
+    sampling = {k: options.pop(k) for k in ("temperature", "top_p", "top_k", "seed", "ignore_eos")}
+    stream, stats = options.pop("stream"), options.pop("stats")
+    model = Model.load(bundle, load_config(options))
+    _generate(model, prompt, max_new_tokens, sampling, stream, stats)
+
+
+def _generate(
+    model: Any,
+    prompt: str,
+    max_new_tokens: int,
+    sampling: dict[str, Any],
+    stream: bool,
+    stats: bool,
+) -> None:
+    from edgespec.runtime.stats import GenerationStats
+
+    totals = GenerationStats()
+    pieces: list[str] = []
+    finish = "length"
+    for chunk in model.stream(prompt, max_new_tokens=max_new_tokens, **sampling):
+        totals.add(chunk.stats)
+        finish = chunk.finish_reason or finish
+        if stream:
+            click.echo(chunk.text, nl=False)
+        else:
+            pieces.append(chunk.text)
+    click.echo("" if stream else "".join(pieces))
+    if stats:
+        click.echo(format_stats(totals, finish, getattr(model, "mode", "") == "split"), err=True)
+
+
+@click.command()
+@click.option("--prompt", "-p", default="def fibonacci(n):", show_default=True)
+@click.option("--max-new-tokens", "-n", default=48, show_default=True, type=int)
+@click.option("--threads", default=None, type=int)
+@_friendly
+def demo(prompt: str, max_new_tokens: int, threads: int | None) -> None:
+    """Export the built-in tiny model (random weights, no download) and generate from it."""
+    from edgespec.export import export_bundle
+    from edgespec.export.builtin import cache_dir
+
+    bundle = cache_dir() / "bundles" / DEMO_MODEL.split(":")[1]
+    if not (bundle / "manifest.json").exists():
+        progress = ExportProgress()
+        try:
+            export_bundle(DEMO_MODEL, bundle, exit_layers=[2], overwrite=True, on_progress=progress)
+        finally:
+            progress.close()
+    click.echo(f"bundle: {bundle}  (random weights: the text is gibberish)", err=True)
+    import edgespec
+
+    _generate(edgespec.load(bundle, threads=threads), prompt, max_new_tokens, {}, True, True)
+
+
+@click.command()
+@click.argument("bundle", type=click.Path())
+@click.option("--calibrate", is_flag=True, help="Measure round costs; store calibration.json.")
+@click.option("--prompt", "-p", default="def fibonacci(n):\n", show_default=True)
+@click.option("--max-new-tokens", "-n", default=64, show_default=True, type=int)
+@click.option("--device", default="cpu", show_default=True, help="A device profile or auto.")
+@click.option("--threads", default=None, type=int)
+@_friendly
+def bench(
+    bundle: str,
+    calibrate: bool,
+    prompt: str,
+    max_new_tokens: int,
+    device: str,
+    threads: int | None,
+) -> None:
+    """Time each decoding mode BUNDLE supports on one prompt, or --calibrate this device."""
+    import edgespec
+    from edgespec.runtime.calibrate import calibrate as run_calibration
+    from edgespec.runtime.calibrate import device_key, mode_keys
+
+    if calibrate:
+        entry = run_calibration(
+            bundle,
+            device=device,
+            threads=threads,
+            progress=lambda k: click.echo(f"calibrating {k} ...", err=True),
+        )
+        click.echo(f"saved {Path(bundle) / 'calibration.json'} [{device_key(device, threads)}]")
+        click.echo(f"{'mode':<14} {'draft/token':>12}  round seconds for γ = 0, 1, 2, ...")
+        for key, e in entry.items():
+            rounds = " ".join(f"{t * 1000:.1f}" for t in e["round_seconds"].values())
+            click.echo(f"{key:<14} {e['draft_token_seconds'] * 1000:>10.2f}ms  {rounds} (ms)")
+        return
+    ar = edgespec.load(bundle, device=device, threads=threads)
+    rows = [("ar", ar)] + [
+        (key, edgespec.load(bundle, device=device, threads=threads, **options))
+        for key, options in mode_keys(ar.manifest)
+    ]
+    click.echo(f"{'mode':<14} {'tok/s':>8} {'vs ar':>7} {'accepted':>9}  output equals ar")
+    reference, base = None, None
+    for key, model in rows:
+        model.generate(prompt, max_new_tokens=4, ignore_eos=True)  # warm-up
+        out = model.generate(prompt, max_new_tokens=max_new_tokens, ignore_eos=True)
+        s = out.stats
+        rate = len(out.tokens) / (s.prefill_seconds + s.decode_seconds)
+        reference, base = reference or out.tokens, base or rate
+        click.echo(
+            f"{key:<14} {rate:>8.1f} {rate / base:>6.2f}x {s.acceptance_rate:>8.0%}  "
+            f"{out.tokens == reference}"
+        )
