@@ -121,14 +121,22 @@ def local_ttft(bundle: Path, users: list[str], reply_tokens: int, threads: int) 
 
 
 def serve_modes(
-    bundle: Path, users: list[str], reply_tokens: int, threads: int, modes: list[str]
+    bundle: Path,
+    users: list[str],
+    reply_tokens: int,
+    threads: int,
+    modes: list[str],
+    policy: str | None = None,
 ) -> list[dict]:
     import openai
 
     rows = []
     for mode in modes:
         port = free_port()
-        server = start_server(bundle, port, threads, 8, "--mode", mode)
+        extra = ["--mode", mode]
+        if policy and mode != "ar":
+            extra += ["--draft-policy", policy]
+        server = start_server(bundle, port, threads, 8, *extra)
         try:
             client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", timeout=600)
             messages: list[dict[str, str]] = [
@@ -184,8 +192,9 @@ def serve_modes(
 
 def print_tables(title: str, local: list[dict], served: list[dict]) -> None:
     print(f"\n### {title}\n")
-    print("| turn | prompt tokens | cached | TTFT, full prefill | TTFT, cache kept | ratio |")
-    print("|---:|---:|---:|---:|---:|---:|")
+    if local:
+        print("| turn | prompt tokens | cached | TTFT, full prefill | TTFT, cache kept | ratio |")
+        print("|---:|---:|---:|---:|---:|---:|")
     for r in local:
         ratio = r["ttft_cold_s"] / r["ttft_kept_s"] if r["ttft_kept_s"] else 0
         print(
@@ -218,6 +227,8 @@ def main() -> None:
     p.add_argument("--reply-tokens", type=int, default=32)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--server-modes", default="ar", help="comma list; empty: no server runs")
+    p.add_argument("--server-policy", default=None, help="serve --draft-policy (default auto)")
+    p.add_argument("--skip-local", action="store_true", help="only the server measurements")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args()
     users = user_messages(args.turns, args.user_words)
@@ -242,8 +253,12 @@ def main() -> None:
         bundle = chat_bundle(args.checkpoint, CACHE / f"chat-{args.checkpoint.name}", None, [])
         targets.append((str(args.checkpoint), bundle))
     for title, bundle in targets:
-        local = local_ttft(bundle, users, args.reply_tokens, args.threads)
-        served = serve_modes(bundle, users, args.reply_tokens, args.threads, modes)
+        local = (
+            [] if args.skip_local else local_ttft(bundle, users, args.reply_tokens, args.threads)
+        )
+        served = serve_modes(
+            bundle, users, args.reply_tokens, args.threads, modes, args.server_policy
+        )
         out[title] = {"local": local, "served": served}
         print_tables(title, local, served)
     out["load_after"] = os.getloadavg()

@@ -41,6 +41,12 @@ from edgespec.cli.common import _friendly, _read_token
     "it wins).",
 )
 @click.option(
+    "--draft-policy",
+    default=None,
+    help="OpenAI endpoints: the mode's draft-length policy (fixed:N | confidence:T | "
+    "acceptance | auto | dynamic-exit; default auto).",
+)
+@click.option(
     "--conversations",
     default=4,
     show_default=True,

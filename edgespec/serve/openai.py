@@ -55,20 +55,23 @@ def fastest_mode(bundle: str) -> str:
     return "lookup"
 
 
-def load_engine(
-    bundle: str,
-    mode: str | None,
-    threads: int | None,
-    device: str,
-    conversations: int,
-    max_context: int | None = None,
-) -> ChatEngine:
-    mode = mode or fastest_mode(bundle)
+def load_engine(config: Any, max_context: int | None = None) -> ChatEngine:
+    """The OpenAI endpoints' decoder for a `ServerConfig` (mode, draft_policy, conversations,
+    threads, device)."""
+    mode = config.mode or fastest_mode(config.bundle)
     if mode not in LOCAL_MODES:
         raise ValueError(f"--mode {mode!r}: the OpenAI endpoints decode with one of {LOCAL_MODES}")
-    policy = None if mode == "ar" else "auto"
-    model = Model.load(bundle, mode=mode, draft_policy=policy, threads=threads, device=device)
-    return ChatEngine(model, conversations, max_context)
+    if mode == "ar" and config.draft_policy:
+        raise ValueError("--draft-policy: mode ar drafts nothing")
+    policy = None if mode == "ar" else (config.draft_policy or "auto")
+    model = Model.load(
+        config.bundle,
+        mode=mode,
+        draft_policy=policy,
+        threads=config.threads,
+        device=config.device,
+    )
+    return ChatEngine(model, config.conversations, max_context)
 
 
 def error(message: str, status: int = 400, param: str | None = None, code: str | None = None):

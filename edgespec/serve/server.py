@@ -61,6 +61,7 @@ class ServerConfig:
     max_batch: int = 16  # rounds per batch (1: every round alone, unbatched)
     batch_window_ms: float = 0.0  # wait this long for more rounds when a batch is not full
     mode: str | None = None  # OpenAI endpoints' decoding mode (default: fastest in the bundle)
+    draft_policy: str | None = None  # OpenAI endpoints: the mode's policy (default: auto)
     conversations: int = 4  # OpenAI endpoints: conversations decoded at once, each its own cache
 
 
@@ -105,9 +106,7 @@ def load_state(config: ServerConfig) -> State:
         config.batch_window_ms / 1000,
     )
     tokenizer = graphs.tokenizer()
-    chat = load_engine(
-        config.bundle, config.mode, config.threads, config.device, config.conversations, context
-    )
+    chat = load_engine(config, context)
     return State(
         config, graphs.manifest, stages, tokenizer, worker, context, limits, pool, stats, chat=chat
     )
