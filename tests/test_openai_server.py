@@ -268,7 +268,7 @@ def test_bad_requests_get_an_openai_shaped_400_and_the_server_stays_healthy(
     assert ok.usage.completion_tokens >= 1
 
 
-def test_nan_and_bad_json_and_wrong_token_are_refused(server):
+def test_nan_bad_json_oversized_bodies_and_wrong_token_are_refused(server):
     def post(data: bytes, token: str = TOKEN) -> tuple[int, dict]:
         req = urllib.request.Request(
             f"{server.http}/v1/chat/completions",
@@ -286,6 +286,8 @@ def test_nan_and_bad_json_and_wrong_token_are_refused(server):
     assert status == 400 and "NaN" in body["error"]["message"]
     status, body = post(b"{not json")
     assert status == 400 and "not valid JSON" in body["error"]["message"]
+    status, body = post(b'{"messages": "' + b"x" * (1 << 20) + b'"}')
+    assert status == 413 and "over the limit" in body["error"]["message"]
     status, body = post((good % "0").encode(), token="wrong")
     assert status == 401 and body["error"]["type"] == "authentication_error"
     with pytest.raises(openai.AuthenticationError):
