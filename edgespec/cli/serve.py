@@ -48,6 +48,27 @@ from edgespec.cli.common import _friendly, _read_token
     help="Size prefill steps to take about this long (0: always --prefill-chunk positions).",
 )
 @click.option("--device", default="cpu", show_default=True, help="A device profile or auto.")
+@click.option(
+    "--mode",
+    type=click.Choice(["ar", "spec", "self-spec", "lookup"]),
+    default=None,
+    help="How the OpenAI endpoints decode (default: the fastest the bundle supports: spec if "
+    "it has a draft model, else self-spec, else lookup; the auto policy speculates only while "
+    "it wins).",
+)
+@click.option(
+    "--draft-policy",
+    default=None,
+    help="OpenAI endpoints: the mode's draft-length policy (fixed:N | confidence:T | "
+    "acceptance | auto | dynamic-exit; default auto).",
+)
+@click.option(
+    "--conversations",
+    default=4,
+    show_default=True,
+    type=click.IntRange(1),
+    help="OpenAI endpoints: conversations decoded at once, each keeping its own KV cache.",
+)
 @click.option("--log-level", default="info", show_default=True)
 @click.option(
     "--replicas",
@@ -86,7 +107,7 @@ def serve(
     cpus_per_replica: float,
     **limits,
 ):
-    """Serve BUNDLE's target as the verifier of split decoding (and /v1/completions).
+    """Serve BUNDLE: the verifier of split decoding and the OpenAI API (/v1/chat/completions).
 
     With --replicas or --autoscale: a fleet of replicas on Ray Serve at the same address
     (docs/fleet.md)."""
