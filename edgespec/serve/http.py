@@ -76,7 +76,8 @@ async def health(request: Request) -> JSONResponse:
             "status": status,
             "model": m.source.get("model"),
             "backbone_fingerprint": m.backbone_fingerprint,
-            "sessions": state.pool.held,  # KV slots really held (WebSocket and completions)
+            # KV caches really in use: split sessions' pool slots and OpenAI requests running
+            "sessions": state.pool.held + (state.chat.load if state.chat else 0),
             "connections": len(state.connections),
             "max_sessions": state.config.max_sessions,
             "max_context": state.max_context,

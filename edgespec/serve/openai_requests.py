@@ -10,11 +10,11 @@ their neutral value (n > 1, penalties, logprobs), never silently ignored.
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from typing import Any
 
 from edgespec.runtime.chat import ChatOptions
+from edgespec.serve import requests as R
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_STOP = 4
@@ -45,41 +45,37 @@ class CompletionRequest:
 
 
 def parse_json(body: bytes) -> dict[str, Any]:
-    def constant(name: str) -> Any:
-        raise RequestError(f"the body holds {name}, which is not a JSON number")
-
+    # NaN / Infinity parse as floats: the field they stand in is refused by name below
     try:
-        req = json.loads(body or b"", parse_constant=constant)
-    except RequestError:
-        raise
+        req = json.loads(body or b"")
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise RequestError(f"the body is not valid JSON ({e})") from None
+    except RecursionError:
+        raise RequestError("the body is nested too deeply") from None
     if not isinstance(req, dict):
         raise RequestError("the body must be a JSON object")
     return req
 
 
+def _field(check: Any, *args: Any) -> Any:
+    """`serve.requests`' checks (shared with START and every endpoint), as RequestErrors."""
+    try:
+        return check(*args)
+    except R.FieldError as e:
+        raise RequestError(str(e), e.field) from None
+
+
 def _number(req: dict, name: str, low: float, high: float, low_open: bool = False) -> float | None:
-    v = req.get(name)
-    if v is None:
+    if req.get(name) is None:
         return None
-    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
-        raise RequestError(f"{name} must be a finite number", name)
-    if v < low or v > high or (low_open and v == low):
-        bracket = "(" if low_open else "["
-        raise RequestError(f"{name} must be in {bracket}{low:g}, {high:g}], got {v}", name)
-    return float(v)
+    v = _field(R.number, req, name, None, low, high)
+    if low_open and v == low:
+        raise RequestError(f"{name}: {v:g} is outside ({low:g}, {high:g}]", name)
+    return v
 
 
 def _integer(req: dict, name: str, low: int, high: int) -> int | None:
-    v = req.get(name)
-    if v is None:
-        return None
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise RequestError(f"{name} must be an integer", name)
-    if not low <= v <= high:
-        raise RequestError(f"{name} must be between {low} and {high}, got {v}", name)
-    return v
+    return _field(R.integer, req, name, None, low, high)
 
 
 def _bool(req: dict, name: str) -> bool:
@@ -125,7 +121,7 @@ def _options(req: dict, context: int, flags: dict[str, Any] | None = None) -> Ch
     top_k = _integer(req, "top_k", -1, 1 << 20)
     return ChatOptions(
         max_new_tokens=max_tokens if max_tokens is not None else min(256, context),
-        temperature=_number(req, "temperature", 0, 2),
+        temperature=_temperature(req),
         top_p=_number(req, "top_p", 0, 1, low_open=True),
         top_k=None if top_k is None else max(top_k, 0),  # vLLM's -1 means off, as 0 does here
         seed=_integer(req, "seed", 0, (1 << 63) - 1),
@@ -133,6 +129,11 @@ def _options(req: dict, context: int, flags: dict[str, Any] | None = None) -> Ch
         ignore_eos=_bool(req, "ignore_eos"),
         flags=flags or {},
     )
+
+
+def _temperature(req: dict) -> float | None:
+    t = _number(req, "temperature", 0, 2)
+    return None if t is None else _field(R.temperature, t)
 
 
 def _stream(req: dict) -> tuple[bool, bool]:
