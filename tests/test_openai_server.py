@@ -234,7 +234,11 @@ def test_stop_strings_seed_and_models(server, client):
             "already ends with an assistant",
         ),  # fmt: skip
         ({"messages": [{"role": "user", "content": "word " * 300}]}, None, "context of"),
-        ({"messages": [{"role": "user", "content": "x"}], "temperature": -1}, "temperature", "outside"),
+        (
+            {"messages": [{"role": "user", "content": "x"}], "temperature": -1},
+            "temperature",
+            "outside",
+        ),
         (
             {"messages": [{"role": "user", "content": "x"}], "max_tokens": 0},
             "max_tokens",
@@ -245,7 +249,11 @@ def test_stop_strings_seed_and_models(server, client):
             "max_tokens",
             "integer",
         ),
-        ({"messages": [{"role": "user", "content": "x"}], "top_p": "high"}, "top_p", "not a number"),
+        (
+            {"messages": [{"role": "user", "content": "x"}], "top_p": "high"},
+            "top_p",
+            "not a number",
+        ),
         ({"messages": [{"role": "user", "content": "x"}], "n": 3}, "n", "must be 1"),
         (
             {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
