@@ -1,9 +1,10 @@
 """Plain autoregressive (greedy) decoding speed: edgespec `ar` vs transformers vs onnxruntime-genai.
 
-What it measures, for random-weight models with the shapes of two real small LLMs
-(SmolLM2-135M: Llama, 30 layers, hidden 576; Qwen2.5-0.5B: Qwen2, 24 layers, hidden 896), all
-fp32 on the CPU, with the same prompt ids, the same thread count and the same number of new
-tokens in one run:
+What it measures, for random-weight models with the shapes of real small LLMs
+(SmolLM2-135M: Llama, 30 layers, hidden 576; Qwen2.5-0.5B: Qwen2, 24 layers, hidden 896;
+Qwen3-0.6B: q/k norms, 28 layers, hidden 1024; Gemma-3-1B: sliding/global layers, q/k norms,
+26 layers, hidden 1152, a 262k vocabulary), all fp32 on the CPU, with the same prompt ids,
+the same thread count and the same number of new tokens in one run:
 
 * prefill tokens/s: prompt tokens / time from the start of the prompt forward pass to the
   first new token (the prompt pass plus choosing token 1);
@@ -113,8 +114,48 @@ SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
             rope_theta=1000000.0,
         ),
     ),
+    "qwen3-0.6b": (
+        "Qwen3Config",
+        dict(
+            hidden_size=1024,
+            num_hidden_layers=28,
+            num_attention_heads=16,
+            num_key_value_heads=8,
+            head_dim=128,
+            intermediate_size=3072,
+            vocab_size=151936,
+            tie_word_embeddings=True,
+            max_position_embeddings=40960,
+            rope_theta=1000000.0,
+        ),
+    ),
+    "gemma3-1b": (
+        "Gemma3TextConfig",
+        dict(
+            hidden_size=1152,
+            num_hidden_layers=26,
+            num_attention_heads=4,
+            num_key_value_heads=1,
+            head_dim=256,
+            intermediate_size=6912,
+            vocab_size=262144,
+            tie_word_embeddings=True,
+            max_position_embeddings=32768,
+            sliding_window=512,
+            query_pre_attn_scalar=256,
+            rope_parameters={
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                "full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
+            },
+        ),
+    ),
 }
-SHAPE_TITLES = {"smollm2-135m": "SmolLM2-135M shape", "qwen2.5-0.5b": "Qwen2.5-0.5B shape"}
+SHAPE_TITLES = {
+    "smollm2-135m": "SmolLM2-135M shape",
+    "qwen2.5-0.5b": "Qwen2.5-0.5B shape",
+    "qwen3-0.6b": "Qwen3-0.6B shape",
+    "gemma3-1b": "Gemma-3-1B shape (sliding window 512, 5 local : 1 global)",
+}
 
 
 # --------------------------------------------------------------------------- measurements

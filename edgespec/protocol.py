@@ -14,20 +14,23 @@ Every message is a 12-byte header then a type-specific body, all little-endian:
              drafts d_1..d_γ after the `base` committed tokens (γ = 0: the server just
              generates one token). Sampling with a model drafter sends (q kind 1) the
              distribution each draft was drawn from, as its support: u8 3 | u32 n |
-             int32[n] ids | u16[n] counts, q(id) = count / 65535 exactly (`runtime.draft_q`:
+             int32[n] ids | u16[n] counts, q(id) = count / 65535 exactly (`sparse_q`:
              the drafter samples from exactly this, so acceptance stays lossless; the residual
              norm(max(0, p - q)) needs the whole support, not just q(d_i)). Each draft must be
              in its support. Protocol 1's float32 rows (kinds 1, 2) are refused.
-    RESULT   s->c  accepted u16 | token i32 | length u32 | server_seconds f32 |
-                   max_request u32
-             max_request: the largest message (bytes) the server accepts; the device caps
-             its rounds to fit it (`fit`), so no round is ever refused for its size
+    RESULT   s->c  accepted u16 | token i32 | length u32 | server_seconds f32
+                   [| max_context u32 | max_request_bytes u32]  the server's limits, only
+             in the answer to a START and only to a device that offered the WebSocket
+             subprotocol `edgespec.limits` (a device that does not offer it never sees the
+             extra 8 bytes; a server that does not accept it sends none, and the device then
+             knows no limits). The device sizes every round to them (`max_drafts`, `fit`)
     ERROR    s->c  code u16 | text: u16 length + utf-8
     END      c->s  (no body) the generation is over; the server frees its cache
 
 `decode()` is strict: a wrong magic/version, an unknown type, a truncated or overlong body,
-counts that exceed the limits and non-finite or negative probabilities all raise
-`ProtocolError` naming the problem. numpy + stdlib only, shared by client and server.
+counts that exceed the limits and q rows that are not distributions (or miss their draft)
+all raise `ProtocolError` naming the problem. numpy + stdlib only (and `sparse_q`, the q rows'
+type), shared by client and server.
 """
 
 from __future__ import annotations
@@ -37,14 +40,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from edgespec.runtime.draft_q import SCALE, SparseQ
+from edgespec.sparse_q import SCALE, SparseQ
 
 MAGIC = b"ES"
-VERSION = 2  # 2: quantized sparse q rows, RESULT carries max_request
+VERSION = 2  # 2: q rows are quantized sparse supports (kind 3)
 HEADER = struct.Struct("<2sBBII")
 START_HEAD = struct.Struct("<BIffQI")
 VERIFY_HEAD = struct.Struct("<IB")
-RESULT_BODY = struct.Struct("<HiIfI")
+RESULT_BODY = struct.Struct("<HiIf")
+LIMITS_BODY = struct.Struct("<II")
+SUBPROTOCOL = "edgespec.limits"  # a device that reads the limits in START's RESULT
 ROW_HEAD = struct.Struct("<BI")
 MAX_DRAFTS = 64  # more drafts per round than any policy asks for is a malformed request
 MAX_TEXT = 4096
@@ -102,6 +107,14 @@ class Verify:
 
 
 @dataclass
+class ServerLimits:
+    """What one session of this server may use: positions, and bytes per message."""
+
+    max_context: int
+    max_request_bytes: int
+
+
+@dataclass
 class Result:
     accepted: int
     token: int
@@ -109,7 +122,7 @@ class Result:
     server_seconds: float
     session: int = 0
     round: int = 0
-    max_request: int = 0  # bytes; 0: not stated
+    limits: ServerLimits | None = None  # in the answer to START, when negotiated
 
 
 @dataclass
@@ -168,9 +181,9 @@ def encode(msg: Message) -> bytes:
             body += q.ids.astype("<i4").tobytes() + q.counts.astype("<u2").tobytes()
         return _header(VERIFY, msg.session, msg.round) + body
     if isinstance(msg, Result):
-        body = RESULT_BODY.pack(
-            msg.accepted, msg.token, msg.length, msg.server_seconds, msg.max_request
-        )
+        body = RESULT_BODY.pack(msg.accepted, msg.token, msg.length, msg.server_seconds)
+        if msg.limits is not None:
+            body += LIMITS_BODY.pack(msg.limits.max_context, msg.limits.max_request_bytes)
         return _header(RESULT, msg.session, msg.round) + body
     if isinstance(msg, Error):
         return (
@@ -286,8 +299,10 @@ def decode(data: bytes | str, limits: Limits | None = None) -> Message:
         q = [_q_row(r, d, limits.vocab_size) for d in drafts] if q_kind == Q_ROWS else None
         msg = Verify(base, drafts, q)
     elif kind == RESULT:
-        accepted, token, length, seconds, max_request = r.unpack(RESULT_BODY, "RESULT fields")
-        msg = Result(accepted, token, length, seconds, max_request=max_request)
+        accepted, token, length, seconds = r.unpack(RESULT_BODY, "RESULT fields")
+        msg = Result(accepted, token, length, seconds)
+        if len(data) - r.offset == LIMITS_BODY.size:
+            msg.limits = ServerLimits(*r.unpack(LIMITS_BODY, "RESULT limits"))
     elif kind == ERROR:
         (code,) = r.unpack(struct.Struct("<H"), "ERROR code")
         msg = Error(code, r.text("ERROR text"))
@@ -339,10 +354,11 @@ def max_drafts(max_request: int, row_ids: int | None) -> int:
     return max(0, min(MAX_DRAFTS, room // per_draft))
 
 
-def fit(msg: Verify, max_request: int) -> Verify:
-    """`msg` with trailing drafts (and their q rows) dropped until it fits `max_request`
-    bytes (a prefix of a proposal is a valid proposal); unchanged if it fits."""
-    n = len(msg.drafts)
+def fit(msg: Verify, max_request: int, most: int = MAX_DRAFTS) -> Verify:
+    """`msg` with trailing drafts (and their q rows) dropped until it carries at most `most`
+    (the positions the server's session has left) and fits `max_request` bytes (a prefix of
+    a proposal is a valid proposal; γ = 0 always fits); unchanged if it fits."""
+    n = max(0, min(len(msg.drafts), most, MAX_DRAFTS))
     sizes = [len(q.ids) for q in msg.q] if msg.q is not None else None
     while n and verify_size(n, sizes[:n] if sizes is not None else None) > max_request:
         n -= 1

@@ -106,7 +106,11 @@ def test_export_refuses_unsupported_architecture_naming_supported_ones(tmp_path)
         num_attention_heads=2,
         intermediate_size=64,
     ).save_pretrained(tmp_path / "bert")
-    with pytest.raises(ExportError, match="'bert' is not supported; supported: gpt2, llama, qwen2"):
+    supported = (
+        "gemma, gemma2, gemma3_text, gpt2, granite, llama, mistral, olmo2, phi3, qwen2, qwen3, "
+        "smollm3"
+    )
+    with pytest.raises(ExportError, match=f"'bert' is not supported; supported: {supported}"):
         export_bundle(tmp_path / "bert", tmp_path / "out")
 
 

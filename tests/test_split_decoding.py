@@ -72,7 +72,7 @@ def test_round_stats_carry_the_channel(bundle, server):
         assert r.seconds >= r.server_seconds
         # header + drafts as int32 + framing
         assert r.bytes_up == 6 + 12 + 9 + 4 * r.drafted
-        assert r.bytes_down == 2 + 12 + 18  # framing + header + RESULT
+        assert r.bytes_down == 2 + 12 + 14  # framing + header + RESULT (limits: START only)
 
 
 def test_generations_reuse_one_connection_and_stay_lossless(bundle, server, ar_tokens):

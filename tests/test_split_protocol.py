@@ -20,7 +20,8 @@ def test_every_message_round_trips():
         P.Start([5], 8),
         P.Verify(12, [4, 5], q, round=9),
         P.Verify(12, []),
-        P.Result(2, 17, 15, 0.25, 3, 9, max_request=1 << 20),
+        P.Result(2, 17, 15, 0.25, 3, 9),
+        P.Result(0, 17, 4, 0.5, 3, 1, limits=P.ServerLimits(128, 1 << 20)),
         P.Error(P.TOO_LARGE, "too big é", 3, 9),
         P.End(3, 10),
     ]
@@ -66,6 +67,9 @@ def test_rounds_are_fitted_to_the_server_limit():
     assert fitted.drafts == [1, 2, 3] and len(fitted.q) == 3
     assert len(P.encode(fitted)) <= 20_000 < len(P.encode(P.fit(msg, 30_000)))
     assert P.fit(msg, 1 << 20) is msg
+    # and at most `most` drafts: the positions the server's session has left
+    assert P.fit(msg, 1 << 20, most=2).drafts == [1, 2]
+    assert P.fit(msg, 1 << 20, most=0) == P.Verify(3, [], None)
 
 
 def header(kind: int, version: int = P.VERSION, magic: bytes = P.MAGIC) -> bytes:

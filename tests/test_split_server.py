@@ -46,9 +46,12 @@ def server(bundle, tmp_path_factory):
     s.stop()
 
 
-def ws(server, token=TOKEN):
+def ws(server, token=TOKEN, subprotocols=None):
     headers = {"Authorization": f"Bearer {token}"} if token else {}
-    return connect(f"{server.url}/v1/session", additional_headers=headers, proxy=None, legacy=True)
+    url = f"{server.url}/v1/session"
+    return connect(
+        url, additional_headers=headers, proxy=None, legacy=True, subprotocols=subprotocols
+    )
 
 
 def ask(conn, msg) -> P.Message:
@@ -179,6 +182,14 @@ def test_completions_endpoint_is_plain_greedy_decoding(bundle, server):
     assert status == 400 and "prompt" in body["error"]["message"]
 
 
+def test_completions_are_bounded_by_the_servers_max_context(server):
+    status, body = post(server, {"prompt": [5] * 130, "max_tokens": 3})
+    assert status == 400 and "context is 128" in body["error"]["message"]
+    status, body = post(server, {"prompt": [5] * 120, "max_tokens": 50, "ignore_eos": True})
+    assert status == 200 and body["usage"]["completion_tokens"] == 8
+    assert body["choices"][0]["finish_reason"] == "length"
+
+
 def test_health_reports_the_model(bundle, server):
     h = server.health()
     assert h["status"] == "ok" and h["max_sessions"] == 3 and h["max_context"] == 128
@@ -186,13 +197,14 @@ def test_health_reports_the_model(bundle, server):
 
 
 def test_sampling_rounds_accept_q_rows(bundle, server):
-    with ws(server) as conn:
+    with ws(server, subprotocols=[P.SUBPROTOCOL]) as conn:
         first = ask(conn, P.Start([1, 2, 3], 64, temperature=1.0, top_k=20, seed=3))
         assert isinstance(first, P.Result)
+        assert first.limits == P.ServerLimits(128, 2048)  # START's answer states the limits
         q = quantize(np.array([5, 6]), np.array([0.5, 0.5]))
         r = ask(conn, P.Verify(4, [5], [q]))
         assert isinstance(r, P.Result) and r.accepted in (0, 1)
-        assert r.max_request == 2048  # every answer states the server's request limit
+        assert r.limits is None  # only START's answer carries them
         bad_q = P.encode(P.Verify(r.length, [5], [q])).replace(
             struct.pack("<H", q.counts[0]), struct.pack("<H", q.counts[0] + 1), 1
         )

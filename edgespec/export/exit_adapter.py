@@ -107,7 +107,9 @@ def _fit_one(
             a = _rms(a, gamma_f, fn.eps)
         else:
             a = F.layer_norm(a, (size,), gamma_f, beta_f, fn.eps)
-        return F.linear(a, head, bias)
+        out = F.linear(a, head, bias)
+        cap = weights.final_softcap  # the family's own output transform, as head@k applies it
+        return out if cap is None else torch.tanh(out / cap) * cap
 
     def kl(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         lt = F.log_softmax(t, -1)

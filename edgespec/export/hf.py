@@ -20,12 +20,26 @@ from typing import Any
 import numpy as np
 
 from edgespec.bundle import ModelInfo
-from edgespec.export import gpt2, llama
+from edgespec.export import gemma, gpt2, granite, llama, olmo2, phi3
 from edgespec.export.decoder import DecoderWeights
 from edgespec.export.errors import ExportError
 
 # model_type (transformers config) -> the family module that extracts its weights.
-FAMILIES: dict[str, ModuleType] = {"llama": llama, "qwen2": llama, "gpt2": gpt2}
+# The family differences are data (docs/families.md); a module is a few lines.
+FAMILIES: dict[str, ModuleType] = {
+    "llama": llama,
+    "mistral": llama,
+    "qwen2": llama,
+    "qwen3": llama,
+    "smollm3": llama,
+    "gemma": gemma,
+    "gemma2": gemma,
+    "gemma3_text": gemma,
+    "phi3": phi3,
+    "granite": granite,
+    "olmo2": olmo2,
+    "gpt2": gpt2,
+}
 
 
 def load_checkpoint(model: str | Path, revision: str | None) -> tuple[Any, Any]:
@@ -46,8 +60,15 @@ def load_checkpoint(model: str | Path, revision: str | None) -> tuple[Any, Any]:
     elif source.startswith((".", "/", "~")) or source.count("/") > 1:
         raise ExportError(f"model folder {source} does not exist")
     try:
-        config = AutoConfig.from_pretrained(source, revision=revision)
+        # trust_remote_code=False: never run a checkpoint's code, and never prompt for it
+        config = AutoConfig.from_pretrained(source, revision=revision, trust_remote_code=False)
     except (OSError, ValueError) as e:
+        if "trust_remote_code" in str(e):
+            raise ExportError(
+                f"{source!r} needs trust_remote_code (its config maps to the checkpoint's own "
+                "Python code), which edgespec never runs; supported architectures: "
+                + ", ".join(sorted(FAMILIES))
+            ) from None
         raise ExportError(
             f"cannot load a config for {source!r}: {e}\n"
             "Pass a local checkpoint folder, or a hub id with network access (or a warm HF cache)."
@@ -102,7 +123,7 @@ def model_info(hf_model: Any) -> ModelInfo:
         num_kv_heads=getattr(cfg, "num_key_value_heads", None) or heads,
         head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
         vocab_size=cfg.vocab_size,
-        max_position_embeddings=cfg.max_position_embeddings,
+        max_position_embeddings=family.max_positions(cfg),
         tie_word_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)),
     )
 

@@ -13,8 +13,9 @@ sampled from; it never needs q to be the draft model's own softmax. So truncatin
 quantizing change only how often drafts are accepted, never what is emitted — provided the
 q that is sampled from is the q that is checked, which holding it as counts guarantees.
 
-On the wire a support costs 6 bytes an id (int32 id + u16 count), so `top_k` bounds a
-drafted token's size: `max_row_bytes(support, vocab)`.
+`SparseQ` and `SCALE` live in `edgespec.sparse_q` (the wire format's type, shared with the
+server; re-exported here). On the wire a support costs 6 bytes an id (int32 id + u16 count),
+so `top_k` bounds a drafted token's size (`protocol.max_drafts` sizes rounds by it).
 """
 
 from __future__ import annotations
@@ -25,9 +26,18 @@ import numpy as np
 
 from edgespec.runtime.errors import InputError
 from edgespec.runtime.sampling import SamplingParams
+from edgespec.sparse_q import SCALE, SparseQ
 
-SCALE = 65535  # counts are u16 on the wire; q(x) = count / SCALE
-ROW_HEADER_BYTES = 4  # u32 support size per row
+__all__ = [
+    "DEFAULT_SUPPORT",
+    "SCALE",
+    "DraftSupport",
+    "SparseQ",
+    "from_logits",
+    "quantize",
+    "top_ids",
+    "truncate",
+]
 
 
 @dataclass(frozen=True)
@@ -49,50 +59,6 @@ class DraftSupport:
 
 
 DEFAULT_SUPPORT = DraftSupport()
-
-
-def max_row_bytes(support: DraftSupport, vocab: int) -> int:
-    """The most bytes one drafted token's q row can take on the wire."""
-    return ROW_HEADER_BYTES + 6 * support.max_ids(vocab)
-
-
-@dataclass(frozen=True, eq=False)
-class SparseQ:
-    """A draft distribution over `ids` (distinct int32) with `counts` (> 0, summing to
-    SCALE): q(ids[i]) = counts[i] / SCALE, zero elsewhere."""
-
-    ids: np.ndarray
-    counts: np.ndarray
-
-    @property
-    def probs(self) -> np.ndarray:
-        return self.counts.astype(np.float64) / SCALE
-
-    def prob(self, token: int) -> float:
-        hit = np.flatnonzero(self.ids == token)
-        return float(self.counts[hit[0]]) / SCALE if len(hit) else 0.0
-
-    def sample(self, rng: np.random.Generator) -> int:
-        """A draw from exactly this distribution."""
-        u = int(rng.integers(SCALE))
-        return int(self.ids[np.searchsorted(np.cumsum(self.counts), u, side="right")])
-
-    def dense(self, vocab: int) -> np.ndarray:
-        row = np.zeros(vocab)
-        row[self.ids] = self.probs
-        return row
-
-    def check(self, vocab: int) -> str | None:
-        """What is wrong with it as a distribution over `vocab` ids, or None."""
-        if len(self.ids) == 0:
-            return "its support is empty"
-        if self.ids.min() < 0 or self.ids.max() >= vocab:
-            return f"it names ids outside the vocabulary (0..{vocab - 1})"
-        if len(np.unique(self.ids)) != len(self.ids):
-            return "it names an id twice"
-        if self.counts.min() <= 0 or int(self.counts.sum()) != SCALE:
-            return f"its counts are not positive or do not sum to {SCALE}"
-        return None
 
 
 def quantize(ids: np.ndarray, p: np.ndarray) -> SparseQ:
