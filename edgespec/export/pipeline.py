@@ -34,6 +34,7 @@ from edgespec.bundle import (
     save_manifest,
 )
 from edgespec.export.builder import GraphBuilder, WeightStore
+from edgespec.export.chat_format import save_chat_format
 from edgespec.export.config import DTYPES, ExportConfig
 from edgespec.export.decoder import DecoderWeights, build_graph, graph_info
 from edgespec.export.errors import ExportError
@@ -50,8 +51,8 @@ from edgespec.export.hf import (
 )
 from edgespec.export.quantize import QdqCalibration, QuantConfig, externalize
 from edgespec.export.shared_backbone import backbone_record, verify_head
-from edgespec.export.static_bundle import static_shapes, verify_static, write_static_graph
-from edgespec.export.verify import verify_export
+from edgespec.export.static_bundle import static_shapes, write_static_graph
+from edgespec.export.verify import verify_export, verify_static
 
 WEIGHTS_FILE = "weights.bin"
 OPTIONS = frozenset(f.name for f in dataclasses.fields(ExportConfig) if f.init)
@@ -190,6 +191,7 @@ def export_bundle(
         variant=c.variant,
         backbone_layers=c.backbone_layers,
         backbone=backbone_record(tokenizer, weights),
+        chat=save_chat_format(tokenizer, target, out),
     )
     if c.quant is not None:
         manifest.extra["quantization"] = c.quant.describe()

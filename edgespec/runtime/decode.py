@@ -49,27 +49,37 @@ def decode(
     params: SamplingParams,
     max_new_tokens: int,
     stop_ids: frozenset[int],
+    cached: int = 0,
 ) -> Iterator[Step]:
-    """Yield one Step per round: the prefill's first token, then each round's tokens."""
+    """Yield one Step per round: the prefill's first token, then each round's tokens.
+
+    cached: the first `cached` prompt tokens equal the start of the sequence the caches last
+    held (a conversation's earlier turns, see `runtime.chat`): the verifier and the drafter
+    may keep those positions and prefill only the rest.
+    """
     rng = np.random.default_rng(params.seed)
     # drafts are capped below so that the last verify writes position P + max_new - 1
     capacity = min(len(prompt) + max_new_tokens, verifier.max_positions)
     try:
-        token, stats = verifier.prefill(prompt, capacity, params, rng)
-        drafter.begin(prompt, capacity)
+        cached = min(cached, len(prompt) - 1)
+        token, stats = verifier.prefill(prompt, capacity, params, rng, cached)
+        drafter.begin(prompt, capacity, cached)
         seq = [*prompt, token]
         step, produced, ahead = Step([token], stats), 1, Ahead()
         while True:
             step.finish_reason = finish_reason(
                 step.tokens[-1], produced, max_new_tokens, stop_ids, len(seq) - 1, capacity
             )
+            most = 0 if step.finish_reason else verifier.max_drafts(seq)
+            if most < 0:  # the verifier can go no further (a full server, no local graphs)
+                step.finish_reason = "server_context"
             yield step
             if step.finish_reason:
                 return
             # never draft past the token budget, the cache (verify writes γ + 1 positions)
             # or what the verifier takes in one round
             room = min(max_new_tokens - produced - 1, capacity - len(seq))
-            plan = policy.plan().capped(min(room, verifier.max_drafts(seq)))
+            plan = policy.plan().capped(min(room, most))
             new, stats, ahead = speculative_round(
                 verifier, drafter, plan, seq, ahead, room, params, rng
             )
