@@ -51,7 +51,7 @@ from edgespec.export.hf import (
 )
 from edgespec.export.quantize import QdqCalibration, QuantConfig, externalize
 from edgespec.export.shared_backbone import backbone_record, verify_head
-from edgespec.export.static import static_shapes, write_static_graph
+from edgespec.export.static_bundle import static_shapes, write_static_graph
 from edgespec.export.verify import verify_export, verify_static
 
 WEIGHTS_FILE = "weights.bin"

@@ -14,6 +14,7 @@ no dynamic dimension anywhere.
   outputs  logits [1, W, vocab] float32 (head@k: exit_logits, plus hidden [1, W, H])
            new_key.{i}, new_value.{i} [1, kv_heads, W, head_dim]    only the W new positions
 
+Writing, checking and verifying the bundle's static files is static_bundle.py.
 The runtime (edgespec/runtime/static.py) pads shorter calls to W, copies the real new
 positions into its preallocated cache at their offset (W positions, never the cache) and
 prefills long prompts in chunks of W. Attention scores the cache and the new tokens
@@ -27,15 +28,13 @@ dynamic dimension, also after ONNX shape inference of every intermediate value.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from edgespec.bundle import GraphInfo, ModelInfo
-from edgespec.export.builder import GraphBuilder, WeightStore
-from edgespec.export.decoder import DecoderWeights, LayerWeights, Norm, graph_info, role_layers
+from edgespec.export.builder import GraphBuilder
+from edgespec.export.decoder import DecoderWeights, LayerWeights, Norm, role_layers
 
 STATIC_OPSET = 17  # LayerNormalization is standard from 17; NPU toolchains accept 17 widely
 STATIC_IR_VERSION = 8  # the IR of opset 17; onnxruntime and older NPU converters read it
@@ -350,51 +349,3 @@ def _lm_head(gb: GraphBuilder, h: str, w: DecoderWeights, width: int) -> str:
     if w.lm_head_b is not None:
         ins.append(gb.weight(f"{w.prefix}lm_head.bias", w.lm_head_b))
     return _reshape(gb, gb.op1("Gemm", ins, transB=1), [1, width, w.embed.shape[0]])
-
-
-# -- bundle files ----------------------------------------------------------------------------
-def static_shapes(
-    max_context: int, widths: list[int], quantize: str | None, models: list[ModelInfo | None]
-) -> list[StaticShape]:
-    """Check the --static options against the models; a ValueError says what to change."""
-    if quantize is not None:
-        raise ValueError(
-            "--static/--coreml with --quantize int8 is not supported: those graphs use standard "
-            "ONNX ops only and int8 here is onnxruntime's contrib DynamicQuantizeMatMul; "
-            "export the static graphs in fp32 or fp16"
-        )
-    if not widths or min(widths) < 1:
-        raise ValueError(f"--verify-width must be at least 1, got {widths}")
-    if max_context < max(widths):
-        raise ValueError(
-            f"--max-context {max_context} is smaller than --verify-width {max(widths)}"
-        )
-    for m in models:
-        if m is not None and max_context > m.max_position_embeddings:
-            raise ValueError(
-                f"--max-context {max_context} is beyond the model's "
-                f"{m.max_position_embeddings} positions; choose at most "
-                f"{m.max_position_embeddings}"
-            )
-    return [StaticShape(max_context, w) for w in widths]
-
-
-def write_static_graph(
-    weights: DecoderWeights,
-    role: str,
-    model: str,
-    out: Path,
-    store: WeightStore,
-    dtype: np.dtype,
-    shape: StaticShape,
-) -> GraphInfo:
-    """Build, check and save the static graph of `role`; its manifest entry."""
-    gb = GraphBuilder(store=store, dtype=dtype)
-    build_static_graph(weights, role, gb, shape)
-    proto = static_model(gb, f"edgespec_static_{role}")
-    problems = check_static(proto)
-    if problems:  # a bug in this module, not a user error
-        raise RuntimeError(f"static {role} graph is not NPU-friendly: {'; '.join(problems[:5])}")
-    file = f"static_w{shape.verify_width}_" + role.replace("@", "_at_") + ".onnx"
-    onnx.save(proto, str(out / file))
-    return graph_info(role, file, model, len(weights.layers), gb)
