@@ -668,17 +668,17 @@ def bench_shape(shape: str, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def compare_tokens(results: dict[str, EngineResult]) -> None:
-    """Greedy tokens against transformers (fp32), or edgespec vs llama.cpp at one precision."""
+    """Greedy tokens: llama.cpp against edgespec at the same precision, the other fp32 rows
+    against transformers."""
     hf = results.get("transformers fp32")
     for r in results.values():
         if r.status != "ok":
             continue
-        if hf is not None and hf.status == "ok" and r.precision == "fp32" and r is not hf:
+        peer = results.get(f"edgespec {r.precision}")
+        if r.engine == "llamacpp" and peer is not None and peer.status == "ok":
+            r.same_tokens, r.same_as = leading_match(r.tokens, peer.tokens), "edgespec"
+        elif hf is not None and hf.status == "ok" and r.precision == "fp32" and r is not hf:
             r.same_tokens, r.same_as = leading_match(r.tokens, hf.tokens), "transformers"
-        elif r.engine == "llamacpp" and r.precision != "fp32":
-            peer = results.get(f"edgespec {r.precision}")
-            if peer is not None and peer.status == "ok":
-                r.same_tokens, r.same_as = leading_match(r.tokens, peer.tokens), "edgespec"
 
 
 class EngineSkipped(Exception):
