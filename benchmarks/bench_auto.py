@@ -306,7 +306,11 @@ def edgespec_configs(blind: Path, calibrated: Path) -> list[tuple[str, Path, dic
     # prompt lookup first, the draft model where lookup finds nothing (edgespec's n-gram
     # drafter combined with its draft model, the pair genai's two modes each use alone)
     rows.append(
-        ("spec+lookup auto", blind, {"mode": "spec", "lookup": True, "draft_policy": "auto"})
+        (
+            "spec+lookup auto",
+            blind,
+            {"mode": "spec", "drafter": "lookup+draft", "draft_policy": "auto"},
+        )
     )
     return rows
 

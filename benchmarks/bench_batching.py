@@ -21,8 +21,8 @@ from pathlib import Path
 import numpy as np
 
 import edgespec
+from edgespec.protocol import Start, Verify
 from edgespec.serve.batching import KVPool
-from edgespec.serve.protocol import Start, Verify
 from edgespec.serve.session import ServerSession, release, start, verify_rounds
 
 DEFAULT = Path(os.environ.get("EDGESPEC_BENCH", Path.home() / ".cache" / "edgespec-bench"))

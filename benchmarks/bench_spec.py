@@ -59,7 +59,9 @@ def edgespec_configs(exits: list[int]) -> list[tuple[str, dict]]:
     )
     for policy in ("fixed:4", "fixed:8", "acceptance", "auto"):
         configs.append((f"lookup {policy}", {"mode": "lookup", "draft_policy": policy}))
-    configs.append(("spec+lookup auto", {"mode": "spec", "lookup": True, "draft_policy": "auto"}))
+    configs.append(
+        ("spec+lookup auto", {"mode": "spec", "drafter": "lookup+draft", "draft_policy": "auto"})
+    )
     return configs
 
 

@@ -144,7 +144,7 @@ def split_engines(fixed: list[int]) -> list[tuple[str, str]]:
 
 def run_conditions(args, bundle: Path, prompts: list[str], port: int) -> list[Row]:
     import edgespec
-    from edgespec.runtime.policies import make_policy
+    from edgespec.runtime.registry import make_policy
 
     fixed = [1, 2, 4, 8] if args.quick else list(range(1, 9))
     engines = split_engines(fixed)

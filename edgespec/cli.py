@@ -16,7 +16,7 @@ from typing import Any
 import click
 
 from edgespec import __version__
-from edgespec.runtime.model import MODES
+from edgespec.runtime.registry import MODES
 
 
 def _friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -231,33 +231,30 @@ def _report_compat(edge: str, cloud: str) -> None:
     help="fixed:N | confidence:T | acceptance | auto | dynamic-exit (default auto).",
 )
 @click.option("--exit-layer", default=None, type=int, help="Exit layer for self-spec.")
-@click.option("--lookup", is_flag=True, help="Try prompt lookup before the model drafter.")
+@click.option(
+    "--drafter",
+    default=None,
+    help="draft | exit:K | lookup, or a chain such as lookup+draft (default: the mode's).",
+)
+@click.option("--verifier", default=None, help="full | exit:K (local modes; default full).")
 @click.option("--server", default=None, help="split: the verifier server, ws://HOST:PORT.")
-@click.option("--drafter", default=None, help="split: draft | exit:K | lookup.")
 @click.option("--token-file", default=None, type=click.Path(), help="split: bearer token file.")
 @click.option("--energy-budget", default=None, type=float, help="split: joules per token.")
-@click.option("--timeout", default=10.0, show_default=True, help="split: seconds per answer.")
+@click.option("--timeout", default=None, type=float, help="split: seconds per answer [10].")
 @click.option("--static", is_flag=True, help="Run the bundle's fixed-shape (NPU) graphs.")
 @click.option("--coreml", is_flag=True, help="Run the bundle's Core ML packages (macOS 15+).")
 @_friendly
 def generate(bundle: str, prompt: str, max_new_tokens: int, **options: Any) -> None:
     """Generate text from BUNDLE."""
-    import edgespec
+    from edgespec.runtime.config import LoadConfig
+    from edgespec.runtime.model import Model
 
     sampling = {k: options.pop(k) for k in ("temperature", "top_p", "top_k", "seed", "ignore_eos")}
     stream, stats = options.pop("stream"), options.pop("stats")
-    token_file = options.pop("token_file")
-    if options["mode"] == "split":
-        options["token"] = _read_token(token_file)
-    else:
-        split_only = ("server", "drafter", "energy_budget")
-        if token_file or any(options[k] is not None for k in split_only):
-            raise click.UsageError(
-                "--server/--drafter/--token-file/--energy-budget need --mode split"
-            )
-        for k in (*split_only, "timeout"):
-            options.pop(k)
-    model = edgespec.load(bundle, **options)
+    options["token"] = _read_token(options.pop("token_file"))
+    if options["timeout"] is None:
+        options.pop("timeout")  # the library's default
+    model = Model.load(bundle, LoadConfig.from_options(**options))
     _generate(model, prompt, max_new_tokens, sampling, stream, stats)
 
 

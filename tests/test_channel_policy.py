@@ -10,7 +10,8 @@ from dataclasses import dataclass, replace
 import pytest
 
 from edgespec.runtime.channel_policy import ChannelAware, EnergyModel, OnlineLinear
-from edgespec.runtime.policies import expected_tokens, make_policy
+from edgespec.runtime.policies import expected_tokens
+from edgespec.runtime.registry import make_policy
 from edgespec.runtime.stats import RoundStats
 
 
@@ -72,7 +73,7 @@ def drive(policy: ChannelAware, sim: Sim, rounds: int, seed: int = 0) -> tuple[i
     rng = random.Random(seed)
     tokens, seconds, chosen = 0, 0.0, []
     for _ in range(rounds):
-        g = policy.next_length()
+        g = policy.plan().length
         s = sim.round(g, rng)
         policy.observe(s)
         tokens, seconds = tokens + s.new_tokens, seconds + s.seconds

@@ -21,10 +21,11 @@ from edgespec.export.coreml import build_program, package_specs
 from edgespec.export.static import StaticShape
 from edgespec.runtime.coreml import CoreMLSession
 from edgespec.runtime.decode import decode
-from edgespec.runtime.drafters import DraftModelDrafter, EarlyExitDrafter, NoDrafter
+from edgespec.runtime.drafters import EarlyExitDrafter, ModelDrafter, NoDrafter
+from edgespec.runtime.local import LocalVerifier
 from edgespec.runtime.policies import FixedLength
 from edgespec.runtime.sampling import SamplingParams
-from edgespec.runtime.target import Target
+from edgespec.runtime.stack import Stack
 
 ct = pytest.importorskip(
     "coremltools", reason="coremltools is not installed (pip install 'edgespec[coreml]')"
@@ -92,8 +93,10 @@ def reference_session(folder: Path, hf, role: str) -> CoreMLSession:
     return CoreMLSession(package, m.model_info(package), m.coreml, predict)
 
 
-def greedy(target: Target, drafter, prompt: list[int], n: int) -> list[int]:
-    steps = decode(target, drafter, FixedLength(3), prompt, SamplingParams(), n, frozenset())
+def greedy(target: Stack, drafter, prompt: list[int], n: int) -> list[int]:
+    steps = decode(
+        LocalVerifier(target), drafter, FixedLength(3), prompt, SamplingParams(), n, frozenset()
+    )
     return [t for s in steps for t in s.tokens]
 
 
@@ -108,7 +111,7 @@ def test_the_ml_programs_decode_like_transformers(arch, hf_models, coreml_bundle
             torch.tensor([prompt]), max_new_tokens=n, min_new_tokens=n, do_sample=False
         )[0, len(prompt) :].tolist()
     # prefill in three chunks of W, state written at offsets 0, 4, 8: fp16 KV, close logits
-    full = Target([reference_session(folder, hf, "full")])
+    full = Stack([reference_session(folder, hf, "full")])
     full.reset(len(prompt))
     got = full.forward(np.array(prompt, np.int64), keep=len(prompt))
     assert np.abs(got - ref_logits).max() < 2e-2 * max(1.0, np.abs(ref_logits).max())
@@ -116,7 +119,7 @@ def test_the_ml_programs_decode_like_transformers(arch, hf_models, coreml_bundle
     # greedy ar on full, and self-speculation on head@2 + tail@2 (KV in each one's state)
     assert greedy(full, NoDrafter(), prompt, n) == ref
     head, tail = (reference_session(folder, hf, r) for r in ("head@2", "tail@2"))
-    split = Target([head, tail])
+    split = Stack([head, tail])
     assert greedy(split, EarlyExitDrafter(split, {2: head}, {2: tail}, 2), prompt, n) == ref
 
 
@@ -128,8 +131,8 @@ def test_speculative_decoding_with_the_draft_ml_program(hf_models, coreml_bundle
         ref = target.generate(
             torch.tensor([prompt]), max_new_tokens=10, min_new_tokens=10, do_sample=False
         )[0, len(prompt) :].tolist()
-    drafter = DraftModelDrafter(Target([reference_session(folder, draft, "draft")]))
-    verifier = Target([reference_session(folder, target, "full")])
+    drafter = ModelDrafter(Stack([reference_session(folder, draft, "draft")]))
+    verifier = Stack([reference_session(folder, target, "full")])
     assert greedy(verifier, drafter, prompt, 10) == ref
 
 

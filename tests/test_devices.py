@@ -13,7 +13,7 @@ from edgespec.cli import main
 from edgespec.devices import DeviceError, available, get_profile, providers_for
 from edgespec.devices.profiles import BUILTIN_ORDER, load_profiles
 from edgespec.runtime.channel_policy import EnergyModel
-from edgespec.serve.split import split_policy
+from edgespec.runtime.registry import make_policy
 
 
 @pytest.fixture(autouse=True)
@@ -91,7 +91,7 @@ def test_user_profile_is_listed_and_selects_its_providers_and_options(bundles, u
         == base.generate(prompt, max_new_tokens=8).tokens
     )
     # its energy table prices the split policy's rounds
-    policy = split_policy(None, [], None, get_profile("cpu-lean").policy_profile())
+    policy = make_policy("channel-aware", [], None, get_profile("cpu-lean").policy_profile())
     assert policy.energy.joules_per_draft_token == 0.01
 
 

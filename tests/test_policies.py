@@ -8,8 +8,8 @@ from edgespec.runtime.policies import (
     Confidence,
     DynamicExit,
     expected_tokens,
-    make_policy,
 )
+from edgespec.runtime.registry import make_policy
 from edgespec.runtime.stats import RoundStats
 
 
@@ -47,39 +47,39 @@ def test_expected_tokens_formula():
 def test_acceptance_drafts_long_when_drafts_are_accepted_and_cheap():
     p = Acceptance()
     rounds(p, accepted=6, drafted=6, t_draft=0.001, t_verify=0.02)
-    assert p.cost.alpha > 0.95 and p.next_length() >= 10
+    assert p.cost.alpha > 0.95 and p.plan().length >= 10
 
 
 def test_acceptance_drafts_short_when_drafts_are_rejected():
     p = Acceptance()
     rounds(p, accepted=0, drafted=4, t_draft=0.005, t_verify=0.02)
-    assert p.cost.alpha < 0.1 and p.next_length() == 1
+    assert p.cost.alpha < 0.1 and p.plan().length == 1
 
 
 def test_acceptance_recovers_when_the_text_gets_easier():
     p = Acceptance()
     rounds(p, accepted=0, drafted=2, t_draft=0.002, t_verify=0.02)
-    short = p.next_length()
+    short = p.plan().length
     rounds(p, accepted=short, drafted=short, t_draft=0.002, t_verify=0.02, n=60)
-    assert p.next_length() > short
+    assert p.plan().length > short
 
 
 def test_confidence_stops_below_threshold():
     p = Confidence(0.4)
-    assert p.keep_drafting(1, 0.9) and not p.keep_drafting(1, 0.3)
+    assert p.plan().keep_drafting(0.9) and not p.plan().keep_drafting(0.3)
 
 
 def test_dynamic_exit_settles_on_the_exit_with_the_best_rate():
     p = DynamicExit([2, 4])
     rounds(p, accepted=0, drafted=4, t_draft=0.002, t_verify=0.01, exit_layer=2)
     rounds(p, accepted=4, drafted=4, t_draft=0.004, t_verify=0.01, exit_layer=4)
-    chosen = [(p.next_length(), p.exit_layer)[1] for _ in range(20)]
+    chosen = [(p.plan().length, p.exit_layer)[1] for _ in range(20)]
     assert chosen.count(4) >= 19  # one probe of the other exit at most
 
 
 def test_policy_strings():
-    assert make_policy("fixed:3").next_length() == 3
-    assert make_policy("confidence:0.5").keep_drafting(1, 0.6)
+    assert make_policy("fixed:3").plan().length == 3
+    assert make_policy("confidence:0.5").plan().keep_drafting(0.6)
     assert isinstance(make_policy("dynamic-exit", [2]), DynamicExit)
 
 
@@ -87,7 +87,7 @@ def test_auto_turns_speculation_off_when_it_loses_and_probes_with_backoff():
     p = Auto()
     rounds(p, accepted=0, drafted=2, t_draft=0.004, t_verify=0.021, n=12)  # drafts rejected
     rounds(p, accepted=0, drafted=0, t_draft=0.0, t_verify=0.020, n=3)  # plain steps
-    chosen = [p.next_length() for _ in range(60)]
+    chosen = [p.plan().length for _ in range(60)]
     probes = [i for i, g in enumerate(chosen) if g > 0]
     assert chosen.count(0) >= 55  # plain decoding nearly always
     assert probes and all(b - a > 4 for a, b in zip(probes, probes[1:], strict=False))
@@ -97,18 +97,18 @@ def test_auto_turns_speculation_back_on_when_drafts_get_accepted():
     p = Auto()
     rounds(p, accepted=0, drafted=2, t_draft=0.004, t_verify=0.021, n=12)
     rounds(p, accepted=0, drafted=0, t_draft=0.0, t_verify=0.020, n=3)
-    assert p.next_length() == 0
+    assert p.plan().length == 0
     rounds(p, accepted=2, drafted=2, t_draft=0.004, t_verify=0.021, n=30)  # probes succeed
-    assert p.next_length() >= 2
+    assert p.plan().length >= 2
 
 
 def test_auto_speculates_when_it_wins_from_the_start():
     p = Auto()
-    assert p.next_length() == 2  # learns the drafter first
+    assert p.plan().length == 2  # learns the drafter first
     rounds(p, accepted=2, drafted=2, t_draft=0.001, t_verify=0.02, n=3)
-    assert p.next_length() == 0  # then measures one plain step
+    assert p.plan().length == 0  # then measures one plain step
     rounds(p, accepted=0, drafted=0, t_draft=0.0, t_verify=0.02, n=1)
-    assert p.next_length() >= 3
+    assert p.plan().length >= 3
 
 
 def test_auto_prices_plain_steps_by_their_own_time_not_the_speculative_line():
@@ -122,7 +122,7 @@ def test_auto_prices_plain_steps_by_their_own_time_not_the_speculative_line():
     rounds(p, accepted=0, drafted=0, t_draft=0.0, t_verify=0.002, n=3)
     assert 0.15 < p.cost.alpha < 0.5
     assert abs(p.cost.cost(0) - 0.002) < 1e-6
-    assert [p.next_length() for _ in range(3)] == [0, 0, 0]
+    assert [p.plan().length for _ in range(3)] == [0, 0, 0]
 
 
 def test_a_burst_of_slow_rounds_before_a_plain_stretch_does_not_price_speculation_out():

@@ -29,15 +29,25 @@ sys.meta_path.insert(0, Block())
 """
 
 
-def _lazy_coremltools_imports(tree: ast.AST) -> set[ast.AST]:
-    """`import coremltools` inside a function of runtime/coreml.py: the Core ML path imports
-    it only when an app opens Core ML packages (test_generate_runs_with_torch_unimportable
-    checks that ordinary use never does)."""
+# optional packages a runtime module may import inside a function, only on the path that
+# needs them: coremltools when an app opens Core ML packages, websockets (the [serve] extra)
+# when split mode connects to a server (test_generate_runs_with_torch_unimportable checks
+# that ordinary use never does)
+LAZY_OPTIONAL = {"coreml.py": "coremltools", "link.py": "websockets"}
+
+
+def _lazy_optional_imports(tree: ast.AST, package: str) -> set[ast.AST]:
     lazy = set()
     for fn in ast.walk(tree):
         if isinstance(fn, ast.FunctionDef):
             for node in ast.walk(fn):
-                if isinstance(node, ast.Import) and [a.name for a in node.names] == ["coremltools"]:
+                if isinstance(node, ast.Import):
+                    names = [a.name for a in node.names]
+                elif isinstance(node, ast.ImportFrom):
+                    names = [node.module or ""]
+                else:
+                    continue
+                if all(n.split(".")[0] == package for n in names):
                     lazy.add(node)
     return lazy
 
@@ -45,7 +55,8 @@ def _lazy_coremltools_imports(tree: ast.AST) -> set[ast.AST]:
 def test_runtime_modules_import_only_numpy_onnxruntime_and_stdlib():
     for path in RUNTIME_FILES:
         tree = ast.parse(path.read_text())
-        lazy = _lazy_coremltools_imports(tree) if path.name == "coreml.py" else set()
+        package = LAZY_OPTIONAL.get(path.name)
+        lazy = _lazy_optional_imports(tree, package) if package else set()
         for node in ast.walk(tree):
             if node in lazy:
                 continue

@@ -18,8 +18,8 @@ import edgespec
 from edgespec.backbone import depth_fingerprint
 from edgespec.bundle import load_manifest
 from edgespec.cli import main
+from edgespec.runtime.errors import SplitError
 from edgespec.runtime.model import InputError
-from edgespec.serve.client import SplitError
 
 K = 2
 N = 32

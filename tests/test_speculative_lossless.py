@@ -15,12 +15,12 @@ CONFIGS = [
     ("spec", "fixed:4", {}),
     ("spec", "acceptance", {}),
     ("spec", "confidence:0.3", {}),
-    ("spec", "fixed:3", {"lookup": True}),
+    ("spec", "fixed:3", {"drafter": "lookup+draft"}),
     ("self-spec", "fixed:3", {"exit_layer": 2}),
     ("self-spec", "confidence:0.2", {"exit_layer": 1}),
     ("self-spec", "acceptance", {}),
     ("self-spec", "dynamic-exit", {}),
-    ("self-spec", "fixed:2", {"lookup": True}),
+    ("self-spec", "fixed:2", {"drafter": "lookup+exit"}),
     ("lookup", "fixed:5", {}),
     ("spec", "auto", {}),
     ("self-spec", "auto", {"exit_layer": 1}),
@@ -127,16 +127,16 @@ def test_a_failing_round_leaves_the_caches_as_before_it(spec_bundles, references
     """An exception inside a round rewinds target and drafter to the round's start."""
     import numpy as np
 
-    from edgespec.runtime.policies import FixedLength
+    from edgespec.runtime.decode import Ahead, speculative_round
+    from edgespec.runtime.round import Plan
     from edgespec.runtime.sampling import SamplingParams
-    from edgespec.runtime.speculative import speculative_round
 
     model = edgespec.load(spec_bundles["qwen2"], mode="spec", draft_policy="fixed:3")
     prompt = repetitive_prompt(1)
     model.generate(prompt, max_new_tokens=N_NEW, ignore_eos=True)  # sizes the caches
     first = model.generate(prompt, max_new_tokens=1, ignore_eos=True).tokens  # prefills them
     seq = [*prompt, *first]
-    target, drafter = model.target, model.drafter
+    target, drafter, rng = model.target, model.drafter, np.random.default_rng
     real_forward = target.forward
 
     def broken(*args, **kwargs):
@@ -146,11 +146,11 @@ def test_a_failing_round_leaves_the_caches_as_before_it(spec_bundles, references
     target.forward = broken
     with pytest.raises(RuntimeError, match="device lost"):
         speculative_round(
-            target, drafter, FixedLength(3), seq, 3, SamplingParams(), np.random.default_rng(0)
+            model.verifier, drafter, Plan(3), seq, Ahead(), 3, SamplingParams(), rng(0)
         )
     assert target.length == len(seq) - 1 and drafter.model.length <= len(seq) - 1
     target.forward = real_forward
-    new, _ = speculative_round(
-        target, drafter, FixedLength(3), seq, 3, SamplingParams(), np.random.default_rng(0)
+    new, _, _ = speculative_round(
+        model.verifier, drafter, Plan(3), seq, Ahead(), 3, SamplingParams(), rng(0)
     )
     assert [*first, *new] == references["qwen2"][: 1 + len(new)]

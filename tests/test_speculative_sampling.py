@@ -10,8 +10,8 @@ import pytest
 from speculative_reference import reference_speculative_step
 
 import edgespec
+from edgespec.runtime.accept import accept_sampled
 from edgespec.runtime.sampling import SamplingParams, probabilities
-from edgespec.runtime.speculative import Proposal, accept_sampled
 
 CHI2_CRITICAL_P001 = {5: 20.52, 7: 24.32, 15: 37.70}  # chi-square quantile at p = 0.001
 
@@ -38,7 +38,7 @@ def test_fast_path_matches_the_reference_step_for_step():
         drafts = [int(rng.integers(v)) for _ in range(g)]
         seed = int(rng.integers(1 << 30))
         n, token = accept_sampled(
-            Proposal(drafts, q_rows, 0.0), np.log(p_rows), params, np.random.default_rng(seed)
+            drafts, q_rows, np.log(p_rows), params, np.random.default_rng(seed)
         )
         ref = reference_speculative_step(p_rows, q_rows, drafts, np.random.default_rng(seed))
         assert [*drafts[:n], token] == ref
@@ -54,11 +54,11 @@ def test_emitted_tokens_follow_the_target_distribution(deterministic_draft):
     first, second = np.zeros(v), np.zeros(v)
     for _ in range(trials):
         if deterministic_draft:  # e.g. prompt lookup: fixed drafts, q a point mass
-            proposal = Proposal([2, 0, 5], None, 0.0)
+            tokens, q = [2, 0, 5], None
         else:
-            proposal = Proposal([int(rng.choice(v, p=q)) for q in q_rows], q_rows, 0.0)
-        n, token = accept_sampled(proposal, np.log(p_rows), params, rng)
-        out = [*proposal.tokens[:n], token]
+            tokens, q = [int(rng.choice(v, p=q)) for q in q_rows], q_rows
+        n, token = accept_sampled(tokens, q, np.log(p_rows), params, rng)
+        out = [*tokens[:n], token]
         first[out[0]] += 1
         if len(out) > 1:
             second[out[1]] += 1

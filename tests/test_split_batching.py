@@ -12,8 +12,8 @@ from split_server import TOKEN, start_server
 from websockets.sync.client import connect
 
 import edgespec
-from edgespec.runtime.target import Target
-from edgespec.serve import protocol as P
+from edgespec import protocol as P
+from edgespec.runtime.stack import Stack
 from edgespec.serve.batching import KVPool, forward_alone, forward_rounds, forward_steps, plan
 from edgespec.serve.worker import Worker
 
@@ -53,7 +53,7 @@ def test_stepped_batch_matches_each_row_alone(bundle, verifier):
         assert max(per_forward) > 1
         for (slot, ids), got in zip(work, logits, strict=True):
             seqs[slot] += [int(t) for t in ids]
-            ref = Target(stages)
+            ref = Stack(stages)
             ref.reset(96)
             want = ref.forward(np.asarray(seqs[slot]), keep=len(ids))
             np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
@@ -72,7 +72,7 @@ def test_round_that_fills_its_row_runs_alone(bundle):
     logits, per_forward = forward_rounds(stages, pool, work)
     assert sorted(per_forward) == [1, 2]  # rows 1 and 2 in one step, row 0 alone
     for (slot, ids), got in zip(work, logits, strict=True):
-        ref = Target(stages)
+        ref = Stack(stages)
         ref.reset(40)
         want = ref.forward(np.asarray(seqs[slot] + list(ids)), keep=len(ids))
         np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)

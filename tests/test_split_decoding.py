@@ -12,7 +12,7 @@ import pytest
 from split_server import TOKEN, free_port, start_server
 
 import edgespec
-from edgespec.serve.client import SplitError
+from edgespec.runtime.errors import SplitError
 
 ARCH = "llama-gqa-tied"
 PROMPT = "def fibonacci(n):\n    if n < 2:\n        return n\n"

@@ -7,7 +7,7 @@ import struct
 import numpy as np
 import pytest
 
-from edgespec.serve import protocol as P
+from edgespec import protocol as P
 
 LIMITS = P.Limits(vocab_size=100, max_bytes=4096, max_ids=64)
 

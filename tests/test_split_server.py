@@ -16,7 +16,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
 import edgespec
-from edgespec.serve import protocol as P
+from edgespec import protocol as P
 
 ARCH = "llama-gqa-tied"
 

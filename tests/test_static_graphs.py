@@ -27,7 +27,7 @@ MODES = [
     ("ar", {}),
     ("ar", {"verifier": "exit:2"}),
     ("spec", {"draft_policy": "fixed:3"}),
-    ("spec", {"draft_policy": "acceptance", "lookup": True}),
+    ("spec", {"draft_policy": "acceptance", "drafter": "lookup+draft"}),
     ("self-spec", {"draft_policy": "fixed:3", "exit_layer": 1}),
     ("self-spec", {"draft_policy": "dynamic-exit"}),
     ("lookup", {"draft_policy": "fixed:5"}),

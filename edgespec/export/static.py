@@ -331,8 +331,8 @@ def verify_static(hf_model: Any, folder: Path, manifest: Manifest) -> dict[str, 
     import torch
 
     from edgespec.runtime.graph import session_options
+    from edgespec.runtime.stack import Stack
     from edgespec.runtime.static import StaticGraphSession
-    from edgespec.runtime.target import Target
 
     assert manifest.static is not None
     info = manifest.target
@@ -350,7 +350,7 @@ def verify_static(hf_model: Any, folder: Path, manifest: Manifest) -> dict[str, 
         kv_dtype,
         manifest.static.max_context,
     )
-    target = Target([session])
+    target = Stack([session])
     target.reset(n)
     got = target.forward(ids, keep=n)
     diff = float(np.abs(got - ref).max())

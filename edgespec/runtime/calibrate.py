@@ -13,22 +13,18 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 from pathlib import Path
 from statistics import median
 
 import numpy as np
 
-from edgespec.runtime.policies import CostModel, FixedLength
+from edgespec.runtime.costs import FILE, device_key
+from edgespec.runtime.decode import Ahead, speculative_round
+from edgespec.runtime.model import Model
+from edgespec.runtime.round import Plan
 from edgespec.runtime.sampling import SamplingParams
-from edgespec.runtime.speculative import speculative_round
 
-FILE = "calibration.json"
-
-
-def device_key(device: str, threads: int | None) -> str:
-    cpu = platform.processor() or platform.machine()
-    return f"{device}/threads={threads or os.cpu_count()}/{cpu}"
+__all__ = ["calibrate", "device_key", "measure_rounds", "mode_keys"]
 
 
 def mode_keys(manifest) -> list[tuple[str, dict]]:
@@ -52,8 +48,6 @@ def calibrate(
     progress=None,
 ) -> dict:
     """Measure round costs for every mode; write and return this device's entry."""
-    from edgespec.runtime.model import Model
-
     folder = Path(bundle)
     entry: dict[str, dict] = {}
     for key, options in mode_keys(Model.load(folder, threads=threads, device=device).manifest):
@@ -80,13 +74,14 @@ def measure_rounds(model, max_length: int, repeats: int) -> dict:
     rounds: dict[int, list[float]] = {g: [] for g in range(max_length + 1)}
     per_token: list[float] = []
     for g in range(max_length + 1):
-        target, drafter = model.target, model.drafter
-        target.reset(capacity)
-        target.forward(np.asarray(prompt, np.int64), keep=1)
+        verifier, drafter = model.verifier, model.drafter
+        verifier.prefill(prompt, capacity, params, rng)
         drafter.begin(prompt, capacity)
         seq = [*prompt, motif[0]]
         for i in range(repeats + 1):
-            new, stats = speculative_round(target, drafter, FixedLength(g), seq, g, params, rng)
+            new, stats, _ = speculative_round(
+                verifier, drafter, Plan(g), seq, Ahead(), g, params, rng
+            )
             seq += new
             if i == 0:
                 continue  # warm-up
@@ -97,20 +92,3 @@ def measure_rounds(model, max_length: int, repeats: int) -> dict:
         "round_seconds": {str(g): median(v) for g, v in rounds.items()},
         "draft_token_seconds": median(per_token) if per_token else 0.0,
     }
-
-
-def load_cost(folder: Path, device: str, threads: int | None, key: str) -> CostModel | None:
-    """A cost model seeded from calibration.json, or None if this device has no entry."""
-    path = folder / FILE
-    if not path.exists():
-        return None
-    try:
-        entry = json.loads(path.read_text()).get(device_key(device, threads), {}).get(key)
-    except (json.JSONDecodeError, AttributeError):
-        return None  # an unreadable calibration only costs a blind start
-    if not entry:
-        return None
-    return CostModel(
-        t_draft=float(entry["draft_token_seconds"]) or None,
-        round_time={int(g): float(t) for g, t in entry["round_seconds"].items()},
-    )

@@ -26,7 +26,7 @@ t_verify(γ) and the message sizes by the same regression on γ. Sizes vary beca
 keeps probing: every `dither_every`-th round drafts the better neighbour of the optimum, and
 while γ = 0 wins it still drafts a short probe now and then (backing off) to track α.
 
-Energy budget: `make_policy("channel-aware:0.5")` or `make_policy("channel-aware",
+Energy budget: `registry.make_policy("channel-aware:0.5")` or `make_policy("channel-aware",
 energy_budget=0.5)`, in joules per generated token (device side); no budget: fastest γ.
 """
 
@@ -36,6 +36,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 
 from edgespec.runtime.policies import MAX_DRAFT, expected_tokens
+from edgespec.runtime.round import Plan
 from edgespec.runtime.stats import RoundStats
 
 
@@ -268,7 +269,10 @@ class ChannelAware:
         return min(options, key=lambda c: c.joules_per_token)
 
     # -- the DraftLengthPolicy protocol -------------------------------------------------------
-    def next_length(self) -> int:
+    def plan(self) -> Plan:
+        return Plan(self._length())
+
+    def _length(self) -> int:
         self._round += 1
         if self._remote_rounds < 2 or self.t_draft is None:
             # learn first: two rounds of different sizes give the link's first slope
@@ -291,9 +295,6 @@ class ChannelAware:
                     g = max(near, key=lambda c: c.tokens_per_s).length
         self.last = choice if g == choice.length else Choice(g, 0.0, 0.0, probe=True)
         return g
-
-    def keep_drafting(self, drafted: int, confidence: float) -> bool:
-        return True
 
     def observe(self, stats: RoundStats) -> None:
         if stats.phase != "decode":

@@ -1,26 +1,48 @@
 """The decode loop: prefill once, then draft-verify rounds until a stop, as a generator.
 
-Plain autoregressive decoding is this same loop with a drafter that proposes nothing
-(`NoDrafter`, γ = 0): one verifier call per token. Each yielded `Step` carries the tokens
-the round accepted and its `RoundStats`; `Model.stream()` turns them into text.
+Every mode is this loop. Plain autoregressive decoding is a drafter that proposes nothing
+(γ = 0: one verifier call per token); split decoding is the loop with a remote verifier.
+One round (`speculative_round`), in order:
+  1. plan     the caller has asked the policy once: γ, exit layer, confidence stop
+  2. draft    take the tokens drafted ahead during the last round (if they still follow),
+              and have the drafter top them up to γ
+  3. submit   the verifier scores [last, d_1..d_γ] (locally: at once; remotely: sent)
+  4. ahead    while a remote answer is in flight, keep drafting as if every draft were
+              accepted (PEARL / SpecEdge style): d_{γ+1} guesses the verifier's next token
+  5. accept   the verdict: d_1..d_n accepted, then the target's token t
+  6. truncate verifier and drafter caches to the accepted prefix (a length change, in
+              `finally`, so a failing round leaves them as they were); drafts made ahead are
+              kept only if n = γ and t = d_{γ+1}
+Each yielded `Step` carries the tokens a round produced and its `RoundStats`; the caller
+feeds the stats back to the policy. Greedy output equals the target's own greedy output,
+and sampled output follows the target's distribution, whatever the drafter proposes.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from time import perf_counter
 
 import numpy as np
 
 from edgespec.runtime.policies import DraftLengthPolicy
-from edgespec.runtime.sampling import SamplingParams, next_token
-from edgespec.runtime.speculative import Drafter, speculative_round
+from edgespec.runtime.round import Drafter, Plan, Proposal, Verifier
+from edgespec.runtime.sampling import SamplingParams
 from edgespec.runtime.stats import RoundStats, Step
-from edgespec.runtime.target import Target
+
+
+@dataclass
+class Ahead:
+    """Tokens drafted after the last submitted drafts, not yet submitted."""
+
+    tokens: list[int] = field(default_factory=list)
+    q: list[np.ndarray] = field(default_factory=list)
+    seconds: float = 0.0
 
 
 def decode(
-    target: Target,
+    verifier: Verifier,
     drafter: Drafter,
     policy: DraftLengthPolicy,
     prompt: list[int],
@@ -31,30 +53,123 @@ def decode(
     """Yield one Step per round: the prefill's first token, then each round's tokens."""
     rng = np.random.default_rng(params.seed)
     # drafts are capped below so that the last verify writes position P + max_new - 1
-    capacity = min(len(prompt) + max_new_tokens, target.max_positions)
-    target.reset(capacity)
+    capacity = min(len(prompt) + max_new_tokens, verifier.max_positions)
+    try:
+        token, stats = verifier.prefill(prompt, capacity, params, rng)
+        drafter.begin(prompt, capacity)
+        seq = [*prompt, token]
+        step, produced, ahead = Step([token], stats), 1, Ahead()
+        while True:
+            step.finish_reason = finish_reason(
+                step.tokens[-1], produced, max_new_tokens, stop_ids, len(seq) - 1, capacity
+            )
+            yield step
+            if step.finish_reason:
+                return
+            # never draft past the token budget, the cache (verify writes γ + 1 positions)
+            # or what the verifier takes in one round
+            room = min(max_new_tokens - produced - 1, capacity - len(seq))
+            plan = policy.plan().capped(min(room, verifier.max_drafts(seq)))
+            new, stats, ahead = speculative_round(
+                verifier, drafter, plan, seq, ahead, room, params, rng
+            )
+            policy.observe(stats)
+            stats.rtt_estimate = getattr(policy, "rtt", None)
+            stats.bandwidth_estimate = getattr(policy, "bandwidth", None)
+            new = _cut_at_stop(new, stop_ids)
+            seq += new
+            produced += len(new)
+            step = Step(new, stats)
+    finally:
+        verifier.close()
 
+
+def speculative_round(
+    verifier: Verifier,
+    drafter: Drafter,
+    plan: Plan,
+    seq: list[int],
+    ahead: Ahead,
+    room: int,
+    params: SamplingParams,
+    rng: np.random.Generator,
+) -> tuple[list[int], RoundStats, Ahead]:
+    """One draft-verify round after `seq`; returns the new tokens (accepted drafts + one),
+    the round's stats and the drafts made ahead that follow them."""
     start = perf_counter()
-    logits = target.forward(np.asarray(prompt, dtype=np.int64), keep=1)[-1]
-    drafter.begin(prompt, capacity)
-    seq = [*prompt, next_token(logits, params, rng)]
-    seconds = perf_counter() - start
-    step = Step([seq[-1]], RoundStats("prefill", 1, len(prompt), seconds, verify_seconds=seconds))
-    produced = 1
-    while True:
-        step.finish_reason = finish_reason(
-            step.tokens[-1], produced, max_new_tokens, stop_ids, len(seq) - 1, capacity
-        )
-        yield step
-        if step.finish_reason:
-            return
-        # never draft past the token budget or the cache (verify writes γ + 1 positions)
-        max_len = min(max_new_tokens - produced - 1, capacity - len(seq))
-        new, stats = speculative_round(target, drafter, policy, seq, max_len, params, rng)
-        new = _cut_at_stop(new, stop_ids)
-        seq += new
-        produced += len(new)
-        step = Step(new, stats)
+    base = len(seq)  # the caches hold seq[:-1]; this round appends from seq[-1]
+    valid = base - 1  # what stays valid in the caches if anything below raises
+    kept = Ahead()
+    try:
+        # 2. draft
+        proposal = _draft(drafter, plan, seq, ahead, params, rng)
+        g = len(proposal.tokens)
+        # 3. submit
+        pending = verifier.submit(seq, proposal, params, rng)
+        # 4. draft ahead while the verdict is in flight
+        nxt = Ahead()
+        limit = min(g + 1, room - g) if g and drafter.drafts_ahead else 0
+        while len(nxt.tokens) < limit and not pending.done():
+            more = [*seq, *proposal.tokens, *nxt.tokens]
+            p = drafter.propose(more, Plan(1, plan.exit_layer, plan.min_confidence), params, rng)
+            if not p.tokens:
+                break
+            nxt.tokens += p.tokens
+            nxt.q += p.q or []
+            nxt.seconds += p.seconds
+        # 5. accept
+        verdict = pending.result()
+        n, token = verdict.accepted, verdict.token
+        valid = base + n
+        if n == g and nxt.tokens and nxt.tokens[0] == token:
+            share = (len(nxt.tokens) - 1) / len(nxt.tokens)
+            kept = Ahead(nxt.tokens[1:], nxt.q[1:], nxt.seconds * share)
+    finally:
+        # 6. truncate the caches to seq + d_1..d_n (a length change, never a copy)
+        verifier.truncate(valid)
+        if not kept.tokens:
+            drafter.commit(valid)
+    if verdict.resync:  # the verifier rebuilt its session from seq: no draft was verified
+        g = 0
+    stats = RoundStats(
+        "decode",
+        n + 1,
+        len(seq) if verdict.resync else g + 1,
+        perf_counter() - start,
+        drafted=g,
+        accepted=n,
+        draft_seconds=proposal.seconds,
+        verify_seconds=verdict.verify_seconds,
+        exit_layer=proposal.exit_layer,
+        catchup_seconds=proposal.catchup_seconds,
+    )
+    return [*proposal.tokens[:n], token], verdict.fill(stats), kept
+
+
+def _draft(
+    drafter: Drafter,
+    plan: Plan,
+    seq: list[int],
+    ahead: Ahead,
+    params: SamplingParams,
+    rng: np.random.Generator,
+) -> Proposal:
+    """Up to plan.length drafts: those drafted ahead last round, topped up by the drafter."""
+    if not ahead.tokens:
+        return drafter.propose(seq, plan, params, rng)
+    tokens, qs = ahead.tokens[: plan.length], ahead.q[: plan.length]
+    seconds = ahead.seconds * len(tokens) / len(ahead.tokens)
+    # forget what was drafted ahead beyond γ (a drafter's cache never holds the last token
+    # of the sequence it continues: it feeds that token when it drafts)
+    drafter.commit(len(seq) + len(tokens) - 1)
+    catchup = 0.0
+    if len(tokens) < plan.length:
+        more = drafter.propose([*seq, *tokens], plan.capped(plan.length - len(tokens)), params, rng)
+        tokens, qs = tokens + more.tokens, qs + (more.q or [])
+        seconds += more.seconds
+        catchup = more.catchup_seconds
+    kind = "sampled" if not params.greedy else "greedy"
+    return Proposal(tokens, kind, qs if kind == "sampled" else None, seconds, None, catchup)
 
 
 def _cut_at_stop(tokens: list[int], stop_ids: frozenset[int]) -> list[int]:

@@ -1,13 +1,14 @@
-"""Drafters: where proposed tokens come from.
+"""Drafters: where proposed tokens come from. Each is told how many tokens to propose.
 
   NoDrafter          proposes nothing: plain autoregressive decoding
-  DraftModelDrafter  a separate small model (the bundle's `draft` graph), its own KV cache
+  ModelDrafter       a drafting model on its own KV cache: the bundle's `draft` graph, or
+                     `head@k` run alone (its exit logits) where the target is elsewhere
   EarlyExitDrafter   the target's own first k layers (`head@k`) with the shared LM head; its
                      KV and hidden states are the target's, so verification runs only
                      `tail@k` and never recomputes layers 0..k-1 (LayerSkip-style reuse)
   LookupDrafter      model-free: continues an n-gram of the recent text where it occurred
-                     earlier in the prompt or output (prompt lookup); can fall back to
-                     another drafter when nothing matches
+                     earlier in the prompt or output (prompt lookup)
+  Chain              drafters tried in order (`lookup+draft`): the first that proposes wins
 
 A drafter sees the committed sequence (prompt + output so far) and feeds itself whatever it
 has not processed yet, so it stays in step however many tokens the last round accepted.
@@ -15,16 +16,15 @@ has not processed yet, so it stays in step however many tokens the last round ac
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from time import perf_counter
 
 import numpy as np
 
 from edgespec.runtime.graph import GraphSession
-from edgespec.runtime.policies import DraftLengthPolicy
+from edgespec.runtime.round import Drafter, Plan, Proposal, TailInput, empty_proposal
 from edgespec.runtime.sampling import SamplingParams, probabilities, sample
-from edgespec.runtime.speculative import Drafter, Proposal
-from edgespec.runtime.target import Target
+from edgespec.runtime.stack import Stack
 
 
 def _pick(
@@ -43,8 +43,7 @@ def _pick(
 def draft_tokens(
     step: Callable[[list[int]], np.ndarray],
     feed: list[int],
-    limit: int,
-    policy: DraftLengthPolicy,
+    plan: Plan,
     params: SamplingParams,
     rng: np.random.Generator,
 ) -> tuple[list[int], list[np.ndarray], list[int]]:
@@ -53,67 +52,69 @@ def draft_tokens(
     which the model has not processed yet)."""
     tokens: list[int] = []
     qs: list[np.ndarray] = []
-    while len(tokens) < limit:
+    while len(tokens) < plan.length:
         d, confidence, q = _pick(step(feed), params, rng)
         tokens.append(d)
         if q is not None:
             qs.append(q)
         feed = [d]
-        if not policy.keep_drafting(len(tokens), confidence):
+        if not plan.keep_drafting(confidence):
             break
     return tokens, qs, feed
+
+
+def _proposal(tokens: list[int], qs: list[np.ndarray], params: SamplingParams, **kw) -> Proposal:
+    if params.greedy:
+        return Proposal(tokens, "greedy", None, **kw)
+    return Proposal(tokens, "sampled", qs, **kw)
 
 
 class NoDrafter:
     """Drafts nothing: the decode loop becomes plain autoregressive decoding."""
 
+    drafts_ahead = False
+
     def begin(self, prompt: list[int], capacity: int) -> None:
         pass
 
     def propose(
-        self,
-        seq: list[int],
-        max_len: int,
-        policy: DraftLengthPolicy,
-        params: SamplingParams,
-        rng: np.random.Generator,
+        self, seq: list[int], plan: Plan, params: SamplingParams, rng: np.random.Generator
     ) -> Proposal:
-        return Proposal([], None, 0.0)
+        return empty_proposal()
 
     def commit(self, valid: int) -> None:
         pass
 
 
-class DraftModelDrafter:
-    def __init__(self, draft: Target) -> None:
-        self.model = draft
+class ModelDrafter:
+    """A drafting model with its own cache: the `draft` graph, or head@k alone."""
+
+    drafts_ahead = True
+
+    def __init__(self, model: Stack) -> None:
+        self.model = model
 
     def begin(self, prompt: list[int], capacity: int) -> None:
         self.model.reset(min(capacity, self.model.max_positions))
         self.model.forward(np.asarray(prompt, np.int64), keep=0)
 
     def propose(
-        self,
-        seq: list[int],
-        max_len: int,
-        policy: DraftLengthPolicy,
-        params: SamplingParams,
-        rng: np.random.Generator,
+        self, seq: list[int], plan: Plan, params: SamplingParams, rng: np.random.Generator
     ) -> Proposal:
         start = perf_counter()
-        limit = min(policy.next_length(), max_len, self.model.max_positions - len(seq))
+        plan = plan.capped(self.model.max_positions - len(seq))
         feed = seq[self.model.length :]
         catchup = 0.0
-        if limit > 0 and len(feed) > 1:  # tokens skipped while the policy drafted nothing
+        if plan.length > 0 and len(feed) > 1:  # tokens skipped while nothing was drafted
             self.model.forward(np.asarray(feed[:-1], np.int64), keep=0)
             feed, catchup = feed[-1:], perf_counter() - start
 
         def step(ids: list[int]) -> np.ndarray:
             return self.model.forward(np.asarray(ids, np.int64), keep=1)[-1]
 
-        tokens, qs, _ = draft_tokens(step, feed, limit, policy, params, rng)
+        tokens, qs, _ = draft_tokens(step, feed, plan, params, rng)
         seconds = perf_counter() - start - catchup
-        return Proposal(tokens, qs or None, seconds, catchup_seconds=catchup)
+        return _proposal(tokens, qs, params, seconds=seconds, catchup_seconds=catchup)
 
     def commit(self, valid: int) -> None:
         self.model.truncate(valid)
@@ -122,9 +123,11 @@ class DraftModelDrafter:
 class EarlyExitDrafter:
     """Drafts with head@k's exit logits into the target's own cache (layers 0..k-1)."""
 
+    drafts_ahead = False  # it writes into the verifier's own cache
+
     def __init__(
         self,
-        target: Target,
+        target: Stack,
         heads: dict[int, GraphSession],
         tails: dict[int, GraphSession],
         exit_layer: int,
@@ -135,15 +138,10 @@ class EarlyExitDrafter:
         pass  # the target's prefill already filled the head's layers
 
     def propose(
-        self,
-        seq: list[int],
-        max_len: int,
-        policy: DraftLengthPolicy,
-        params: SamplingParams,
-        rng: np.random.Generator,
+        self, seq: list[int], plan: Plan, params: SamplingParams, rng: np.random.Generator
     ) -> Proposal:
         start = perf_counter()
-        k = getattr(policy, "exit_layer", None) or self.exit_layer
+        k = plan.exit_layer or self.exit_layer
         head, cache = self.heads[k], self.target.cache
         assert cache is not None
         past = self.target.length
@@ -156,17 +154,10 @@ class EarlyExitDrafter:
             past += len(ids)
             return out["exit_logits"][0, -1] if keep else out["exit_logits"]
 
-        limit = min(policy.next_length(), max_len)
-        tokens, qs, last = draft_tokens(run_head, seq[past:], limit, policy, params, rng)
+        tokens, qs, last = draft_tokens(run_head, seq[past:], plan, params, rng)
         run_head(last, keep=0)  # the last token's hidden state: the tail verifies it too
-        return Proposal(
-            tokens,
-            qs or None,
-            perf_counter() - start,
-            hidden=np.concatenate(hidden),
-            tail=self.tails[k],
-            exit_layer=k,
-        )
+        tail = TailInput(np.concatenate(hidden), self.tails[k], k)
+        return _proposal(tokens, qs, params, seconds=perf_counter() - start, tail=tail)
 
     def commit(self, valid: int) -> None:
         pass  # the head's layers live in the target's cache, which the round truncated
@@ -176,35 +167,27 @@ class LookupDrafter:
     """Prompt lookup: the longest recent n-gram (n = max_ngram..min_ngram) that occurred
     before proposes the tokens that followed it. Deterministic, so q is a point mass."""
 
-    def __init__(self, max_ngram: int = 3, min_ngram: int = 2, fallback: Drafter | None = None):
-        self.max_ngram, self.min_ngram, self.fallback = max_ngram, min_ngram, fallback
+    drafts_ahead = False
+
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 2) -> None:
+        self.max_ngram, self.min_ngram = max_ngram, min_ngram
         self.last_end: dict[tuple[int, ...], int] = {}
         self.indexed = 0
 
     def begin(self, prompt: list[int], capacity: int) -> None:
         self.last_end, self.indexed = {}, 0
-        if self.fallback is not None:
-            self.fallback.begin(prompt, capacity)
 
     def propose(
-        self,
-        seq: list[int],
-        max_len: int,
-        policy: DraftLengthPolicy,
-        params: SamplingParams,
-        rng: np.random.Generator,
+        self, seq: list[int], plan: Plan, params: SamplingParams, rng: np.random.Generator
     ) -> Proposal:
         start = perf_counter()
         self._index(seq, upto=len(seq) - 1)  # n-grams ending before the current last token
-        limit = min(policy.next_length(), max_len)
         for n in range(self.max_ngram, self.min_ngram - 1, -1):
             end = self.last_end.get(tuple(seq[-n:])) if len(seq) > n else None
-            if end is not None and limit > 0:
-                tokens = seq[end + 1 : end + 1 + limit]
-                return Proposal(tokens, None, perf_counter() - start)
-        if self.fallback is not None:
-            return self.fallback.propose(seq, max_len, policy, params, rng)
-        return Proposal([], None, perf_counter() - start)
+            if end is not None and plan.length > 0:
+                tokens = seq[end + 1 : end + 1 + plan.length]
+                return Proposal(tokens, "point", None, perf_counter() - start)
+        return empty_proposal(perf_counter() - start)
 
     def _index(self, seq: list[int], upto: int) -> None:
         for end in range(self.indexed, upto):
@@ -214,5 +197,33 @@ class LookupDrafter:
         self.indexed = max(self.indexed, upto)
 
     def commit(self, valid: int) -> None:
-        if self.fallback is not None:
-            self.fallback.commit(valid)
+        pass
+
+
+class Chain:
+    """Drafters in order: the first non-empty proposal is the round's (`lookup+draft`)."""
+
+    def __init__(self, drafters: Sequence[Drafter]) -> None:
+        self.drafters = list(drafters)
+        self.drafts_ahead = all(d.drafts_ahead for d in self.drafters)
+
+    def begin(self, prompt: list[int], capacity: int) -> None:
+        for d in self.drafters:
+            d.begin(prompt, capacity)
+
+    def propose(
+        self, seq: list[int], plan: Plan, params: SamplingParams, rng: np.random.Generator
+    ) -> Proposal:
+        seconds = 0.0
+        proposal = empty_proposal()
+        for d in self.drafters:
+            proposal = d.propose(seq, plan, params, rng)
+            proposal.seconds += seconds  # the drafters that found nothing cost time too
+            if proposal.tokens:
+                break
+            seconds = proposal.seconds
+        return proposal
+
+    def commit(self, valid: int) -> None:
+        for d in self.drafters:
+            d.commit(valid)

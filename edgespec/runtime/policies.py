@@ -1,10 +1,11 @@
 """Draft-length policies: how many tokens to draft each round (and, for DEL, from which exit).
 
-Every policy answers three questions: `next_length()` (the most tokens to draft this
-round), `keep_drafting(drafted, confidence)` (stop early?) and `observe(stats)` (learn from
-the finished round). Parsed from strings like "fixed:4", "confidence:0.4", "acceptance",
-"auto", "dynamic-exit" by `make_policy`; "channel-aware" (split decoding: RTT, bandwidth and
-an energy budget in the round cost) lives in `channel_policy.py`.
+Every policy answers two questions: `plan()` (this round's `Plan`: the most tokens to draft,
+the exit layer, the confidence under which drafting stops) and `observe(stats)` (learn from
+the finished round). The decode loop asks `plan()` once per round and tells the drafter;
+drafters never consult the policy. Names such as "fixed:4", "confidence:0.4", "acceptance",
+"auto", "dynamic-exit" are parsed by `registry.make_policy`; "channel-aware" (split decoding:
+RTT, bandwidth and an energy budget in the round cost) lives in `channel_policy.py`.
 
 The adaptive ones maximise expected accepted tokens per second. With per-token acceptance
 α, a round drafting γ tokens yields N(γ) = (1 - α^(γ+1)) / (1 - α) tokens on average and
@@ -13,10 +14,10 @@ costs T(γ) = γ·t_draft + t_verify(γ + 1); α, t_draft and t_verify are measu
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from edgespec.runtime.round import Plan
 from edgespec.runtime.stats import RoundStats
 
 MAX_DRAFT = 12
@@ -25,9 +26,7 @@ MAX_DRAFT = 12
 class DraftLengthPolicy(Protocol):
     max_length: int
 
-    def next_length(self) -> int: ...
-
-    def keep_drafting(self, drafted: int, confidence: float) -> bool: ...
+    def plan(self) -> Plan: ...
 
     def observe(self, stats: RoundStats) -> None: ...
 
@@ -40,11 +39,8 @@ class FixedLength:
     def max_length(self) -> int:
         return self.length
 
-    def next_length(self) -> int:
-        return self.length
-
-    def keep_drafting(self, drafted: int, confidence: float) -> bool:
-        return True
+    def plan(self) -> Plan:
+        return Plan(self.length)
 
     def observe(self, stats: RoundStats) -> None:
         pass
@@ -58,11 +54,8 @@ class Confidence:
     threshold: float
     max_length: int = MAX_DRAFT
 
-    def next_length(self) -> int:
-        return self.max_length
-
-    def keep_drafting(self, drafted: int, confidence: float) -> bool:
-        return confidence >= self.threshold
+    def plan(self) -> Plan:
+        return Plan(self.max_length, min_confidence=self.threshold)
 
     def observe(self, stats: RoundStats) -> None:
         pass
@@ -213,11 +206,8 @@ class Acceptance:
     max_length: int = MAX_DRAFT
     cost: CostModel = field(default_factory=CostModel)
 
-    def next_length(self) -> int:
-        return self.cost.best_length(self.max_length)[0]
-
-    def keep_drafting(self, drafted: int, confidence: float) -> bool:
-        return True
+    def plan(self) -> Plan:
+        return Plan(self.cost.best_length(self.max_length)[0])
 
     def observe(self, stats: RoundStats) -> None:
         self.cost.observe(stats)
@@ -237,7 +227,10 @@ class Auto:
     _gap: int = 4
     _plain_rounds: int = 0
 
-    def next_length(self) -> int:
+    def plan(self) -> Plan:
+        return Plan(self._length())
+
+    def _length(self) -> int:
         if self.cost.t_draft is None:
             return min(2, self.max_length)  # learn α and the draft cost first
         if 0 not in self.cost.round_time:
@@ -252,9 +245,6 @@ class Auto:
             self._gap = min(2 * self._gap, self.max_gap)
             return g
         return 0
-
-    def keep_drafting(self, drafted: int, confidence: float) -> bool:
-        return True
 
     def observe(self, stats: RoundStats) -> None:
         self.cost.observe(stats)
@@ -279,7 +269,10 @@ class DynamicExit:
         self.costs = {k: CostModel() for k in self.exits}
         self.exit_layer = self.exits[0]
 
-    def next_length(self) -> int:
+    def plan(self) -> Plan:
+        return Plan(self._length(), exit_layer=self.exit_layer)
+
+    def _length(self) -> int:
         self._round += 1
         untried = [k for k in self.exits if self.costs[k].rounds < 2]
         if untried:
@@ -292,48 +285,6 @@ class DynamicExit:
             self.exit_layer = max(choices, key=lambda k: choices[k][1])
         return choices[self.exit_layer][0]
 
-    def keep_drafting(self, drafted: int, confidence: float) -> bool:
-        return True
-
     def observe(self, stats: RoundStats) -> None:
         k = stats.exit_layer if stats.exit_layer is not None else self.exit_layer
         self.costs[k].observe(stats)
-
-
-def make_policy(
-    spec: str,
-    exits: list[int] | None = None,
-    energy_budget: float | None = None,
-    device_profile: Mapping[str, object] | None = None,
-) -> DraftLengthPolicy:
-    """Parse "fixed:4", "confidence:0.4", "acceptance", "auto", "dynamic-exit" or
-    "channel-aware[:J]" (split decoding; J: energy budget per token, also `energy_budget`;
-    `device_profile` may carry its energy model, see `channel_policy.EnergyModel`)."""
-    name, _, arg = spec.partition(":")
-    if energy_budget is not None and name != "channel-aware":
-        raise ValueError(f"an energy budget needs the channel-aware policy, not {spec!r}")
-    policy: DraftLengthPolicy | None = None
-    try:
-        if name == "fixed" and 0 <= int(arg or 4) <= 64:
-            policy = FixedLength(int(arg or 4))
-        elif name == "confidence" and 0 <= float(arg or 0.4) <= 1:
-            policy = Confidence(float(arg or 0.4))
-        elif name == "acceptance" and not arg:
-            policy = Acceptance()
-        elif name == "auto" and not arg:
-            policy = Auto()
-        elif name == "dynamic-exit" and not arg:
-            policy = DynamicExit(sorted(exits or []))
-        elif name == "channel-aware":
-            from edgespec.runtime.channel_policy import parse_channel_aware
-
-            policy = parse_channel_aware(arg, energy_budget, device_profile)
-    except ValueError:
-        if name == "dynamic-exit" or (name == "channel-aware" and not arg):
-            raise  # their own messages (no exit layers; bad budget or device profile)
-    if policy is None:
-        raise ValueError(
-            f"draft policy {spec!r} is not one of: fixed:N (0..64), confidence:T (0..1), "
-            "acceptance, auto, dynamic-exit, channel-aware[:J per token > 0]"
-        )
-    return policy

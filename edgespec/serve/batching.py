@@ -36,6 +36,7 @@ import onnxruntime as ort
 
 from edgespec.runtime.graph import GraphSession
 from edgespec.runtime.kv_cache import KVCache
+from edgespec.runtime.stack import run_stages
 
 DUMMY_TOKEN = 0
 
@@ -78,6 +79,10 @@ class KVPool:
         slot = self.free.pop(0)
         self.lengths[slot] = 0
         return slot
+
+    def truncate(self, slot: int, length: int) -> None:
+        """Only the first `length` positions of the row stay valid (never grows it)."""
+        self.lengths[slot] = min(length, int(self.lengths[slot]))
 
     def release(self, slot: int) -> None:
         self.lengths[slot] = 0
@@ -133,11 +138,11 @@ def forward_alone(
 ) -> np.ndarray:
     """Logits [len(ids), vocab] for ids appended to one row, in one batch-1 forward."""
     view, past = pool.rows(slot, slot + 1), int(pool.lengths[slot])
-    x: dict[str, np.ndarray] = {"input_ids": ids[None, :]}
-    for stage in stages:
-        last = stage is stages[-1]
-        out = stage.run(view, past, keep=len(ids) if last else 0, **x)
-        x = {"hidden": out["hidden"]} if not last else x
+
+    def call(stage: GraphSession, x: dict, last: bool) -> dict:
+        return stage.run(view, past, keep=len(ids) if last else 0, **x)
+
+    out = run_stages(stages, ids[None, :], call)
     pool.lengths[slot] += len(ids)
     return out["logits"][0]
 
@@ -163,10 +168,11 @@ def forward_steps(
         for slot in active:
             tokens[slot - lo, 0] = ids_of[slot][j]
         view = pool.rows(lo, hi)
-        x: dict[str, np.ndarray] = {"input_ids": tokens}
-        for stage in stages:
-            out = stage.run_batch(view, positions, **x)
-            x = {"hidden": out["hidden"]} if "hidden" in out else x
+
+        def call(stage: GraphSession, x: dict, last: bool) -> dict:
+            return stage.run_batch(view, positions, **x)  # noqa: B023 (called at once)
+
+        out = run_stages(stages, tokens, call)
         for slot in active:
             per_row[slot].append(out["logits"][slot - lo, -1])
         rows_run.append(len(active))

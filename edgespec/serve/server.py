@@ -30,9 +30,13 @@ from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from edgespec import protocol as P
 from edgespec.backbone import HELLO_PREFIX, BackboneMismatch, check_hello
-from edgespec.runtime.model import Model
-from edgespec.serve import protocol as P
+from edgespec.bundle import Manifest
+from edgespec.runtime.graph import GraphSession
+from edgespec.runtime.opener import GraphOptions, open_bundle
+from edgespec.runtime.stack import Stack
+from edgespec.runtime.tokenizer import Tokenizer
 from edgespec.serve.batching import KVPool
 from edgespec.serve.session import BatchStats, ServerSession, release_all, start, verify_rounds
 from edgespec.serve.worker import Worker
@@ -58,7 +62,9 @@ class ServerConfig:
 @dataclass
 class State:
     config: ServerConfig
-    model: Model
+    manifest: Manifest
+    stages: list[GraphSession]  # the target's graphs, run over the pool's rows
+    tokenizer: Tokenizer
     worker: Worker
     max_context: int
     limits: P.Limits
@@ -71,14 +77,15 @@ class State:
 
 
 def load_state(config: ServerConfig) -> State:
-    model = Model.load(config.bundle, mode="ar", threads=config.threads, device=config.device)
-    context = model.target.max_positions
+    graphs = open_bundle(config.bundle, GraphOptions(config.device, config.threads))
+    target = Stack([graphs.open("full")])
+    context = target.max_positions
     if config.max_context is not None:
         context = min(context, config.max_context)
-    limits = P.Limits(model.manifest.target.vocab_size, config.max_request_bytes, context)
-    stages, m = model.target.stages, model.target.model
+    limits = P.Limits(graphs.manifest.target.vocab_size, config.max_request_bytes, context)
+    stages, m = target.stages, target.model
     pool = KVPool.allocate(
-        list(range(m.num_layers)),
+        target.layers,
         m.num_kv_heads,
         m.head_dim,
         context,
@@ -91,7 +98,8 @@ def load_state(config: ServerConfig) -> State:
         config.max_batch,
         config.batch_window_ms / 1000,
     )
-    return State(config, model, worker, context, limits, pool, stats)
+    tokenizer = graphs.tokenizer()
+    return State(config, graphs.manifest, stages, tokenizer, worker, context, limits, pool, stats)
 
 
 def authorized(config: ServerConfig, headers: Any) -> bool:
@@ -160,10 +168,10 @@ async def _session_rounds(ws: WebSocket, state: State, sid: int, held: list[Serv
             if state.closing:
                 raise P.ProtocolError("the server is shutting down: reconnect later", P.UNAVAILABLE)
             if isinstance(msg, P.Start):
-                fingerprint = state.model.manifest.backbone_fingerprint
+                fingerprint = state.manifest.backbone_fingerprint
                 if msg.fingerprint.startswith(HELLO_PREFIX):
                     try:  # a shared-backbone edge bundle: same tokenizer and lower layers?
-                        check_hello(state.model.manifest.backbone, msg.fingerprint)
+                        check_hello(state.manifest.backbone, msg.fingerprint)
                     except BackboneMismatch as e:
                         raise P.ProtocolError(str(e), P.INCOMPATIBLE) from None
                 elif msg.fingerprint and msg.fingerprint != fingerprint:
@@ -176,7 +184,7 @@ async def _session_rounds(ws: WebSocket, state: State, sid: int, held: list[Serv
                 session = None  # free the old slot before taking a new one
                 state.worker.submit(release_all, state.pool, held)
                 session, reply = await state.worker.run(
-                    start, state.pool, state.model.target.stages, msg, state.max_context, held
+                    start, state.pool, state.stages, msg, state.max_context, held
                 )
             elif isinstance(msg, P.Verify):
                 if session is None:
@@ -220,7 +228,7 @@ async def _refuse(ws: WebSocket, error: P.Error, close_code: int) -> None:
 # -- HTTP -----------------------------------------------------------------------------------
 async def health(request: Request) -> JSONResponse:
     state: State = request.app.state.edgespec
-    m = state.model.manifest
+    m = state.manifest
     return JSONResponse(
         {
             "status": "closing" if state.closing else "ok",
@@ -265,8 +273,8 @@ async def completions(request: Request) -> JSONResponse:
     finally:
         state.sessions.discard(sid)
     prompt_ids = req[0].ids
-    text = state.model.tokenizer.decode(
-        [t for t in tokens if state.model.tokenizer.id_to_token(t) is not None],
+    text = state.tokenizer.decode(
+        [t for t in tokens if state.tokenizer.id_to_token(t) is not None],
         skip_special_tokens=True,
     )
     return JSONResponse(
@@ -274,7 +282,7 @@ async def completions(request: Request) -> JSONResponse:
             "id": f"cmpl-{sid}",
             "object": "text_completion",
             "created": int(time.time()),
-            "model": state.model.manifest.source.get("model"),
+            "model": state.manifest.source.get("model"),
             "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": None}],
             "usage": {
                 "prompt_tokens": len(prompt_ids),
@@ -298,12 +306,12 @@ def _completion_request(state: State, body: bytes) -> tuple[P.Start, int, bool]:
         raise ValueError("stream=true is not supported: use the /v1/session WebSocket")
     prompt = req.get("prompt")
     if isinstance(prompt, str) and prompt:
-        ids = state.model.tokenizer.encode(prompt)
+        ids = state.tokenizer.encode(prompt)
     elif isinstance(prompt, list) and prompt and all(isinstance(i, int) for i in prompt):
         ids = prompt
     else:
         raise ValueError("prompt must be a non-empty string or a list of token ids")
-    vocab = state.model.manifest.target.vocab_size
+    vocab = state.manifest.target.vocab_size
     if any(not 0 <= i < vocab for i in ids):
         raise ValueError(f"prompt token ids must be in 0..{vocab - 1}")
     try:
@@ -324,9 +332,9 @@ async def _complete(state: State, msg: P.Start, max_tokens: int, ignore_eos: boo
     held: list[ServerSession] = []
     try:
         session, reply = await state.worker.run(
-            start, state.pool, state.model.target.stages, msg, state.max_context, held
+            start, state.pool, state.stages, msg, state.max_context, held
         )
-        stop = frozenset() if ignore_eos else frozenset(state.model.manifest.eos_token_ids)
+        stop = frozenset() if ignore_eos else frozenset(state.manifest.eos_token_ids)
         tokens = [reply.token]
         while True:
             if tokens[-1] in stop:

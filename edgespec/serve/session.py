@@ -4,7 +4,7 @@
 committed sequence) into it alone, then samples the next token; `verify_rounds()` runs the
 rounds of several sessions that arrived together: each is checked, the target scores every
 [last, d_1..d_γ] in shared forwards (`batching.forward_rounds`), each row's drafts are
-accepted with the same `accept_greedy` / `accept_sampled` the local decode loop uses, and
+accepted with the same rule the device's local verifier uses (`runtime/accept.py`), and
 each row is truncated to its accepted prefix in `finally`, so a failing round never leaves a
 cache half-advanced. A bad round fails alone: its error goes to its own session, and if a
 shared forward fails, the rounds are retried one by one so only the culprit fails.
@@ -18,11 +18,7 @@ from time import perf_counter
 
 import numpy as np
 
-from edgespec.runtime.graph import GraphSession
-from edgespec.runtime.sampling import SamplingParams, next_token
-from edgespec.runtime.speculative import Proposal, accept_greedy, accept_sampled
-from edgespec.serve.batching import KVPool, forward_alone, forward_rounds
-from edgespec.serve.protocol import (
+from edgespec.protocol import (
     BAD_REQUEST,
     OUT_OF_SYNC,
     UNAVAILABLE,
@@ -31,6 +27,10 @@ from edgespec.serve.protocol import (
     Start,
     Verify,
 )
+from edgespec.runtime.accept import accept
+from edgespec.runtime.graph import GraphSession
+from edgespec.runtime.sampling import SamplingParams, next_token
+from edgespec.serve.batching import KVPool, forward_alone, forward_rounds
 
 
 @dataclass
@@ -200,7 +200,7 @@ def _forward(
     finally:
         if not done:
             for s, _ in rounds:
-                pool.lengths[s.slot] = len(s.seq) - 1
+                pool.truncate(s.slot, len(s.seq) - 1)  # type: ignore[arg-type]
     if stats is not None:
         stats.add(len(rounds), per_forward)
     return logits
@@ -211,14 +211,11 @@ def _accept(pool: KVPool, s: ServerSession, msg: Verify, logits: np.ndarray, t0:
     base = len(s.seq)
     valid = base - 1  # what stays valid in the cache if acceptance raises
     try:
-        if s.params.greedy:
-            n, token = accept_greedy(msg.drafts, logits)
-        else:
-            n, token = accept_sampled(Proposal(msg.drafts, msg.q, 0.0), logits, s.params, s.rng)
+        n, token = accept(msg.drafts, msg.q, logits, s.params, s.rng)
         valid = base + n
     finally:
         assert s.slot is not None
-        pool.lengths[s.slot] = min(valid, int(pool.lengths[s.slot]))
+        pool.truncate(s.slot, valid)
     s.seq += [*msg.drafts[:n], token]
     s.rounds += 1
     return Result(n, token, len(s.seq), perf_counter() - t0)

@@ -1,4 +1,4 @@
-"""The device's connection to a split-decoding server.
+"""The device's connection to a split-decoding server (the remote verifier's transport).
 
 `Link` is one WebSocket (websockets' sync client, imported lazily: the runtime does not need
 it) with a reader thread that timestamps every answer as it arrives, so the decode loop can
@@ -21,17 +21,11 @@ import threading
 from dataclasses import dataclass
 from time import perf_counter, sleep
 
-from edgespec.runtime.model import InputError
+from edgespec import protocol as P
+from edgespec.runtime.errors import LinkError, SplitError
 from edgespec.runtime.sampling import SamplingParams
-from edgespec.serve import protocol as P
 
-
-class LinkError(Exception):
-    """The link failed or timed out; the server may be fine later."""
-
-
-class SplitError(InputError):
-    """The server refused the request; the message says what to change."""
+ANSWER_TIMEOUT = 10.0  # seconds a device waits for one answer (the one default, CLI included)
 
 
 def _connect_fn():
@@ -167,7 +161,7 @@ class Remote:
     url: str
     token: str | None = None
     fingerprint: str = ""
-    timeout: float = 10.0  # seconds to wait for one answer
+    timeout: float = ANSWER_TIMEOUT  # seconds to wait for one answer
     connect_timeout: float = 3.0
     retries: int = 2  # reconnect attempts after a failure, before falling back
     backoff: float = 0.2  # first wait between attempts; doubles each time

@@ -1,26 +1,47 @@
-"""The target model's forward pass: the `full` graph, or `head@k` then `tail@k` back to back.
+"""A stack of graph stages over one KV cache: the unit every model in a bundle runs as.
 
-Takes the graph sessions of one of those layouts and gives one operation, `forward(ids, keep)`
--> logits of the last `keep` positions, over one KV cache that holds every layer. Both
-layouts compute the same logits; the split one lets self-speculation reuse the head's work
-(`forward_tail` verifies hidden states the head computed while drafting).
+Takes the graph sessions of one layout — `full`; `head@k` then `tail@k`; the `draft` graph;
+or `head@k` alone as a stand-alone drafter (its exit logits) — and gives one operation,
+`forward(ids, keep)` -> logits of the last `keep` positions, appended to one KV cache that
+holds every layer the stages own. The target, the draft model, the split client's exit
+drafter and the server's per-session rows all run through `run_stages`, the one place where
+ids go into the first stage and hidden states into the next.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import numpy as np
 
 from edgespec.runtime.graph import GraphSession
 from edgespec.runtime.kv_cache import KVCache
 
+StageCall = Callable[[GraphSession, dict[str, np.ndarray], bool], dict[str, np.ndarray]]
 
-class Target:
-    def __init__(self, stages: list[GraphSession]) -> None:
+
+def run_stages(stages: list[GraphSession], ids: np.ndarray, call: StageCall) -> dict:
+    """Feed `ids` to the first stage and each stage's hidden states to the next;
+    `call(stage, inputs, last)` runs one stage. Returns the last stage's outputs."""
+    x: dict[str, np.ndarray] = {"input_ids": ids}
+    out: dict[str, np.ndarray] = {}
+    for stage in stages:
+        last = stage is stages[-1]
+        out = call(stage, x, last)
+        if not last:
+            x = {"hidden": out["hidden"]}
+    return out
+
+
+class Stack:
+    def __init__(self, stages: list[GraphSession], logits: str = "logits") -> None:
         self.stages = stages
+        self.logits = logits  # "exit_logits" for a head@k run on its own
         self.cache: KVCache | None = None
         model = stages[-1].model
         self.model = model
         self.vocab_size = model.vocab_size
+        self.layers = sorted({i for s in stages for i in s.graph.kv_layers})
         # static graphs (runtime/static.py) run on a cache of exactly their max context
         self.fixed_capacity: int | None = getattr(stages[0], "fixed_capacity", None)
         self.max_positions = min(model.max_position_embeddings, self.fixed_capacity or 1 << 62)
@@ -39,21 +60,21 @@ class Target:
             self.cache.truncate(0)
             return
         m = self.model
-        layers = list(range(m.num_layers))
         self.cache = KVCache.allocate(
-            layers, m.num_kv_heads, m.head_dim, capacity, self.stages[0].kv_dtype
+            self.layers, m.num_kv_heads, m.head_dim, capacity, self.stages[0].kv_dtype
         )
 
     def forward(self, ids: np.ndarray, keep: int = 1) -> np.ndarray:
         """Logits [keep, vocab] for new token ids [S], appended to the cache."""
-        assert self.cache is not None, "call reset() first"
-        x: dict[str, np.ndarray] = {"input_ids": ids[None, :]}
-        for stage in self.stages:
-            last = stage is self.stages[-1]
-            out = stage.run(self.cache, self.cache.length, keep=keep if last else 0, **x)
-            x = {"hidden": out["hidden"]} if not last else x
-        self.cache.length += len(ids)
-        return out["logits"][0]
+        cache = self.cache
+        assert cache is not None, "call reset() first"
+
+        def call(stage: GraphSession, x: dict, last: bool) -> dict:
+            return stage.run(cache, cache.length, keep=keep if last else 0, **x)
+
+        out = run_stages(self.stages, ids[None, :], call)
+        cache.length += len(ids)
+        return out[self.logits][0]
 
     def forward_tail(self, tail: GraphSession, hidden: np.ndarray, keep: int) -> np.ndarray:
         """Logits for hidden states [S, H] that a head already computed (its layers' KV are in

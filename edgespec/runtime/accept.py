@@ -1,0 +1,64 @@
+"""The acceptance rules of speculative decoding, shared by the device and the server.
+
+Given the drafts d_1..d_γ and the target's logits rows for [last, d_1..d_γ] (γ + 1 rows):
+  greedy    the longest prefix the target's argmax agrees with, then its argmax;
+  sampling  d_i kept with probability min(1, p(d_i)/q(d_i)); on the first rejection a token
+            from norm(max(0, p - q)); all kept: a bonus token from p.
+q is each draft's distribution (float64 rows over the vocab), or None for a deterministic
+drafter (prompt lookup: q is a point mass on d_i). So greedy output equals the target's own
+greedy output, and sampled output follows the target's distribution (Leviathan et al. 2023;
+Chen et al. 2023).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from edgespec.runtime.sampling import SamplingParams, probabilities, sample
+
+
+def accept_greedy(tokens: Sequence[int], logits: np.ndarray) -> tuple[int, int]:
+    """(accepted count n, the target's token after d_1..d_n)."""
+    best = logits.argmax(axis=-1)
+    n = 0
+    while n < len(tokens) and best[n] == tokens[n]:
+        n += 1
+    return n, int(best[n])
+
+
+def accept_sampled(
+    tokens: Sequence[int],
+    q: Sequence[np.ndarray] | None,
+    logits: np.ndarray,
+    params: SamplingParams,
+    rng: np.random.Generator,
+) -> tuple[int, int]:
+    """Speculative sampling of drafts `tokens` (drawn from rows `q`) over target logits
+    rows [γ + 1, V]."""
+    for i, d in enumerate(tokens):
+        p = probabilities(logits[i], params)
+        q_d = 1.0 if q is None else float(q[i][d])
+        if rng.random() * q_d < p[d]:  # u < p/q without dividing by a zero q
+            continue
+        if q is None:
+            residual = p.copy()
+            residual[d] = 0.0
+        else:
+            residual = np.maximum(p - q[i], 0.0)
+        return i, sample(residual, rng)
+    return len(tokens), sample(probabilities(logits[-1], params), rng)
+
+
+def accept(
+    tokens: Sequence[int],
+    q: Sequence[np.ndarray] | None,
+    logits: np.ndarray,
+    params: SamplingParams,
+    rng: np.random.Generator,
+) -> tuple[int, int]:
+    """The rule `params` call for: greedy or speculative sampling."""
+    if params.greedy:
+        return accept_greedy(tokens, logits)
+    return accept_sampled(tokens, q, logits, params, rng)

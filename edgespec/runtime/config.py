@@ -1,0 +1,56 @@
+"""What `Model.load` takes: one config object, each default in one place.
+
+`LoadConfig` says how to decode (mode, drafter, verifier, draft-length policy) and where
+(device profile, threads, static or Core ML graphs); `SplitConfig` says how to reach the
+verifier server in split mode. Names of drafters, verifiers and policies are spelled as in
+`registry.py`; the CLI builds these objects and leaves validation to the library.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from edgespec.runtime.errors import InputError
+from edgespec.runtime.link import ANSWER_TIMEOUT
+
+
+@dataclass
+class SplitConfig:
+    server: str | None = None  # ws://HOST:PORT of `edgespec serve`
+    token: str | None = None  # its bearer token
+    timeout: float = ANSWER_TIMEOUT  # seconds to wait for one answer
+    energy_budget: float | None = None  # joules per generated token, for channel-aware
+    local_fallback: bool = True  # continue on the bundle's own `full` graph if the link fails
+
+
+@dataclass
+class LoadConfig:
+    mode: str = "ar"  # ar | spec | self-spec | lookup | split (registry.MODES)
+    drafter: str | None = None  # draft | exit:K | lookup | chains like lookup+draft
+    verifier: str | None = None  # full | exit:K (local graphs)
+    draft_policy: str | None = None  # fixed:N | confidence:T | acceptance | auto | ...
+    exit_layer: int | None = None  # self-spec: the exit to draft from (default: deepest)
+    device: str = "cpu"  # a device profile (`edgespec devices`) or "auto"
+    threads: int | None = None  # intra-op threads (default: one per core)
+    # run on onnxruntime's process-wide thread pool (see `graph.session_options`)
+    shared_threads: bool = True
+    static: bool = False  # the bundle's fixed-shape graphs (NPUs)
+    coreml: bool = False  # the bundle's Core ML packages (macOS 15+)
+    split: SplitConfig = field(default_factory=SplitConfig)
+
+    @classmethod
+    def from_options(cls, **options: Any) -> LoadConfig:
+        """A config from flat keywords: LoadConfig fields, and SplitConfig's (server=...)."""
+        mine = {f.name for f in fields(cls)}
+        split_names = {f.name for f in fields(SplitConfig)}
+        unknown = sorted(set(options) - mine - split_names)
+        if unknown:
+            raise InputError(
+                f"unknown option(s) {unknown}: known are {sorted((mine | split_names) - {'split'})}"
+            )
+        split = {k: v for k, v in options.items() if k in split_names}
+        config = cls(**{k: v for k, v in options.items() if k in mine})
+        if split:
+            config.split = SplitConfig(**split)
+        return config

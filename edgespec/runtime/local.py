@@ -1,0 +1,68 @@
+"""The local verifier: the bundle's own target graphs (`full`, or `head@k` + `tail@k`).
+
+Scores [last, d_1..d_γ] in one forward of the target `Stack` (or, for drafts an early-exit
+head made, only `tail@k` over the hidden states it computed), then applies the acceptance
+rule (`accept.py`). The verdict is ready when `submit` returns; the decode loop truncates
+the cache to the accepted prefix through `truncate`.
+"""
+
+from __future__ import annotations
+
+from time import perf_counter
+
+import numpy as np
+
+from edgespec.runtime.accept import accept
+from edgespec.runtime.round import Done, Proposal, Verdict
+from edgespec.runtime.sampling import SamplingParams, next_token
+from edgespec.runtime.stack import Stack
+from edgespec.runtime.stats import RoundStats
+
+
+class LocalVerifier:
+    def __init__(self, target: Stack) -> None:
+        self.target = target
+        self.max_positions = target.max_positions
+
+    def prefill(
+        self, prompt: list[int], capacity: int, params: SamplingParams, rng: np.random.Generator
+    ) -> tuple[int, RoundStats]:
+        start = perf_counter()
+        self.target.reset(capacity)
+        logits = self.target.forward(np.asarray(prompt, dtype=np.int64), keep=1)[-1]
+        token = next_token(logits, params, rng)
+        seconds = perf_counter() - start
+        return token, RoundStats("prefill", 1, len(prompt), seconds, verify_seconds=seconds)
+
+    def max_drafts(self, seq: list[int]) -> int:
+        return self.target.max_positions - len(seq)
+
+    def submit(
+        self, seq: list[int], proposal: Proposal, params: SamplingParams, rng: np.random.Generator
+    ) -> Done:
+        start = perf_counter()
+        g = len(proposal.tokens)
+        if proposal.tail is not None:
+            logits = self.target.forward_tail(proposal.tail.tail, proposal.tail.hidden, g + 1)
+        else:
+            ids = np.array([seq[-1], *proposal.tokens], np.int64)
+            logits = self.target.forward(ids, keep=g + 1)
+        n, token = accept(proposal.tokens, proposal.q, logits, params, rng)
+        return Done(Verdict(n, token, perf_counter() - start))
+
+    def catch_up(self, seq: list[int], capacity: int, synced: int) -> int:
+        """Bring the cache to hold seq[:-1] from its first `synced` tokens (-1: a new cache);
+        used when verification moves here mid-generation. Returns the tokens it now holds."""
+        if synced < 0:
+            self.target.reset(capacity)
+            synced = 0
+        self.target.truncate(synced)
+        if synced < len(seq) - 1:
+            self.target.forward(np.asarray(seq[synced : len(seq) - 1], np.int64), keep=0)
+        return len(seq) - 1
+
+    def truncate(self, length: int) -> None:
+        self.target.truncate(length)
+
+    def close(self) -> None:
+        pass

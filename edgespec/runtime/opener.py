@@ -1,0 +1,95 @@
+"""One bundle opener for everything that runs graphs: the app's `Model` and the server.
+
+`open_bundle(folder, ...)` validates the manifest and returns `BundleGraphs`: the manifest,
+the folder, and `open(role)` -> a graph session of that role on the chosen device profile
+and threads — an onnxruntime `GraphSession`, a `StaticGraphSession` (fixed shapes, NPUs) or
+a `CoreMLSession`, all with the same call interface.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from edgespec.bundle import BundleError, Manifest, load_manifest
+from edgespec.devices import Profile, get_profile
+from edgespec.runtime.coreml import open_coreml
+from edgespec.runtime.graph import GraphSession, session_options
+from edgespec.runtime.static import StaticGraphSession
+from edgespec.runtime.tokenizer import Tokenizer
+
+
+@dataclass
+class GraphOptions:
+    device: str = "cpu"
+    threads: int | None = None
+    shared_threads: bool = True
+    static: bool = False
+    coreml: bool = False
+
+
+class BundleGraphs:
+    """A validated bundle and a way to open its graphs on one device."""
+
+    def __init__(self, folder: Path, manifest: Manifest, profile: Profile, options: GraphOptions):
+        if options.static and options.coreml:
+            raise BundleError("choose static graphs (ONNX for NPUs) or Core ML, not both")
+        self.folder, self.manifest, self.profile, self.options = folder, manifest, profile, options
+        if options.coreml and manifest.coreml is None:
+            raise BundleError(
+                f"bundle {folder} has no Core ML packages; re-export it with "
+                "`edgespec export MODEL --out FOLDER --coreml` (needs the [coreml] extra)"
+            )
+        if options.static and manifest.static is None:
+            raise BundleError(
+                f"bundle {folder} has no static graphs; re-export it with "
+                "`edgespec export MODEL --out FOLDER --static --max-context 512 --verify-width 8`"
+            )
+        self._providers = profile.session_providers()
+        self._session_options = session_options(options.threads, options.shared_threads)
+        profile.apply_session_options(self._session_options)
+        self.kv_dtype = np.dtype(np.float16 if manifest.dtype == "fp16" else np.float32)
+
+    def open(self, role: str) -> GraphSession:
+        """role -> a session (GraphSession, or StaticGraphSession / CoreMLSession)."""
+        m = self.manifest
+        if self.options.coreml:
+            variants = m.coreml
+            assert variants is not None
+            package = variants.package(role)
+            return open_coreml(self.folder, package, m.model_info(package), variants)  # type: ignore[arg-type,return-value]
+        if self.options.static:
+            statics = m.static
+            assert statics is not None
+            graphs = statics.graphs_for(role)
+            return StaticGraphSession(  # type: ignore[return-value]  # same call interface
+                self.folder,
+                graphs,
+                m.model_info(next(iter(graphs.values()))),
+                self._providers,
+                self._session_options,
+                self.kv_dtype,
+                statics.max_context,
+            )
+        graph = m.graph(role)
+        return GraphSession(
+            self.folder,
+            graph,
+            m.model_info(graph),
+            self._providers,
+            self._session_options,
+            self.kv_dtype,
+        )
+
+    def tokenizer(self) -> Tokenizer:
+        return Tokenizer.from_dir(self.folder)
+
+
+def open_bundle(bundle: str | os.PathLike, options: GraphOptions | None = None) -> BundleGraphs:
+    folder = Path(bundle)
+    manifest = load_manifest(folder)
+    options = options or GraphOptions()
+    return BundleGraphs(folder, manifest, get_profile(options.device), options)

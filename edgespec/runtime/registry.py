@@ -1,0 +1,254 @@
+"""The one name table: every user-facing choice, spelled the same in the Python API, the CLI
+and split mode, mapped to what implements it; conflicting choices are refused here, once.
+
+  modes      ar | spec | self-spec | lookup | split: defaults for the three choices below
+  drafters   none | draft | exit:K ("exit": the default exit) | lookup, and chains joined
+             by "+" (`lookup+draft`: prompt lookup first, the draft model where it finds
+             nothing), in every mode
+  verifiers  full | exit:K (head@K then tail@K) on the device; split mode verifies on the
+             server (`remote`), falling back to `full` when the link fails
+  policies   fixed:N | confidence:T | acceptance | auto | dynamic-exit | channel-aware[:J]
+
+`build(graphs, config)` turns a `LoadConfig` into the (verifier, drafter, policy) of one
+generation loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from edgespec.backbone import hello
+from edgespec.runtime.channel_policy import parse_channel_aware
+from edgespec.runtime.config import LoadConfig
+from edgespec.runtime.drafters import (
+    Chain,
+    EarlyExitDrafter,
+    LookupDrafter,
+    ModelDrafter,
+    NoDrafter,
+)
+from edgespec.runtime.errors import InputError, SplitError
+from edgespec.runtime.link import Remote
+from edgespec.runtime.local import LocalVerifier
+from edgespec.runtime.opener import BundleGraphs
+from edgespec.runtime.policies import (
+    Acceptance,
+    Auto,
+    Confidence,
+    DraftLengthPolicy,
+    DynamicExit,
+    FixedLength,
+)
+from edgespec.runtime.remote import FallbackVerifier, RemoteVerifier
+from edgespec.runtime.round import Drafter, Verifier
+from edgespec.runtime.stack import Stack
+
+
+@dataclass(frozen=True)
+class ModeDefaults:
+    drafter: str  # "exit" = exit:K at the chosen exit layer
+    policy: str
+
+
+MODES: dict[str, ModeDefaults] = {
+    "ar": ModeDefaults("none", "fixed:0"),
+    "spec": ModeDefaults("draft", "auto"),
+    "self-spec": ModeDefaults("exit", "auto"),
+    "lookup": ModeDefaults("lookup", "auto"),
+    "split": ModeDefaults("", "channel-aware"),  # drafter: the best the bundle has
+}
+DRAFTERS = ("none", "draft", "exit:K", "lookup")
+POLICIES = "fixed:N (0..64), confidence:T (0..1), acceptance, auto, dynamic-exit, " + (
+    "channel-aware[:J per token > 0]"
+)
+
+
+def make_policy(
+    spec: str,
+    exits: list[int] | None = None,
+    energy_budget: float | None = None,
+    device_profile: Mapping[str, object] | None = None,
+) -> DraftLengthPolicy:
+    """Parse "fixed:4", "confidence:0.4", "acceptance", "auto", "dynamic-exit" or
+    "channel-aware[:J]" (split decoding; J: energy budget per token, also `energy_budget`;
+    `device_profile` may carry its energy model, see `channel_policy.EnergyModel`)."""
+    name, _, arg = spec.partition(":")
+    if energy_budget is not None and name != "channel-aware":
+        raise ValueError(f"an energy budget needs the channel-aware policy, not {spec!r}")
+    policy: DraftLengthPolicy | None = None
+    try:
+        if name == "fixed" and 0 <= int(arg or 4) <= 64:
+            policy = FixedLength(int(arg or 4))
+        elif name == "confidence" and 0 <= float(arg or 0.4) <= 1:
+            policy = Confidence(float(arg or 0.4))
+        elif name == "acceptance" and not arg:
+            policy = Acceptance()
+        elif name == "auto" and not arg:
+            policy = Auto()
+        elif name == "dynamic-exit" and not arg:
+            policy = DynamicExit(sorted(exits or []))
+        elif name == "channel-aware":
+            policy = parse_channel_aware(arg, energy_budget, device_profile)
+    except ValueError:
+        if name == "dynamic-exit" or (name == "channel-aware" and not arg):
+            raise  # their own messages (no exit layers; bad budget or device profile)
+    if policy is None:
+        raise ValueError(f"draft policy {spec!r} is not one of: {POLICIES}")
+    return policy
+
+
+def _exit(spec: str, exits: list[int], what: str, check: bool = True) -> int:
+    """K of "exit:K"; `check`: refuse a K the bundle has no exit at (else opening its graph
+    says how to re-export)."""
+    k = spec.partition(":")[2]
+    if not k.isdigit():
+        raise InputError(f"{what} {spec!r}: exit:K needs a layer number K (as in exit:2)")
+    if check and int(k) not in exits:
+        raise InputError(f"{what} {spec!r}: this bundle's exit layers are {exits}")
+    return int(k)
+
+
+class _Builder:
+    """Resolves a LoadConfig against one bundle (see `build`)."""
+
+    def __init__(self, graphs: BundleGraphs, config: LoadConfig) -> None:
+        self.graphs, self.config = graphs, config
+        self.manifest = graphs.manifest
+        self.exits = self.manifest.exit_layers
+        self.opened: dict[str, object] = {}
+
+    def open(self, role: str):
+        if role not in self.opened:
+            self.opened[role] = self.graphs.open(role)
+        return self.opened[role]
+
+    def drafter_spec(self) -> str:
+        """The drafter's name with every bare "exit" made exit:K at the default exit."""
+        c, roles, exits = self.config, self.manifest.roles, self.exits
+        if c.mode == "split" and c.drafter is None:  # the best drafter the bundle has
+            return "draft" if "draft" in roles else f"exit:{exits[-1]}" if exits else "lookup"
+        parts = (c.drafter or MODES[c.mode].drafter).split("+")
+        return "+".join(self._default_exit() if p == "exit" else p for p in parts)
+
+    def _default_exit(self) -> str:
+        c, exits = self.config, self.exits
+        if not exits:
+            raise InputError("self-spec needs early-exit graphs: re-export with `--exit-layers K`")
+        k = c.exit_layer if c.exit_layer is not None else exits[-1]
+        if k not in exits:
+            raise InputError(f"exit layer {k} is not in this bundle (it has {exits})")
+        return f"exit:{k}"
+
+    def drafter(self, spec: str, target: Stack | None) -> Drafter:
+        parts = spec.split("+")
+        if len(parts) > 1:
+            if "none" in parts:
+                raise InputError(f"drafter {spec!r}: 'none' cannot be chained")
+            return Chain([self.drafter(p, target) for p in parts])
+        if spec == "none":
+            return NoDrafter()
+        if spec == "lookup":
+            return LookupDrafter()
+        if spec == "draft":
+            return ModelDrafter(Stack([self.open("draft")]))
+        if spec.startswith("exit:"):
+            k = _exit(spec, self.exits, "drafter")
+            if target is not None and self.config.mode == "self-spec":
+                # the head drafts into the target's own cache; the tail verifies its states
+                heads = {e: self.open(f"head@{e}") for e in self.exits}
+                tails = {e: self.open(f"tail@{e}") for e in self.exits}
+                return EarlyExitDrafter(target, heads, tails, k)  # type: ignore[arg-type]
+            return ModelDrafter(Stack([self.open(f"head@{k}")], logits="exit_logits"))  # type: ignore[list-item]
+        raise InputError(
+            f"drafter {spec!r} is not one of: {', '.join(DRAFTERS)} (or a chain such as "
+            "lookup+draft)"
+        )
+
+    def target(self, spec: str) -> Stack:
+        if spec == "full":
+            return Stack([self.open("full")])  # type: ignore[list-item]
+        if spec.startswith("exit:"):
+            k = _exit(spec, self.exits, "verifier", check=False)
+            return Stack([self.open(f"head@{k}"), self.open(f"tail@{k}")])  # type: ignore[list-item]
+        raise InputError(f"verifier {spec!r} is not one of: full, exit:K")
+
+
+def build(graphs: BundleGraphs, config: LoadConfig) -> tuple[Verifier, Drafter, DraftLengthPolicy]:
+    """(verifier, drafter, policy) for `config` on this bundle; conflicts are InputErrors."""
+    c, m = config, graphs.manifest
+    if c.mode not in MODES:
+        raise InputError(f"mode {c.mode!r} is not one of: {', '.join(MODES)}")
+    if m.variant == "shared-backbone" and c.mode != "split":
+        raise InputError(
+            f"{graphs.folder} is a shared-backbone edge bundle: it holds a frozen draft "
+            f"(head@{m.backbone_layers}) and no verifier, so it decodes only with "
+            "mode='split' and a server running the target (--mode split --server URL)"
+        )
+    split = c.split
+    if c.mode != "split" and (split.server or split.token or split.energy_budget is not None):
+        raise InputError(
+            "server=/token=/energy_budget= are options of split mode (mode='split', --mode split)"
+        )
+    if c.mode == "ar" and (c.drafter not in (None, "none") or c.draft_policy):
+        raise InputError("mode 'ar' drafts nothing: drop --drafter/--draft-policy")
+    if c.exit_layer is not None and c.mode != "self-spec":
+        raise InputError("exit_layer= chooses self-spec's exit: use drafter='exit:K' otherwise")
+    b = _Builder(graphs, c)
+    spec = b.drafter_spec()
+    policy = _policy(c, b.exits, graphs.profile.policy_profile())
+    if isinstance(policy, DynamicExit) and not any(p.startswith("exit:") for p in spec.split("+")):
+        raise InputError("the dynamic-exit policy chooses exit layers: use it with self-spec")
+    if isinstance(policy, DynamicExit) and c.coreml:
+        raise InputError(
+            "dynamic-exit cannot run on Core ML packages: each head holds its layers' KV "
+            "in its own state, so switching exits would read stale caches; use a fixed "
+            "--exit-layer"
+        )
+    if c.mode == "split":
+        if c.verifier is not None:
+            raise InputError("split mode verifies on the server: drop verifier=")
+        return _split_verifier(b), b.drafter(spec, None), policy
+    if c.mode == "self-spec":
+        exit_drafter = next((p for p in spec.split("+") if p.startswith("exit:")), None)
+        if exit_drafter is None:
+            raise InputError(f"self-spec drafts from an exit: drafter {spec!r} has none")
+        if c.verifier not in (None, exit_drafter):
+            raise InputError(f"self-spec verifies with {exit_drafter}'s tail: drop verifier=")
+        target = b.target(exit_drafter)
+    else:
+        target = b.target(c.verifier or "full")
+    return LocalVerifier(target), b.drafter(spec, target), policy
+
+
+def _policy(c: LoadConfig, exits: list[int], device_profile: dict | None) -> DraftLengthPolicy:
+    spec = c.draft_policy or MODES[c.mode].policy
+    budget = c.split.energy_budget
+    try:
+        if c.mode == "split":
+            extra = {"device_profile": device_profile} if spec.startswith("channel-aware") else {}
+            return make_policy(spec, exits, budget, **extra)
+        return make_policy(spec, exits)
+    except ValueError as e:
+        raise InputError(str(e)) from None
+
+
+def _split_verifier(b: _Builder) -> Verifier:
+    c, m = b.config.split, b.manifest
+    if not c.server:
+        raise SplitError("split mode needs a server: server='ws://HOST:PORT' (--server)")
+    url = urlsplit(c.server)
+    if url.scheme not in ("ws", "wss") or not url.netloc:
+        raise SplitError(f"server {c.server!r} is not a ws://HOST:PORT or wss://HOST:PORT address")
+    server = c.server.rstrip("/") + "/v1/session" if url.path in ("", "/") else c.server
+    fingerprint = m.backbone_fingerprint
+    if m.variant == "shared-backbone":
+        fingerprint = hello(m)  # the server checks its target's lower layers against it
+    remote = RemoteVerifier(
+        Remote(server, c.token, fingerprint, timeout=c.timeout), m.target.max_position_embeddings
+    )
+    local = None
+    if c.local_fallback and "full" in m.roles:
+        local = LocalVerifier(b.target("full"))
+    return FallbackVerifier(remote, local)

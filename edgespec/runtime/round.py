@@ -1,0 +1,150 @@
+"""The contracts of one speculative round: what the policy plans, what a drafter proposes,
+what a verifier answers.
+
+  Plan      the policy's decision for a round: γ (at most this many drafts), the exit layer
+            (dynamic exit) and the confidence under which drafting stops early
+  Proposal  the drafts and how they were made: `kind` says whether they are the drafter's
+            argmax ("greedy"), samples from the rows in `q` ("sampled"), or a deterministic
+            guess with no distribution ("point", prompt lookup); `tail` carries the hidden
+            states an early-exit head computed, for a verifier that runs only `tail@k`
+  Drafter   begin / propose(seq, plan) / commit: it is told how many tokens to propose
+  Verifier  prefill / submit -> Pending / truncate: local graphs, a server, or both
+  Verdict   the verifier's answer: accepted count, the target's next token, and timings
+
+Drafters and verifiers never consult the policy: the decode loop asks it once per round.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+import numpy as np
+
+from edgespec.runtime.graph import GraphSession
+from edgespec.runtime.sampling import SamplingParams
+from edgespec.runtime.stats import RoundStats
+
+
+@dataclass(frozen=True)
+class Plan:
+    length: int  # γ: the most tokens to draft this round
+    exit_layer: int | None = None  # the exit to draft from (dynamic exit); None: the default
+    min_confidence: float = 0.0  # stop drafting after a token drafted below this probability
+
+    def keep_drafting(self, confidence: float) -> bool:
+        return confidence >= self.min_confidence
+
+    def capped(self, length: int) -> Plan:
+        return Plan(max(0, min(self.length, length)), self.exit_layer, self.min_confidence)
+
+
+@dataclass
+class TailInput:
+    """Self-speculation: the head's hidden states of [last, d_1..d_γ] and the tail graph that
+    turns them into target logits (the head's KV is already in the target's cache)."""
+
+    hidden: np.ndarray
+    tail: GraphSession
+    exit_layer: int
+
+
+@dataclass
+class Proposal:
+    tokens: list[int]  # d_1..d_γ
+    kind: Literal["greedy", "sampled", "point"]
+    q: list[np.ndarray] | None = None  # kind "sampled": the row each d_i was drawn from
+    seconds: float = 0.0
+    tail: TailInput | None = None
+    catchup_seconds: float = 0.0  # of `seconds`: feeding tokens the drafter had skipped
+
+    @property
+    def exit_layer(self) -> int | None:
+        return self.tail.exit_layer if self.tail is not None else None
+
+
+def empty_proposal(seconds: float = 0.0) -> Proposal:
+    return Proposal([], "point", None, seconds)
+
+
+class Drafter(Protocol):
+    # whether it may draft past tokens that are not committed yet (while a remote verifier
+    # is busy); prompt lookup may not: its n-gram index must only see committed tokens
+    drafts_ahead: bool
+
+    def begin(self, prompt: list[int], capacity: int) -> None:
+        """Start a generation (prefill any state of its own)."""
+
+    def propose(
+        self, seq: list[int], plan: Plan, params: SamplingParams, rng: np.random.Generator
+    ) -> Proposal:
+        """Propose at most plan.length tokens to follow seq (prompt + output so far)."""
+
+    def commit(self, valid: int) -> None:
+        """Only the first `valid` tokens of the sequence remain valid in the drafter's cache."""
+
+
+@dataclass
+class Verdict:
+    """A verifier's answer to a round: drafts d_1..d_n accepted, then `token`."""
+
+    accepted: int
+    token: int
+    verify_seconds: float
+    verifier: str = "local"  # "local" | "remote"
+    resync: bool = False  # a new server session answered: the round's drafts were void
+    channel: dict[str, float] = field(default_factory=dict)  # RoundStats channel fields
+
+    def fill(self, stats: RoundStats) -> RoundStats:
+        stats.verifier = self.verifier
+        for name, value in self.channel.items():
+            setattr(stats, name, value)
+        return stats
+
+
+class Pending(Protocol):
+    def done(self) -> bool:
+        """Whether the verdict is here (never waits)."""
+
+    def result(self) -> Verdict:
+        """The verdict (waits for it)."""
+
+
+@dataclass
+class Done:
+    """A verdict computed on the spot (local verification)."""
+
+    verdict: Verdict
+
+    def done(self) -> bool:
+        return True
+
+    def result(self) -> Verdict:
+        return self.verdict
+
+
+class Verifier(Protocol):
+    max_positions: int
+
+    def prefill(
+        self, prompt: list[int], capacity: int, params: SamplingParams, rng: np.random.Generator
+    ) -> tuple[int, RoundStats]:
+        """Start a generation: process the prompt; the next token and the prefill's stats."""
+
+    def max_drafts(self, seq: list[int]) -> int:
+        """The most drafts the next round after `seq` can carry (0: verify none now)."""
+
+    def submit(
+        self,
+        seq: list[int],
+        proposal: Proposal,
+        params: SamplingParams,
+        rng: np.random.Generator,
+    ) -> Pending:
+        """Score the drafts after seq (the verifier holds seq[:-1]) and accept a prefix."""
+
+    def truncate(self, length: int) -> None:
+        """Only the first `length` tokens remain valid in the verifier's cache."""
+
+    def close(self) -> None:
+        """The generation is over."""
