@@ -77,31 +77,32 @@ class Oracle:
 
 
 def oracle_drafter(model: Any, oracle: Oracle) -> Any:
-    """Replace `model.drafter`'s token choice by the oracle's, keeping its graph calls."""
-    from edgespec.runtime.drafters import DraftModelDrafter, EarlyExitDrafter
-    from edgespec.runtime.speculative import Proposal
+    """`model.drafter` with the oracle's tokens in place of its own, its graph calls kept: each
+    drafted token runs the real draft step on the token proposed before it."""
+    from edgespec.runtime.drafters import EarlyExitDrafter, ModelDrafter
+    from edgespec.runtime.round import Proposal, TailInput
 
     inner = model.drafter
-    if isinstance(inner, DraftModelDrafter):
+    if isinstance(inner, ModelDrafter):
 
-        class OracleDraft(DraftModelDrafter):
-            def propose(self, seq, max_len, policy, params, rng):  # type: ignore[override]
+        class OracleDraft(ModelDrafter):
+            def propose(self, seq, plan, params, rng):  # type: ignore[override]
                 start = time.perf_counter()
-                limit = min(policy.next_length(), max_len, self.model.max_positions - len(seq))
+                plan = plan.capped(self.model.max_positions - len(seq))
                 feed, tokens = seq[self.model.length :], []
-                for i in range(limit):
+                for i in range(plan.length):
                     self.model.forward(np.asarray(feed, np.int64), keep=1)  # real draft step
                     tokens.append(oracle.token(len(seq) + i))
                     feed = [tokens[-1]]
-                return Proposal(tokens, None, time.perf_counter() - start)
+                return Proposal(tokens, "greedy", None, time.perf_counter() - start)
 
         return OracleDraft(inner.model)
-    assert isinstance(inner, EarlyExitDrafter)
+    assert isinstance(inner, EarlyExitDrafter), type(inner)
 
     class OracleExit(EarlyExitDrafter):
-        def propose(self, seq, max_len, policy, params, rng):  # type: ignore[override]
+        def propose(self, seq, plan, params, rng):  # type: ignore[override]
             start = time.perf_counter()
-            k = self.exit_layer
+            k = plan.exit_layer or self.exit_layer
             head, cache, past = self.heads[k], self.target.cache, self.target.length
             hidden: list[np.ndarray] = []
 
@@ -112,19 +113,13 @@ def oracle_drafter(model: Any, oracle: Oracle) -> Any:
                 past += len(ids)
 
             feed, tokens = seq[past:], []
-            for i in range(min(policy.next_length(), max_len)):
+            for i in range(plan.length):
                 run_head(feed, 1)  # real head@k step on the token it proposes
                 tokens.append(oracle.token(len(seq) + i))
                 feed = [tokens[-1]]
             run_head(feed, 0)  # the tail verifies the last draft's hidden state too
-            return Proposal(
-                tokens,
-                None,
-                time.perf_counter() - start,
-                hidden=np.concatenate(hidden),
-                tail=self.tails[k],
-                exit_layer=k,
-            )
+            tail = TailInput(np.concatenate(hidden), self.tails[k], k)
+            return Proposal(tokens, "greedy", None, time.perf_counter() - start, tail=tail)
 
     return OracleExit(inner.target, inner.heads, inner.tails, inner.exit_layer)
 

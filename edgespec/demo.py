@@ -32,7 +32,7 @@ MODES: dict[str, dict[str, Any]] = {
     "spec": {"mode": "spec"},
     "self-spec": {"mode": "self-spec"},
     "lookup": {"mode": "lookup"},
-    "spec+lookup": {"mode": "spec", "lookup": True},
+    "spec+lookup": {"mode": "spec", "drafter": "lookup+draft"},
 }
 
 
