@@ -303,6 +303,9 @@ def edgespec_configs(blind: Path, calibrated: Path) -> list[tuple[str, Path, dic
     for g in FIXED:
         rows.append((f"spec fixed:{g}", blind, {"mode": "spec", "draft_policy": f"fixed:{g}"}))
     rows.append(("lookup auto", blind, {"mode": "lookup", "draft_policy": "auto"}))
+    for k in EXITS:  # the target's own early exits (self-speculation)
+        options = {"mode": "self-spec", "exit_layer": k, "draft_policy": "auto"}
+        rows.append((f"self-spec@{k} auto", blind, options))
     # prompt lookup first, the draft model where lookup finds nothing (edgespec's n-gram
     # drafter combined with its draft model, the pair genai's two modes each use alone)
     rows.append(

@@ -183,7 +183,7 @@ class SpeculativeRunner:
         cmd = [
             str(self.env.bin / "llama-speculative-simple"), "-m", str(self.target),
             "-p", text, "-n", str(n_new), "--ignore-eos", "--temp", "0", "--top-k", "1",
-            "-t", t, "-tb", t, "-c", "2048", "--no-warmup", "--seed", "0",
+            "-t", t, "-tb", t, "-c", "1024", "--seed", "0",
             *SPEC_TYPES[config],
         ]  # fmt: skip
         if config == "draft":

@@ -34,7 +34,7 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 # torch first with the pin (a bare `torch` would pull CUDA wheels); the converter imports it.
 "$VENV/bin/pip" install -q torch==2.13.0
-"$VENV/bin/pip" install -q numpy transformers sentencepiece safetensors "$SRC/llama.cpp/gguf-py"
+"$VENV/bin/pip" install -q numpy transformers sentencepiece safetensors diskcache jinja2 "$SRC/llama.cpp/gguf-py"
 # The bindings without their bundled build (LLAMA_BUILD=OFF): the library comes from our cmake build.
 if ! "$VENV/bin/python" -c "import llama_cpp" >/dev/null 2>&1; then
     CMAKE_ARGS="-DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF -DMTMD_BUILD=OFF" \
