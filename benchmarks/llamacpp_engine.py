@@ -92,7 +92,7 @@ class LlamaCppEnv:
         return dict(os.environ, LLAMA_CPP_LIB_PATH=str(self.bin), HF_HUB_OFFLINE="1")
 
     def version(self) -> str:
-        proc = subprocess.run([str(self.bin / "llama-quantize"), "--version"],
+        proc = subprocess.run([str(self.bin / "llama-bench"), "--version"],
                               capture_output=True, text=True)  # fmt: skip
         text = (proc.stdout + proc.stderr).strip().splitlines()
         return next((line for line in text if "version" in line), "unknown")
@@ -188,10 +188,16 @@ class SpeculativeRunner:
         ]  # fmt: skip
         if config == "draft":
             cmd += ["-md", str(self.draft), "-td", t, "-tbd", t]
-        proc = subprocess.run(cmd, env=self.env.subprocess_env(), capture_output=True, text=True)
-        log = proc.stdout + proc.stderr
-        found = {k: re.search(pattern, log) for k, pattern in PARSE.items()}
-        if proc.returncode != 0 or not all(found.values()):
+        # Its summary lines go through common/log's worker thread, which now and then loses
+        # them at exit on a busy machine (rc 0, no "decoded" line): run again, up to 3 times.
+        for _ in range(3):
+            proc = subprocess.run(cmd, env=self.env.subprocess_env(), capture_output=True,
+                                  text=True)  # fmt: skip
+            log = proc.stdout + proc.stderr
+            found = {k: re.search(pattern, log) for k, pattern in PARSE.items()}
+            if proc.returncode == 0 and all(found.values()):
+                break
+        else:
             raise RuntimeError(f"{' '.join(cmd[:3])} ... failed:\n{log[-2000:]}")
         seconds = float(found["enc"][1]) + float(found["dec"][2])
         out = proc.stdout
