@@ -1,9 +1,10 @@
 """Plain autoregressive (greedy) decoding speed: edgespec `ar` vs transformers vs onnxruntime-genai.
 
-What it measures, for random-weight models with the shapes of two real small LLMs
-(SmolLM2-135M: Llama, 30 layers, hidden 576; Qwen2.5-0.5B: Qwen2, 24 layers, hidden 896), all
-fp32 on the CPU, with the same prompt ids, the same thread count and the same number of new
-tokens in one run:
+What it measures, for random-weight models with the shapes of real small LLMs
+(SmolLM2-135M: Llama, 30 layers, hidden 576; Qwen2.5-0.5B: Qwen2, 24 layers, hidden 896;
+Qwen3-0.6B: q/k norms, 28 layers, hidden 1024; Gemma-3-1B: sliding/global layers, q/k norms,
+26 layers, hidden 1152, a 262k vocabulary), all fp32 on the CPU, with the same prompt ids,
+the same thread count and the same number of new tokens in one run:
 
 * prefill tokens/s: prompt tokens / time from the start of the prompt forward pass to the
   first new token (the prompt pass plus choosing token 1);
@@ -76,9 +77,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from common import REPO, loadavg
 from llamacpp_engine import BYTES_PER_WEIGHT
 
-REPO = Path(__file__).resolve().parent.parent
 ENGINES = ("edgespec", "transformers", "genai", "llamacpp")
 PRECISIONS = ("fp32", "fp16", "int8", "int4")  # edgespec's names; llama.cpp: F32 F16 Q8_0 Q4_0
 QUIET_CORES = 0.25  # other processes' CPU use (cores) above which the machine counts as busy
@@ -115,8 +116,48 @@ SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
             rope_theta=1000000.0,
         ),
     ),
+    "qwen3-0.6b": (
+        "Qwen3Config",
+        dict(
+            hidden_size=1024,
+            num_hidden_layers=28,
+            num_attention_heads=16,
+            num_key_value_heads=8,
+            head_dim=128,
+            intermediate_size=3072,
+            vocab_size=151936,
+            tie_word_embeddings=True,
+            max_position_embeddings=40960,
+            rope_theta=1000000.0,
+        ),
+    ),
+    "gemma3-1b": (
+        "Gemma3TextConfig",
+        dict(
+            hidden_size=1152,
+            num_hidden_layers=26,
+            num_attention_heads=4,
+            num_key_value_heads=1,
+            head_dim=256,
+            intermediate_size=6912,
+            vocab_size=262144,
+            tie_word_embeddings=True,
+            max_position_embeddings=32768,
+            sliding_window=512,
+            query_pre_attn_scalar=256,
+            rope_parameters={
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                "full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
+            },
+        ),
+    ),
 }
-SHAPE_TITLES = {"smollm2-135m": "SmolLM2-135M shape", "qwen2.5-0.5b": "Qwen2.5-0.5B shape"}
+SHAPE_TITLES = {
+    "smollm2-135m": "SmolLM2-135M shape",
+    "qwen2.5-0.5b": "Qwen2.5-0.5B shape",
+    "qwen3-0.6b": "Qwen3-0.6B shape",
+    "gemma3-1b": "Gemma-3-1B shape (sliding window 512, 5 local : 1 global)",
+}
 
 
 # --------------------------------------------------------------------------- measurements
@@ -433,17 +474,12 @@ def transformers_engine(
 
 def export_edgespec(folder: Path, bundle: Path, precision: str = "fp32") -> None:
     """fp32 / fp16 weights, or fp32 with block-32 int8 / int4 MatMulNBits weights."""
-    import inspect
-
     from edgespec.export import export_bundle
 
     shutil.rmtree(bundle, ignore_errors=True)
     options: dict[str, Any] = {"dtype": "fp16" if precision == "fp16" else "fp32"}
     if precision in ("int8", "int4"):
         options.update(quantize=precision, block_size=32)
-    accepted = inspect.signature(export_bundle).parameters
-    if "progress" in accepted:
-        options["progress"] = False
     export_bundle(model=str(folder), out=str(bundle), **options)
 
 
@@ -603,8 +639,6 @@ def genai_in_process() -> bool:
 
 def edgespec_importable() -> str | None:
     """None if edgespec (runtime and export) imports, else why not."""
-    if str(REPO) not in sys.path:
-        sys.path.insert(0, str(REPO))  # run from a checkout without installing it
     try:
         import edgespec  # noqa: F401
         from edgespec.export import export_bundle  # noqa: F401
@@ -892,14 +926,6 @@ def wait_for_quiet(max_wait: float) -> float:
         if monitor.other_cores() < QUIET_CORES:
             break
     return time.perf_counter() - start
-
-
-def loadavg() -> float:
-    """The 1-minute load average (other jobs on the machine skew every number)."""
-    try:
-        return float(Path("/proc/loadavg").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return float("nan")
 
 
 def log(message: str) -> None:

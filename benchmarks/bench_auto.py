@@ -53,7 +53,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-DEFAULT_MODELS = Path(os.environ.get("EDGESPEC_BENCH", Path.home() / ".cache" / "edgespec-bench"))
+from common import DEFAULT_MODELS
+
 FIXED = [1, 2, 3, 4, 6, 8]
 EXITS = [2, 4]
 PAUSE = 0.02  # seconds between two timed generations
@@ -559,8 +560,6 @@ def main() -> None:
     if args.genai_worker:
         genai_worker(args.genai_worker)
         return
-    if str(Path(__file__).resolve().parent.parent) not in sys.path:
-        sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     import edgespec
     from edgespec.runtime.calibrate import calibrate
 
@@ -592,7 +591,6 @@ def main() -> None:
 
         llamacpp = None
         if args.llamacpp_venv:
-            sys.path.insert(0, str(Path(__file__).resolve().parent))
             from llamacpp_engine import LlamaCppEnv, SpeculativeRunner, gguf_for
 
             env = LlamaCppEnv.from_venv(args.llamacpp_venv)

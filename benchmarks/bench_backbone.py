@@ -30,22 +30,17 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
-import sys
 import sysconfig
 import time
 from pathlib import Path
 
 import numpy as np
+from common import DEFAULT_MODELS, cached_bundle, free_port, load_prompts, start_server
 
-sys.path.insert(0, str(Path(__file__).parent))
-from bench_split import free_port, load_prompts, start_server  # noqa: E402
+import edgespec
+from edgespec.bundle import load_manifest
+from edgespec.tools.channel import Channel, ChannelConfig
 
-import edgespec  # noqa: E402
-from edgespec.bundle import load_manifest  # noqa: E402
-from edgespec.channel import Channel, ChannelConfig  # noqa: E402
-
-DEFAULT_MODELS = Path(os.environ.get("EDGESPEC_BENCH", Path.home() / ".cache" / "edgespec-bench"))
 SEED = 0
 
 
@@ -141,12 +136,9 @@ def evolve(target: Path, out: Path, k: int, steps: int, seq_len: int = 256, batc
 
 
 def export(src: Path, out: Path, **options) -> Path:
-    from edgespec.export import export_bundle
-
-    if (out / "manifest.json").exists():
-        return out
-    log(f"exporting {out.name}")
-    export_bundle(src, out, overwrite=True, **options)
+    if not (out / "manifest.json").exists():
+        log(f"exporting {out.name}")
+    cached_bundle(src, out, **options)
     return out
 
 
@@ -248,7 +240,7 @@ def main() -> None:
             port = free_port()
             proc = start_server(b[f"cloud-{t}"], port, 1, 16)
             address = f"127.0.0.1:{port}"
-            if args.rtt_ms:  # an emulated link in front of the server (edgespec.channel)
+            if args.rtt_ms:  # an emulated link in front of the server (edgespec.tools.channel)
                 config = ChannelConfig(rtt_ms=args.rtt_ms, bandwidth_mbit=args.bandwidth_mbit)
                 channels.append(Channel(address, config).start())
                 address = channels[-1].address

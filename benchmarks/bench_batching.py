@@ -14,18 +14,16 @@ ms per batch of N rounds and rounds/s.
 from __future__ import annotations
 
 import argparse
-import os
 import time
 from pathlib import Path
 
 import numpy as np
+from common import DEFAULT_MODELS, load_line, table_header, table_row
 
 import edgespec
 from edgespec.protocol import Start, Verify
 from edgespec.serve.batching import KVPool
 from edgespec.serve.session import ServerSession, release, start, verify_rounds
-
-DEFAULT = Path(os.environ.get("EDGESPEC_BENCH", Path.home() / ".cache" / "edgespec-bench"))
 
 
 def measure(model, n: int, gamma: int, batched: bool, batches: int, context: int) -> float:
@@ -58,7 +56,7 @@ def measure(model, n: int, gamma: int, batched: bool, batches: int, context: int
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--bundle", type=Path, default=DEFAULT / "trained" / "bundle")
+    ap.add_argument("--bundle", type=Path, default=DEFAULT_MODELS / "trained" / "bundle")
     ap.add_argument("--sessions", default="1,2,4,8,16")
     ap.add_argument("--gammas", default="0,4")
     ap.add_argument("--batches", type=int, default=20, help="batches timed per measurement")
@@ -69,11 +67,8 @@ def main() -> None:
     gammas = [int(g) for g in args.gammas.split(",")]
     # room for every round even if all its drafts were accepted
     context = min(150 + (args.batches + 2) * (max(gammas) + 1), model.target.max_positions)
-    print(
-        "| γ | sessions | alone ms/batch | batched ms/batch | alone rounds/s | "
-        "batched rounds/s | batched / alone |"
-    )
-    print("|---:|---:|---:|---:|---:|---:|---:|")
+    columns = ["γ", "sessions", "alone ms/batch", "batched ms/batch", "alone rounds/s"]
+    print(table_header([*columns, "batched rounds/s", "batched / alone"], "rrrrrrr"))
     for gamma in gammas:
         for n in [int(x) for x in args.sessions.split(",")]:
             alone, batched = [], []
@@ -83,11 +78,9 @@ def main() -> None:
                     t = measure(model, n, gamma, b, args.batches, context)
                     (batched if b else alone).append(t)
             a, b = float(np.median(alone)), float(np.median(batched))
-            print(
-                f"| {gamma} | {n} | {a * 1000:.1f} | {b * 1000:.1f} | {n / a:.0f} | {n / b:.0f} | "
-                f"{a / b:.2f}x |",
-                flush=True,
-            )
+            cells = [gamma, n, f"{a * 1000:.1f}", f"{b * 1000:.1f}", f"{n / a:.0f}", f"{n / b:.0f}"]
+            print(table_row([*cells, f"{a / b:.2f}x"]), flush=True)
+    print(f"\n{load_line()}")
 
 
 if __name__ == "__main__":

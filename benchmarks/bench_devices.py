@@ -37,8 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(REPO), str(Path(__file__).parent)]
+from common import REPO, loadavg
 
 METHODS = ("fp32", "fp16", "int8", "int4", "qdq-int8")
 OV_METHODS = ("fp32", "int8", "int4", "qdq-int8")
@@ -64,7 +63,6 @@ def bundle_for(checkpoint: Path, method: str, cache: Path) -> Path:
             checkpoint,
             bundle,
             overwrite=True,
-            progress=False,
             verify=False,
             **export_options(method),
         )
@@ -253,13 +251,6 @@ def format_model(result: dict[str, Any], args) -> str:
     la = result["loadavg"]
     lines += ["", f"load average {la[0]:.1f} at the start, {la[1]:.1f} at the end."]
     return "\n".join(lines)
-
-
-def loadavg() -> float:
-    try:
-        return float(Path("/proc/loadavg").read_text().split()[0])
-    except (OSError, ValueError):
-        return float("nan")
 
 
 def log(message: str) -> None:

@@ -40,9 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_ar import SHAPES, build_checkpoint, loadavg, prompt_ids  # noqa: E402
+from bench_ar import SHAPES, build_checkpoint, loadavg, prompt_ids
 
 SHAPES.setdefault(
     "smollm2-360m",
@@ -155,9 +153,7 @@ def bundle_for(args: argparse.Namespace) -> Path:
         from edgespec.export import export_bundle
 
         print("exporting the 360M target + 135M draft + exits 8, 16 ...", file=sys.stderr)
-        export_bundle(
-            target, bundle, draft=draft, exit_layers=EXITS, overwrite=True, progress=False
-        )
+        export_bundle(target, bundle, draft=draft, exit_layers=EXITS, overwrite=True)
     return bundle
 
 

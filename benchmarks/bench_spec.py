@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-DEFAULT_MODELS = Path(os.environ.get("EDGESPEC_BENCH", Path.home() / ".cache" / "edgespec-bench"))
+from common import DEFAULT_MODELS, cached_bundle, load_line, load_prompts, table_header, table_row
+
 EXITS = [2, 4]
 FIXED = [1, 2, 3, 4, 6, 8]
 
@@ -37,11 +37,6 @@ class Row:
     tokens_per_round: float  # tokens produced per target verification (1.0 for ar)
     acceptance: float
     lossless: str  # "yes" / "no" / "-" (not edgespec)
-
-
-def load_prompts(path: Path, n: int) -> list[str]:
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [r["prompt"] if isinstance(r, dict) else r for r in rows][:n]
 
 
 def edgespec_configs(exits: list[int]) -> list[tuple[str, dict]]:
@@ -183,12 +178,7 @@ def run_transformers(
 
 
 def export(models: Path, bundle: Path) -> None:
-    from edgespec.export import export_bundle
-
-    if not (bundle / "manifest.json").exists():
-        export_bundle(
-            models / "target", bundle, draft=models / "draft", exit_layers=EXITS, overwrite=True
-        )
+    cached_bundle(models / "target", bundle, draft=models / "draft", exit_layers=EXITS)
 
 
 def print_table(rows: list[Row]) -> None:
@@ -196,17 +186,13 @@ def print_table(rows: list[Row]) -> None:
         part = [r for r in rows if r.prompts == set_name]
         ar = next(r.tokens_per_s for r in part if r.engine == "edgespec ar")
         print(f"\n### {set_name} prompts\n")
-        print(
-            "| engine | tokens/s | vs edgespec ar | tokens/verification | acceptance | lossless |"
-        )
-        print("|---|---:|---:|---:|---:|:---:|")
+        columns = ["engine", "tokens/s", "vs edgespec ar", "tokens/verification"]
+        print(table_header([*columns, "acceptance", "lossless"], "lrrrrc"))
         for r in part:
             tpr = "-" if r.tokens_per_round != r.tokens_per_round else f"{r.tokens_per_round:.2f}"
             acc = "-" if r.acceptance != r.acceptance else f"{r.acceptance:.0%}"
-            print(
-                f"| {r.engine} | {r.tokens_per_s:.1f} | {r.tokens_per_s / ar:.2f}x | {tpr} | "
-                f"{acc} | {r.lossless} |"
-            )
+            speed = f"{r.tokens_per_s:.1f}"
+            print(table_row([r.engine, speed, f"{r.tokens_per_s / ar:.2f}x", tpr, acc, r.lossless]))
 
 
 def main() -> None:
@@ -246,6 +232,7 @@ def main() -> None:
                 rows.append(row)
                 print(f"{set_name:5s} {row.engine:40s} {row.tokens_per_s:8.1f} tok/s", flush=True)
     print_table(rows)
+    print(f"\n{load_line()}")
     if args.json:
         args.json.write_text(json.dumps([asdict(r) for r in rows], indent=2))
 

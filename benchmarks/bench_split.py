@@ -1,7 +1,7 @@
 """Edge-cloud split decoding benchmark: tokens/s over emulated channels, in one run.
 
 Starts `edgespec serve BUNDLE` as a subprocess (the cloud), puts the channel emulator
-(`edgespec.channel`, a TCP proxy on loopback) in front of it, and for each channel condition
+(`edgespec.tools.channel`, a TCP proxy on loopback) in front of it, and for each channel condition
 — RTT 10/50/150 ms × bandwidth 1/10/100 Mbit/s, plus a time-varying trace — measures on the
 device side (greedy, same prompts, device threads fixed):
 
@@ -35,19 +35,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import socket
-import subprocess
-import sys
 import threading
 import time
 import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from edgespec.channel import Channel, ChannelConfig, Trace, TraceRow
+from common import DEFAULT_MODELS, free_port, load_prompts, start_server
 
-DEFAULT_MODELS = Path(os.environ.get("EDGESPEC_BENCH", Path.home() / ".cache" / "edgespec-bench"))
+from edgespec.tools.channel import Channel, ChannelConfig, Trace, TraceRow
+
 # a time-varying channel: good Wi-Fi, a congested cell, a mid link (looping)
 TRACE = Trace(
     (
@@ -69,38 +66,6 @@ class Row:
     acceptance: float
     rtt_estimate_ms: float | None = None
     extra: dict = field(default_factory=dict)
-
-
-def load_prompts(path: Path, n: int) -> list[str]:
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [r["prompt"] if isinstance(r, dict) else r for r in rows][:n]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(bundle: Path, port: int, threads: int | None, max_sessions: int, *extra: str):
-    cmd = [sys.executable, "-m", "edgespec.cli", "serve", str(bundle), "--host", "127.0.0.1"]
-    cmd += ["--port", str(port), "--max-sessions", str(max_sessions), "--log-level", "warning"]
-    cmd += list(extra)
-    if threads:
-        cmd += ["--threads", str(threads)]
-    server = subprocess.Popen(cmd)
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        if server.poll() is not None:
-            raise SystemExit(f"the server exited with {server.returncode}: {' '.join(cmd)}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-                if r.status == 200:
-                    return server
-        except OSError:
-            time.sleep(0.5)
-    server.terminate()
-    raise SystemExit("the server did not become healthy within 120 s")
 
 
 def timed(model, prompts: list[str], n_new: int, seconds: float, **sampling) -> dict:

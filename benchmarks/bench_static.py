@@ -85,7 +85,6 @@ def main() -> None:
                 max_context=args.max_context,
                 verify_width=ws,
                 verify=False,
-                progress=False,
             )
             bundles.setdefault("dynamic", (out, False))
             bundles[f"static W={label}"] = (out, True)

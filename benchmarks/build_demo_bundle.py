@@ -45,7 +45,6 @@ def main(argv: list[str] | None = None) -> int:
         exit_layers=EXITS,
         quantize=None if args.quantize == "none" else args.quantize,
         overwrite=True,
-        progress=False,
     )
     info = {
         part: {

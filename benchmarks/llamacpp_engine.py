@@ -257,7 +257,6 @@ def worker(spec_path: str) -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--worker":
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
         worker(sys.argv[2])
     else:
         sys.exit("usage: llamacpp_engine.py --worker SPEC (bench_ar.py runs this itself)")

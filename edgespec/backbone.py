@@ -56,7 +56,8 @@ def parse_hello(text: str) -> tuple[int, str, str] | None:
     if not text.startswith(HELLO_PREFIX):
         return None
     parts = text[len(HELLO_PREFIX) :].split(":")
-    if len(parts) != 3 or not parts[0].isdigit():
+    # ASCII digits only: str.isdigit() is true for "³", which int() refuses
+    if len(parts) != 3 or not (parts[0].isascii() and parts[0].isdigit()):
         raise BackboneMismatch(f"malformed backbone fingerprint {text[:40]!r}")
     return int(parts[0]), parts[1], parts[2]
 

@@ -17,6 +17,10 @@ Every message is a 12-byte header then a type-specific body, all little-endian:
              it, sparse (u8 2, u32 n, int32[n] ids, float32[n] probs): the residual
              norm(max(0, p - q)) needs the whole row, not just q(d_i)
     RESULT   s->c  accepted u16 | token i32 | length u32 | server_seconds f32
+                   [| max_context u32 | max_request_bytes u32]  the server's limits, only
+             in the answer to a START and only to a device that offered the WebSocket
+             subprotocol `edgespec.limits` (older devices never see the extra 8 bytes;
+             an older server never sends them, and the device then knows no limits)
     ERROR    s->c  code u16 | text: u16 length + utf-8
     END      c->s  (no body) the generation is over; the server frees its cache
 
@@ -38,6 +42,8 @@ HEADER = struct.Struct("<2sBBII")
 START_HEAD = struct.Struct("<BIffQI")
 VERIFY_HEAD = struct.Struct("<IB")
 RESULT_BODY = struct.Struct("<HiIf")
+LIMITS_BODY = struct.Struct("<II")
+SUBPROTOCOL = "edgespec.limits"  # a device that reads the limits in START's RESULT
 MAX_DRAFTS = 64  # more drafts per round than any policy asks for is a malformed request
 MAX_TEXT = 4096
 
@@ -94,6 +100,14 @@ class Verify:
 
 
 @dataclass
+class ServerLimits:
+    """What one session of this server may use: positions, and bytes per message."""
+
+    max_context: int
+    max_request_bytes: int
+
+
+@dataclass
 class Result:
     accepted: int
     token: int
@@ -101,6 +115,7 @@ class Result:
     server_seconds: float
     session: int = 0
     round: int = 0
+    limits: ServerLimits | None = None  # in the answer to START, when negotiated
 
 
 @dataclass
@@ -165,6 +180,8 @@ def encode(msg: Message) -> bytes:
         return _header(VERIFY, msg.session, msg.round) + body
     if isinstance(msg, Result):
         body = RESULT_BODY.pack(msg.accepted, msg.token, msg.length, msg.server_seconds)
+        if msg.limits is not None:
+            body += LIMITS_BODY.pack(msg.limits.max_context, msg.limits.max_request_bytes)
         return _header(RESULT, msg.session, msg.round) + body
     if isinstance(msg, Error):
         return (
@@ -173,6 +190,21 @@ def encode(msg: Message) -> bytes:
     if isinstance(msg, End):
         return _header(END, msg.session, msg.round)
     raise TypeError(f"not a protocol message: {msg!r}")
+
+
+def fit_drafts(
+    base: int, drafts: list[int], q: list[np.ndarray] | None, limits: ServerLimits, room: int
+) -> int:
+    """How many of `drafts` one VERIFY after `base` tokens may carry: at most `room` more
+    positions (the session's context on the server), and the encoded message within the
+    server's request size (dense q rows are large: sampling over a big vocabulary may fit
+    only a few, or none: γ = 0 always fits)."""
+    n = max(0, min(len(drafts), room, MAX_DRAFTS))
+    while n and len(encode(Verify(base, drafts[:n], q[:n] if q else None))) > (
+        limits.max_request_bytes
+    ):
+        n -= 1
+    return n
 
 
 # -- decoding -------------------------------------------------------------------------------
@@ -282,6 +314,8 @@ def decode(data: bytes | str, limits: Limits | None = None) -> Message:
     elif kind == RESULT:
         accepted, token, length, seconds = r.unpack(RESULT_BODY, "RESULT fields")
         msg = Result(accepted, token, length, seconds)
+        if len(data) - r.offset == LIMITS_BODY.size:
+            msg.limits = ServerLimits(*r.unpack(LIMITS_BODY, "RESULT limits"))
     elif kind == ERROR:
         (code,) = r.unpack(struct.Struct("<H"), "ERROR code")
         msg = Error(code, r.text("ERROR text"))
@@ -297,19 +331,24 @@ def _q_row(r: _Reader, vocab: int) -> np.ndarray:
     row_kind, n = r.unpack(struct.Struct("<BI"), "q row header")
     if n > vocab:
         raise ProtocolError(f"VERIFY: a q row of {n} entries exceeds the vocabulary ({vocab})")
-    if row_kind == ROW_DENSE:
-        if n != vocab:
-            raise ProtocolError(f"VERIFY: a dense q row has {n} entries, the vocabulary {vocab}")
-        row = np.frombuffer(r.take(4 * n, "q row"), dtype="<f4").astype(np.float64)
-    elif row_kind == ROW_SPARSE:
-        ids = np.frombuffer(r.take(4 * n, "q row ids"), dtype="<i4")
-        probs = np.frombuffer(r.take(4 * n, "q row probs"), dtype="<f4")
-        if len(ids) and (ids.min() < 0 or ids.max() >= vocab):
-            raise ProtocolError("VERIFY: a sparse q row names ids outside the vocabulary")
-        row = np.zeros(vocab)
-        row[ids] = probs
-    else:
-        raise ProtocolError(f"VERIFY: unknown q row kind {row_kind}")
+    # arbitrary bytes may hold signalling NaNs: casting them raises numpy's "invalid" flag
+    # (a RuntimeWarning per hostile message); they are refused just below
+    with np.errstate(invalid="ignore"):
+        if row_kind == ROW_DENSE:
+            if n != vocab:
+                raise ProtocolError(
+                    f"VERIFY: a dense q row has {n} entries, the vocabulary {vocab}"
+                )
+            row = np.frombuffer(r.take(4 * n, "q row"), dtype="<f4").astype(np.float64)
+        elif row_kind == ROW_SPARSE:
+            ids = np.frombuffer(r.take(4 * n, "q row ids"), dtype="<i4")
+            probs = np.frombuffer(r.take(4 * n, "q row probs"), dtype="<f4")
+            if len(ids) and (ids.min() < 0 or ids.max() >= vocab):
+                raise ProtocolError("VERIFY: a sparse q row names ids outside the vocabulary")
+            row = np.zeros(vocab)
+            row[ids] = probs
+        else:
+            raise ProtocolError(f"VERIFY: unknown q row kind {row_kind}")
     if not np.all(np.isfinite(row)) or row.min() < 0 or not 0.5 < row.sum() < 1.5:
         raise ProtocolError("VERIFY: a q row is not a probability distribution")
     return row

@@ -55,7 +55,7 @@ def bundles(
     out = {}
     for name, ckpt in checkpoints.items():
         out[name] = root / name
-        export_bundle(ckpt, out[name], exit_layers=[EXIT_LAYER], progress=False)
+        export_bundle(ckpt, out[name], exit_layers=[EXIT_LAYER])
     return out
 
 
@@ -91,12 +91,29 @@ def spec_bundles(checkpoints: dict[str, Path], tmp_path_factory) -> dict[str, Pa
             out[name],
             draft=checkpoints[DRAFT_FOR[name]],
             exit_layers=SPEC_EXITS,
-            progress=False,
         )
     ckpt = checkpoints["qwen2"]
     out["self-draft"] = root / "self-draft"
-    export_bundle(ckpt, out["self-draft"], draft=ckpt, progress=False)
+    export_bundle(ckpt, out["self-draft"], draft=ckpt)
     return out
+
+
+LONG_CONTEXT = 1024
+
+
+@pytest.fixture(scope="session")
+def long_bundle(tmp_path_factory) -> Path:
+    """A tiny 2-layer llama with a 1024-position context (long prompts and decodes, for the
+    server tests) whose draft is itself."""
+    from edgespec.export import export_bundle
+    from edgespec.export.builtin import write_checkpoint
+
+    root = tmp_path_factory.mktemp("long")
+    dims = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2)
+    dims |= dict(num_attention_heads=4, num_key_value_heads=2)
+    ckpt = write_checkpoint(root / "ckpt", "llama", max_position_embeddings=LONG_CONTEXT, **dims)
+    export_bundle(ckpt, root / "bundle", draft=ckpt)
+    return root / "bundle"
 
 
 @pytest.fixture(scope="session")
@@ -116,5 +133,36 @@ def tiny_vocab_bundle(tmp_path_factory) -> Path:
     )
     target = write_checkpoint(root / "t", "llama", seed=1, vocab_size=16, **dims)
     draft = write_checkpoint(root / "d", "llama", seed=2, vocab_size=16, **dims)
-    export_bundle(target, root / "b", draft=draft, exit_layers=[1], progress=False)
+    export_bundle(target, root / "b", draft=draft, exit_layers=[1])
     return root / "b"
+
+
+@pytest.fixture(scope="session")
+def family_checkpoints(tmp_path_factory) -> dict[str, tuple[Path, Path]]:
+    """Per family of tests/family_configs.py: (target, draft), two random models of the
+    family sharing one tokenizer."""
+    from family_configs import FAMILIES
+
+    from edgespec.export.builtin import write_checkpoint
+
+    root = tmp_path_factory.mktemp("family_checkpoints")
+    out = {}
+    for name, (model_type, dims) in FAMILIES.items():
+        dims = dict(dims)
+        tie = dims.pop("tie_word_embeddings", True)
+        target, draft = (
+            write_checkpoint(root / f"{name}-{seed}", model_type, seed=seed, tie=tie, **dims)
+            for seed in (0, 1)
+        )
+        out[name] = (target, draft)
+    return out
+
+
+@pytest.fixture(scope="session")
+def family_hf(family_checkpoints):
+    from transformers import AutoModelForCausalLM
+
+    return {
+        name: AutoModelForCausalLM.from_pretrained(target).eval()
+        for name, (target, _) in family_checkpoints.items()
+    }

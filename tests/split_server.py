@@ -36,8 +36,11 @@ class ServerProcess:
     def http(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def health(self) -> dict:
-        with urllib.request.urlopen(f"{self.http}/health", timeout=5) as r:
+    def health(self, token: bool = True) -> dict:
+        """/health; with the server's token (the details), or without (liveness only)."""
+        headers = {"Authorization": f"Bearer {self.token}"} if token and self.token else {}
+        req = urllib.request.Request(f"{self.http}/health", headers=headers)
+        with urllib.request.urlopen(req, timeout=5) as r:
             return json.load(r)
 
     def stop(self) -> None:

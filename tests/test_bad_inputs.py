@@ -106,8 +106,12 @@ def test_export_refuses_unsupported_architecture_naming_supported_ones(tmp_path)
         num_attention_heads=2,
         intermediate_size=64,
     ).save_pretrained(tmp_path / "bert")
-    with pytest.raises(ExportError, match="'bert' is not supported; supported: gpt2, llama, qwen2"):
-        export_bundle(tmp_path / "bert", tmp_path / "out", progress=False)
+    supported = (
+        "gemma, gemma2, gemma3_text, gpt2, granite, llama, mistral, olmo2, phi3, qwen2, qwen3, "
+        "smollm3"
+    )
+    with pytest.raises(ExportError, match=f"'bert' is not supported; supported: {supported}"):
+        export_bundle(tmp_path / "bert", tmp_path / "out")
 
 
 def test_export_refuses_draft_with_another_tokenizer(checkpoints, tmp_path):
@@ -118,7 +122,7 @@ def test_export_refuses_draft_with_another_tokenizer(checkpoints, tmp_path):
     shutil.copytree(checkpoints["qwen2"], other)
     train_tokenizer(other, vocab_size=1000)
     with pytest.raises(ExportError, match="does not share the tokenizer"):
-        export_bundle(checkpoints["llama-gqa-tied"], tmp_path / "o", draft=other, progress=False)
+        export_bundle(checkpoints["llama-gqa-tied"], tmp_path / "o", draft=other)
 
 
 def test_export_option_errors(checkpoints, tmp_path):
@@ -126,18 +130,32 @@ def test_export_option_errors(checkpoints, tmp_path):
 
     ck = checkpoints["gpt2"]
     with pytest.raises(ExportError, match="out of range: the model has 4 layers"):
-        export_bundle(ck, tmp_path / "a", exit_layers=[4], progress=False)
+        export_bundle(ck, tmp_path / "a", exit_layers=[4])
     with pytest.raises(ExportError, match="choose one of fp32, fp16"):
-        export_bundle(ck, tmp_path / "b", dtype="bf16", progress=False)
+        export_bundle(ck, tmp_path / "b", dtype="bf16")
     with pytest.raises(ExportError, match="does not exist"):
-        export_bundle(tmp_path / "missing", tmp_path / "c", progress=False)
+        export_bundle(tmp_path / "missing", tmp_path / "c")
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "x").write_text("keep me")
     with pytest.raises(ExportError, match="not empty"):
-        export_bundle(ck, tmp_path / "full", progress=False)
+        export_bundle(ck, tmp_path / "full")
     with pytest.raises(ExportError, match="not a bundle; refusing"):
-        export_bundle(ck, tmp_path / "full", overwrite=True, progress=False)
+        export_bundle(ck, tmp_path / "full", overwrite=True)
     assert (tmp_path / "full" / "x").read_text() == "keep me"
+
+
+def test_export_config_refuses_bad_options_before_loading_anything(tmp_path):
+    from edgespec.export import ExportConfig, ExportError, export_bundle
+
+    with pytest.raises(ExportError, match="choose one of fp32, fp16"):
+        ExportConfig(dtype="bf16")
+    with pytest.raises(ExportError, match="--backbone-layers needs --variant shared-backbone"):
+        ExportConfig(backbone_layers=2)
+    with pytest.raises(ExportError, match="qdq-int8 starts from fp32 graphs"):
+        ExportConfig(quantize="qdq-int8", dtype="fp16")
+    with pytest.raises(TypeError, match="unknown option.*progress.*pass on_progress"):
+        export_bundle(tmp_path / "missing", tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()
 
 
 def test_cli_prints_one_error_line_not_a_traceback(bundle_copy):

@@ -16,8 +16,15 @@ from collections.abc import Iterator
 import pytest
 from click.testing import CliRunner
 
-from edgespec.channel import Channel, ChannelConfig, ChannelError, Trace, TraceRow, parse_address
 from edgespec.cli import main
+from edgespec.tools.channel import (
+    Channel,
+    ChannelConfig,
+    ChannelError,
+    Trace,
+    TraceRow,
+    parse_address,
+)
 
 
 class _Echo(socketserver.BaseRequestHandler):

@@ -49,7 +49,6 @@ def coreml_bundles(checkpoints, tmp_path_factory) -> dict[str, Path]:
             coreml=True,
             max_context=MAX_CONTEXT,
             verify_width=WIDTH,
-            progress=False,
         )
     return out
 

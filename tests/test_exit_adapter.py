@@ -41,7 +41,6 @@ def adapted(checkpoints, calibration, tmp_path_factory) -> dict[str, Path]:
             exit_layers=EXITS,
             fit_exit_adapter=calibration,
             adapter_steps=20,
-            progress=False,
         )
     return out
 
@@ -114,6 +113,6 @@ def test_bad_calibration_text_is_explained(checkpoints, tmp_path):
     for options, message in cases:
         with pytest.raises(ExportError, match=message):
             export_bundle(
-                checkpoints["llama-gqa-tied"], tmp_path / "b", progress=False, overwrite=True,
+                checkpoints["llama-gqa-tied"], tmp_path / "b", overwrite=True,
                 **options,
             )  # fmt: skip

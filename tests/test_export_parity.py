@@ -78,7 +78,7 @@ def test_roles_share_one_weights_file(bundles, checkpoints):
 def test_fp16_bundle_runs_and_agrees(checkpoints, tmp_path, hf_models):
     from edgespec.export import export_bundle
 
-    export_bundle(checkpoints["qwen2"], tmp_path / "b", dtype="fp16", progress=False)
+    export_bundle(checkpoints["qwen2"], tmp_path / "b", dtype="fp16")
     model = edgespec.load(tmp_path / "b")
     ids = np.random.default_rng(5).integers(0, 2048, 10)
     model.target.reset(16)
@@ -87,11 +87,22 @@ def test_fp16_bundle_runs_and_agrees(checkpoints, tmp_path, hf_models):
     np.testing.assert_allclose(got, ref, atol=0.05 * np.abs(ref).max())
 
 
+def test_export_prints_nothing_and_reports_each_step_to_on_progress(checkpoints, tmp_path, capfd):
+    from edgespec.export import ExportConfig, export_bundle
+
+    steps: list[str] = []
+    config = ExportConfig(exit_layers=[EXIT_LAYER], on_progress=steps.append)
+    export_bundle(checkpoints["gpt2"], tmp_path / "b", config)
+    out, err = capfd.readouterr()
+    assert "export:" not in out + err and "exit adapter" not in out + err
+    assert steps[0].startswith("loading ") and steps[-1] == "done"
+    assert f"building head@{EXIT_LAYER} graph" in steps
+    assert "checking the exported graph against transformers" in steps
+
+
 def test_draft_model_is_exported_into_the_bundle(checkpoints, tmp_path):
     from edgespec.export import export_bundle
 
-    m = export_bundle(
-        checkpoints["llama-gqa-tied"], tmp_path / "d", draft=checkpoints["qwen2"], progress=False
-    )
+    m = export_bundle(checkpoints["llama-gqa-tied"], tmp_path / "d", draft=checkpoints["qwen2"])
     assert "draft" in m.roles and m.draft is not None and m.draft.model_type == "qwen2"
     assert load_manifest(tmp_path / "d").graph("draft").model == "draft"

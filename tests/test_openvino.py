@@ -79,9 +79,7 @@ def test_qdq_bundle_is_lossless_within_openvino(checkpoints, tmp_path):
 
     ov_python()  # skip before the export when there is no OpenVINO
     folder = tmp_path / "qdq"
-    export_bundle(
-        checkpoints["llama-gqa-tied"], folder, quantize="qdq-int8", exit_layers=[2], progress=False
-    )
+    export_bundle(checkpoints["llama-gqa-tied"], folder, quantize="qdq-int8", exit_layers=[2])
     result = run_worker(folder, tmp_path)
     for device in ("cpu", "openvino"):
         ar = result[f"{device}/ar"]["tokens"]

@@ -95,13 +95,11 @@ def test_weight_only_bundle_computes_the_fake_quantized_model(
     ids = np.random.default_rng(6).integers(0, 2048, 9)
     ref = hf_logits(fake_quantized(hf_models[arch], method), ids)
     # float compute: equal to the fake-quantized model up to float rounding
-    export_bundle(
-        checkpoints[arch], tmp_path / "exact", quantize=method, accuracy_level=0, progress=False
-    )
+    export_bundle(checkpoints[arch], tmp_path / "exact", quantize=method, accuracy_level=0)
     np.testing.assert_allclose(bundle_logits(tmp_path / "exact", ids), ref, atol=3e-4, rtol=1e-4)
     # default (int8 activations per row and block of 32): off by activation rounding only,
     # a relative error of about 1/254 per block, far below the weights' own rounding
-    m = export_bundle(checkpoints[arch], tmp_path / "fast", quantize=method, progress=False)
+    m = export_bundle(checkpoints[arch], tmp_path / "fast", quantize=method)
     got = bundle_logits(tmp_path / "fast", ids)
     fp32 = hf_logits(hf_models[arch], ids)
     act_err = np.abs(got - ref).max()
@@ -125,7 +123,6 @@ def test_int4_bundle_is_smaller_than_int8_smaller_than_fp32(checkpoints, bundles
     for method in ("int8", "int4"):
         export_bundle(
             checkpoints["llama-untied"], tmp_path / method, quantize=method, exit_layers=[2],
-            progress=False,
         )  # fmt: skip
         sizes[method] = (tmp_path / method / "weights.bin").stat().st_size
     # the embedding table stays fp32 (a gather reads one row); every matmul weight shrinks
@@ -145,7 +142,6 @@ def quantized_bundles(checkpoints, tmp_path_factory):
             exit_layers=[2],
             # qdq-int8 quantizes each graph in a child process: skip the draft to stay fast
             draft=None if method == "qdq-int8" else checkpoints["qwen2"],
-            progress=False,
         )
     return out
 
@@ -194,7 +190,7 @@ def test_qdq_bundle_holds_calibrated_qdq_matmuls(quantized_bundles):
 )
 def test_bad_quantization_options_are_refused(checkpoints, tmp_path, options, message):
     with pytest.raises(ExportError, match=message):
-        export_bundle(checkpoints["qwen2"], tmp_path / "x", progress=False, **options)
+        export_bundle(checkpoints["qwen2"], tmp_path / "x", **options)
     assert not (tmp_path / "x").exists()
 
 

@@ -1,4 +1,6 @@
-"""The runtime never needs torch: an app installs numpy + onnxruntime (+ click) only."""
+"""The runtime never needs torch: an app installs numpy + onnxruntime (+ click) only; and
+edgespec's own modules import one way (runtime/ never imports serve/, export/ or cli; no
+import circles) and stay short."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import edgespec
 
 PACKAGE = Path(edgespec.__file__).parent
 RUNTIME_FILES = [
-    *PACKAGE.glob("runtime/*.py"),
+    *PACKAGE.glob("runtime/**/*.py"),
     *PACKAGE.glob("devices/*.py"),
     PACKAGE / "bundle.py",
     PACKAGE / "__init__.py",
@@ -101,3 +103,133 @@ main()
     for args in (["generate", b, "-p", "x = 1", "-n", "4"], ["inspect", b]):
         run = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True)
         assert run.returncode == 0, run.stderr
+
+
+# ------------------------------------------------------------ edgespec's own import graph
+# Layers point one way: cli -> serve/export -> runtime -> bundle/devices. The graph is read
+# statically (ast) from every module of the package, function-local imports included: a
+# lazy import still runs, so it still makes a circle or climbs a layer. Imports under
+# `if TYPE_CHECKING:` never run and are left out.
+LAYERS_ABOVE_RUNTIME = ("edgespec.serve", "edgespec.export", "edgespec.cli")
+MAX_MODULE_LINES = 400
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+MODULES = {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _own_imports(name: str) -> list[tuple[str, int]]:
+    """(edgespec module imported, line) for every import in module `name` that can run."""
+    path = MODULES[name]
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: list[tuple[str, int]] = []
+
+    def visit(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                for orelse in child.orelse:
+                    visit(orelse)
+                continue
+            if isinstance(child, ast.Import):
+                found.extend((a.name, child.lineno) for a in child.names)
+            elif isinstance(child, ast.ImportFrom):
+                module = child.module or ""
+                if child.level:  # relative: up from this module's package
+                    base = package.split(".")[: len(package.split(".")) - (child.level - 1)]
+                    module = ".".join(base + ([module] if module else []))
+                for a in child.names:  # `from pkg import submodule` imports the submodule
+                    sub = f"{module}.{a.name}"
+                    found.append((sub if sub in MODULES else module, child.lineno))
+            visit(child)
+
+    visit(ast.parse(path.read_text()))
+    return [(m, line) for m, line in found if m in MODULES and m != name]
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[tuple[list[str], list[str]]]:
+    """Per circle (strongly connected part): one cycle through it, as a path back to its
+    start, and the circle's other members."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    parts: list[set[str]] = []
+
+    def connect(v: str) -> None:  # Tarjan; the package is small, recursion is fine
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                connect(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            part = set()
+            while not part or v not in part:
+                part.add(stack.pop())
+            if len(part) > 1:
+                parts.append(part)
+
+    for v in sorted(graph):
+        if v not in index:
+            connect(v)
+    cycles = []
+    for part in parts:  # shortest way from the smallest name back to itself, inside the part
+        start = min(part)
+        paths = {w: [start, w] for w in sorted(graph[start] & part)}
+        frontier = list(paths)
+        while start not in paths:
+            nxt = []
+            for v in frontier:
+                for w in sorted(graph[v] & part):
+                    if w not in paths:
+                        paths[w] = paths[v] + [w]
+                        nxt.append(w)
+            frontier = nxt
+        cycles.append((paths[start], sorted(part - set(paths[start]))))
+    return cycles
+
+
+def test_import_graph_reader_finds_local_relative_and_submodule_imports():
+    edges = dict(_own_imports("edgespec.cli"))
+    assert "edgespec.cli.export" in edges  # `from edgespec.cli import export`: the submodule
+    assert "edgespec.cli.common" in edges
+    ring = {"a": {"b"}, "b": {"c"}, "c": {"a", "e"}, "d": {"a"}, "e": {"b"}}
+    assert _cycles(ring) == [(["a", "b", "c", "a"], ["e"])]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_runtime_never_imports_serve_export_or_cli():
+    climbs = [
+        f"{MODULES[name].relative_to(PACKAGE.parent)}:{line} imports {imported}"
+        for name in MODULES
+        if name == "edgespec.runtime" or name.startswith("edgespec.runtime.")
+        for imported, line in _own_imports(name)
+        if imported.startswith(LAYERS_ABOVE_RUNTIME)
+    ]
+    assert not climbs, "runtime/ climbs a layer:\n" + "\n".join(climbs)
+
+
+def test_no_import_cycles_among_edgespec_modules():
+    graph = {name: {m for m, _ in _own_imports(name)} for name in MODULES}
+    cycles = _cycles(graph)
+    lines = [
+        " -> ".join(path) + (f"  (also in this circle: {', '.join(rest)})" if rest else "")
+        for path, rest in cycles
+    ]
+    assert not cycles, "import cycles:\n" + "\n".join(lines)
+
+
+def test_no_edgespec_module_over_400_lines():
+    long = {
+        str(p.relative_to(PACKAGE.parent)): n
+        for p in MODULES.values()
+        if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES
+    }
+    assert not long, f"modules over {MAX_MODULE_LINES} lines: {long}"

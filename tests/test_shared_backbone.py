@@ -65,12 +65,10 @@ def family(tmp_path_factory):
     shutil.copytree(original, root / "tokenizer")
     train_tokenizer(root / "tokenizer", vocab_size=1024)  # same weights, other vocabulary
     bundles = {"edge": root / "b-edge"}
-    export_bundle(
-        original, bundles["edge"], variant="shared-backbone", backbone_layers=K, progress=False
-    )
+    export_bundle(original, bundles["edge"], variant="shared-backbone", backbone_layers=K)
     for name in ("original", "evolved", "lower", "tokenizer"):
         bundles[name] = root / f"b-{name}"
-        export_bundle(root / name, bundles[name], progress=False)
+        export_bundle(root / name, bundles[name])
     return bundles
 
 
@@ -188,5 +186,5 @@ def test_shared_backbone_export_options_are_checked(family, tmp_path):
     ]
     for options, message in cases:
         with pytest.raises(ExportError, match=message):
-            export_bundle(src, tmp_path / "x", progress=False, overwrite=True, **options)
+            export_bundle(src, tmp_path / "x", overwrite=True, **options)
     assert not (tmp_path / "x" / "manifest.json").exists()

@@ -49,7 +49,6 @@ def static_bundles(checkpoints, tmp_path_factory) -> dict[str, Path]:
             static=True,
             max_context=MAX_CONTEXT,
             verify_width=WIDTHS,
-            progress=False,
         )
     return out
 
@@ -184,7 +183,6 @@ def test_static_variants_reuse_the_bundles_weights(static_bundles, checkpoints, 
         draft=checkpoints[DRAFT_FOR["gpt2"]],
         exit_layers=[1, 2],
         verify=False,
-        progress=False,
     )
     size = lambda b: (b / "weights.bin").stat().st_size  # noqa: E731
     assert size(static_bundles["gpt2"]) == size(plain)
@@ -212,7 +210,7 @@ def test_static_export_options_are_checked(checkpoints, tmp_path):
         ({"max_context": 64, "quantize": "int8"}, "fp32 or fp16"),
     ):
         with pytest.raises(ExportError, match=match):
-            export_bundle(ckpt, tmp_path / "b", static=True, progress=False, **kwargs)
+            export_bundle(ckpt, tmp_path / "b", static=True, **kwargs)
 
 
 def test_fp16_static_graphs_export_and_decode(checkpoints, tmp_path):
@@ -224,7 +222,6 @@ def test_fp16_static_graphs_export_and_decode(checkpoints, tmp_path):
         static=True,
         max_context=64,
         verify_width=4,
-        progress=False,
     )
     m = load_manifest(out)
     assert m.static is not None

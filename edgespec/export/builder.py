@@ -85,7 +85,8 @@ class AttentionShape:
     num_kv_heads: int
     head_dim: int
     rotary: bool
-    scale: float | None = None
+    scale: float | None = None  # None: 1 / sqrt(head_dim)
+    softcap: float | None = None  # attention scores -> cap * tanh(scores / cap) (Gemma 2)
 
 
 @dataclass
@@ -210,31 +211,41 @@ class GraphBuilder:
 
     def attention(
         self,
-        qkv: str,
+        qkv: str | tuple[str, str, str],
         layer: int,
         shape: AttentionShape,
         seqlens_k: str,
         total_len: str,
         rotary: tuple[str, str] | None,
+        window: int | None = None,
     ) -> str:
-        """GroupQueryAttention over a packed QKV projection, KV written in place."""
+        """GroupQueryAttention over a packed QKV projection (or separate q, k, v), KV written
+        in place; `window`: a query sees itself and the window - 1 positions before it."""
         past_k = self.add_input(f"past_key.{layer}", self.onnx_dtype, kv_shape(shape))
         past_v = self.add_input(f"past_value.{layer}", self.onnx_dtype, kv_shape(shape))
-        ins = [qkv, "", "", past_k, past_v, seqlens_k, total_len]
+        q_k_v = [qkv, "", ""] if isinstance(qkv, str) else list(qkv)
+        ins = [*q_k_v, past_k, past_v, seqlens_k, total_len]
         attrs = {"num_heads": shape.num_heads, "kv_num_heads": shape.num_kv_heads}
         if rotary is not None:
             ins += list(rotary)
             attrs |= {"do_rotary": 1, "rotary_interleaved": 0}
         if shape.scale is not None:
             attrs["scale"] = float(shape.scale)
+        if shape.softcap is not None:
+            attrs["softcap"] = float(shape.softcap)
+        if window is not None:
+            attrs["local_window_size"] = int(window)  # it attends keys with q - k < window
         out, pk, pv = self.op("GroupQueryAttention", ins, 3, MS_DOMAIN, **attrs)
         for src, dst in ((pk, f"present_key.{layer}"), (pv, f"present_value.{layer}")):
             self.add_output(src, dst, self.onnx_dtype, kv_shape(shape))
         return out
 
-    def rotary_cache(self, cos: np.ndarray, sin: np.ndarray) -> tuple[str, str]:
-        """cos/sin tables [max_positions, rotary_dim / 2] shared by every layer."""
-        return self.weight("rotary.cos", cos), self.weight("rotary.sin", sin)
+    def rotary_cache(
+        self, cos: np.ndarray, sin: np.ndarray, name: str = "rotary"
+    ) -> tuple[str, str]:
+        """cos/sin tables [max_positions, rotary_dim / 2] shared by the layers that use them
+        (rotary_dim < head_dim: only the first rotary_dim dims of each head rotate)."""
+        return self.weight(f"{name}.cos", cos), self.weight(f"{name}.sin", sin)
 
     def last_positions(self, hidden: str, keep: str) -> str:
         """hidden[:, -keep:] (keep = 0 gives an empty slice: no LM head work)."""

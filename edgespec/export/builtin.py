@@ -12,6 +12,8 @@ import os
 import sysconfig
 from pathlib import Path
 
+from edgespec.export.errors import ExportError
+
 BUILTIN_PREFIX = "builtin:"
 VOCAB = 2048
 CONFIGS = {
@@ -45,8 +47,6 @@ def cache_dir() -> Path:
 def builtin_checkpoint(name: str) -> Path:
     key = name.removeprefix(BUILTIN_PREFIX)
     if key not in CONFIGS:
-        from edgespec.export import ExportError
-
         raise ExportError(
             f"unknown built-in model {name!r}; built-ins: "
             + ", ".join(BUILTIN_PREFIX + k for k in CONFIGS)

@@ -121,29 +121,52 @@ def build_program(w: DecoderWeights, role: str, shape: StaticShape) -> Any:
             x = ins["hidden"]
         else:
             x = mb.gather(x=_f32(w.embed), indices=ins["input_ids"], axis=0)
+            if w.embed_scale != 1.0:
+                x = mb.mul(x=x, y=np.float32(w.embed_scale))
             if w.pos_embed is not None:
                 x = mb.add(x=x, y=mb.gather(x=_f32(w.pos_embed), indices=pos, axis=0))
-        rotary = None
-        if w.rotary is not None:
-            half = w.rotary[0].shape[1]
-            rotary = tuple(
-                mb.reshape(x=mb.gather(x=_f32(t), indices=pos, axis=0), shape=[1, width, 1, half])
-                for t in w.rotary
+        layers = w.layers[first:last]
+        rotary = {
+            name: tuple(
+                mb.reshape(
+                    x=mb.gather(x=_f32(t), indices=pos, axis=0),
+                    shape=[1, width, 1, t.shape[1]],
+                )
+                for t in tables
             )
+            for name, tables in (("global", w.rotary), ("local", w.rotary_local))
+            if tables is not None and any(lw.rope == name for lw in layers)
+        }
         group = a.num_heads // a.num_kv_heads
-        mask = mb.tile(x=ins["attention_mask"], reps=[1, 1, group, 1])
+        masks = {
+            window: mb.tile(x=_window_mask(mb, ins["attention_mask"], pos, window, shape),
+                            reps=[1, 1, group, 1])
+            for window in {lw.window for lw in layers}
+        }  # fmt: skip
         for i in range(first, last):
             lw = w.layers[i]
-            h = _norm(mb, x, lw.attn_norm)
+            h = _norm(mb, x, lw.attn_norm) if lw.attn_norm is not None else x
             states = (ins[f"key_cache_{i}"], ins[f"value_cache_{i}"])
-            att = _attention(mb, types, h, lw, w, shape, mask, rotary, states, ins["write_offset"])
-            x = mb.add(x=x, y=_linear(mb, att, lw.o_w, lw.o_b))
-            x = mb.add(x=x, y=_mlp(mb, _norm(mb, x, lw.mlp_norm), lw, w.activation))
+            rope = rotary.get(lw.rope) if lw.rope is not None else None
+            att = _attention(
+                mb, types, h, lw, w, shape, masks[lw.window], rope, states, ins["write_offset"]
+            )
+            att = _linear(mb, att, lw.o_w, lw.o_b)
+            if lw.post_attn_norm is not None:
+                att = _norm(mb, att, lw.post_attn_norm)
+            x = mb.add(x=x, y=att)
+            h = _norm(mb, x, lw.mlp_norm) if lw.mlp_norm is not None else x
+            m = _mlp(mb, h, lw, w.activation)
+            if lw.post_mlp_norm is not None:
+                m = _norm(mb, m, lw.post_mlp_norm)
+            x = mb.add(x=x, y=m)
         outputs = []
         if kind == "head":
             outputs.append(mb.identity(x=x, name="hidden"))
         h = _norm(mb, x, w.final_norm)
         logits = _linear(mb, h, w.lm_head.T, w.lm_head_b)
+        if w.final_softcap is not None:
+            logits = _softcap(mb, logits, w.final_softcap)
         outputs.append(mb.identity(x=logits, name="exit_logits" if kind == "head" else "logits"))
         func.set_outputs(outputs)
     prog = Program()
@@ -175,12 +198,41 @@ def _norm(mb: Any, x: Any, norm: Norm) -> Any:
     return mb.mul(x=first, y=_f32(norm.gamma))
 
 
-def _rope(mb: Any, x: Any, rotary: tuple[Any, Any], half: int) -> Any:
+def _rope(mb: Any, x: Any, rotary: tuple[Any, Any], half: int, head_dim: int) -> Any:
+    """Rotate the first 2 * half dims of each head; the rest (partial rotary) pass through."""
     cos, sin = rotary
-    x1, x2 = mb.split(x=x, split_sizes=[half, half], axis=-1)
+    rest = head_dim - 2 * half
+    x1, x2, *tail = mb.split(x=x, split_sizes=[half, half] + ([rest] if rest else []), axis=-1)
     first = mb.sub(x=mb.mul(x=x1, y=cos), y=mb.mul(x=x2, y=sin))
     second = mb.add(x=mb.mul(x=x2, y=cos), y=mb.mul(x=x1, y=sin))
-    return mb.concat(values=[first, second], axis=-1)
+    return mb.concat(values=[first, second, *tail], axis=-1)
+
+
+def _softcap(mb: Any, x: Any, cap: float) -> Any:
+    return mb.mul(x=mb.tanh(x=mb.real_div(x=x, y=np.float32(cap))), y=np.float32(cap))
+
+
+def _window_mask(mb: Any, mask: Any, pos: Any, window: int | None, shape: StaticShape) -> Any:
+    """The runtime's mask over cache slots, plus MASKED on slots `window` or more positions
+    before the query (slot j holds position j)."""
+    if window is None:
+        return mask
+    slots = shape.max_context + shape.verify_width
+    q = mb.reshape(x=mb.cast(x=pos, dtype="fp32"), shape=[1, 1, shape.verify_width, 1])
+    k = np.arange(slots, dtype=np.float32).reshape(1, 1, 1, slots)
+    far = mb.greater_equal(x=mb.sub(x=q, y=k), y=np.float32(window))
+    extra = mb.select(cond=far, a=np.float32(MASKED), b=np.float32(0.0))
+    return mb.add(x=mask, y=extra)
+
+
+def _head_norm(mb: Any, t: Any, norm: Norm | None, heads: int, hd: int, width: int) -> Any:
+    """q or k [1, W, heads, hd] after its RMSNorm: per head, or over the whole projection."""
+    if norm is None:
+        return t
+    if norm.gamma.shape[0] == hd:
+        return _norm(mb, t, norm)
+    flat = _norm(mb, mb.reshape(x=t, shape=[1, width, heads * hd]), norm)
+    return mb.reshape(x=flat, shape=[1, width, heads, hd])
 
 
 def _attention(
@@ -203,8 +255,11 @@ def _attention(
     q = mb.reshape(x=q, shape=[1, width, heads, hd])
     k = mb.reshape(x=k, shape=[1, width, kv, hd])
     v = mb.reshape(x=v, shape=[1, width, kv, hd])
+    q = _head_norm(mb, q, lw.q_norm, heads, hd, width)
+    k = _head_norm(mb, k, lw.k_norm, kv, hd, width)
     if rotary is not None:
-        q, k = _rope(mb, q, rotary, hd // 2), _rope(mb, k, rotary, hd // 2)
+        half = (w.rotary_local if lw.rope == "local" else w.rotary)[0].shape[1]  # type: ignore[index]
+        q, k = _rope(mb, q, rotary, half, hd), _rope(mb, k, rotary, half, hd)
     # write the W new keys/values into the state at [offset, offset + W), then read it all
     zero = np.array([0], np.int32)
     begin = mb.concat(values=[zero, zero, offset, zero], axis=0)
@@ -227,6 +282,8 @@ def _attention(
     q = mb.reshape(x=mb.transpose(x=q, perm=[0, 2, 1, 3]), shape=[1, kv, group * width, hd])
     scale = a.scale if a.scale is not None else hd**-0.5
     scores = mb.matmul(x=mb.mul(x=q, y=np.float32(scale)), y=keys, transpose_y=True)
+    if a.softcap is not None:
+        scores = _softcap(mb, scores, a.softcap)
     probs = mb.softmax(x=mb.add(x=scores, y=mask), axis=-1)
     out = mb.reshape(x=mb.matmul(x=probs, y=values), shape=[1, heads, width, hd])
     out = mb.transpose(x=out, perm=[0, 2, 1, 3])
@@ -241,6 +298,10 @@ def _mlp(mb: Any, h: Any, lw: LayerWeights, activation: str) -> Any:
         inner = mb.mul(x=mb.mul(x=gate, y=mb.sigmoid(x=gate)), y=up)
     elif activation == "gelu_tanh":
         inner = mb.gelu(x=up, mode="TANH_APPROXIMATION")
+    elif activation == "gelu_tanh_gated":
+        inter = lw.down_w.shape[0]
+        gate, up = mb.split(x=up, split_sizes=[inter, inter], axis=-1)
+        inner = mb.mul(x=mb.gelu(x=gate, mode="TANH_APPROXIMATION"), y=up)
     else:
         raise ValueError(f"unknown activation {activation}")
     return _linear(mb, inner, lw.down_w, lw.down_b)

@@ -36,16 +36,31 @@ class Norm:
 
 @dataclass
 class LayerWeights:
-    attn_norm: Norm
+    """One layer's weights and the family's per-layer choices, as data the builders read.
+
+    Residual layout: x += post_attn_norm(attention(attn_norm(x))); x += post_mlp_norm(
+    mlp(mlp_norm(x))), each norm optional (None: identity): Llama has the two pre-norms,
+    Gemma 2/3 all four, OLMo 2 only the two post-norms."""
+
+    attn_norm: Norm | None
     qkv_w: np.ndarray  # [hidden, (heads + 2 * kv_heads) * head_dim], q|k|v packed
     qkv_b: np.ndarray | None
     o_w: np.ndarray  # [heads * head_dim, hidden]
     o_b: np.ndarray | None
-    mlp_norm: Norm
+    mlp_norm: Norm | None
     up_w: np.ndarray  # gated: [hidden, 2 * inter] packed gate|up; plain: [hidden, inter]
     up_b: np.ndarray | None
     down_w: np.ndarray  # [inter, hidden]
     down_b: np.ndarray | None
+    # RMSNorm of q and k before rotary (Qwen3, Gemma 3, OLMo 2): a [head_dim] gain is applied
+    # per head, a [heads * head_dim] (k: [kv_heads * head_dim]) gain over the whole projection
+    q_norm: Norm | None = None
+    k_norm: Norm | None = None
+    post_attn_norm: Norm | None = None
+    post_mlp_norm: Norm | None = None
+    # sliding-window attention: a query sees itself and the window - 1 positions before it
+    window: int | None = None
+    rope: str | None = "global"  # rotary table: "global" | "local" (DecoderWeights); None: NoPE
 
 
 @dataclass
@@ -67,8 +82,12 @@ class DecoderWeights:
     lm_head_b: np.ndarray | None
     rotary: tuple[np.ndarray, np.ndarray] | None  # cos, sin [max_pos, rotary_dim / 2]
     attn: AttentionShape
-    activation: str  # "silu" (gated MLP) | "gelu_tanh" (plain MLP)
+    activation: str  # "silu" (gated) | "gelu_tanh" (plain) | "gelu_tanh_gated" (Gemma)
     prefix: str = ""  # weight-name prefix, "draft." for a draft model
+    # the rotary table of layers with rope="local" (Gemma 3's sliding layers: another base)
+    rotary_local: tuple[np.ndarray, np.ndarray] | None = None
+    embed_scale: float = 1.0  # embeddings times this (Gemma's sqrt(hidden), Granite's multiplier)
+    final_softcap: float | None = None  # logits = cap * tanh(logits / cap) (Gemma 2/3)
     exit_adapters: dict[int, ExitAdapter] = field(default_factory=dict)  # exit layer -> adapter
 
     @property
@@ -115,26 +134,52 @@ def build_graph(w: DecoderWeights, role: str, gb: GraphBuilder) -> None:
     else:
         ids = gb.add_input("input_ids", TensorProto.INT64, ["batch", "sequence"])
         x = gb.op1("Gather", [gb.weight(f"{p}embed.weight", w.embed), ids], axis=0)
+        if w.embed_scale != 1.0:
+            x = gb.op1("Mul", [x, gb.const(np.array(w.embed_scale, gb.dtype))])
         if w.pos_embed is not None:
             pos = gb.op1(
                 "Gather",
                 [gb.weight(f"{p}pos_embed.weight", w.pos_embed), gb.positions(seqlens, ids)],
             )
             x = gb.op1("Add", [x, pos])
-    rotary = gb.rotary_cache(*w.rotary) if w.rotary is not None else None
+    tables = {"global": w.rotary, "local": w.rotary_local}
+    rotary = {  # only the tables this role's layers use
+        table: gb.rotary_cache(*t, name="rotary" if table == "global" else f"rotary_{table}")
+        for table, t in tables.items()
+        if t is not None and any(lw.rope == table for lw in w.layers[first:last])
+    }
 
     delta: str | None = None  # the MLP output not yet added to the residual stream x
     for i in range(first, last):
-        lw = w.layers[i]
-        if delta is None:
-            h = _norm(gb, x, f"{p}layers.{i}.attn_norm", lw.attn_norm)
+        lw, name = w.layers[i], f"{p}layers.{i}"
+        if lw.attn_norm is None:
+            x = gb.op1("Add", [x, delta]) if delta is not None else x
+            h = x
+        elif delta is None:
+            h = _norm(gb, x, f"{name}.attn_norm", lw.attn_norm)
         else:
-            h, x = _skip_norm(gb, delta, x, f"{p}layers.{i}.attn_norm", lw.attn_norm)
-        qkv = gb.linear(h, f"{p}layers.{i}.qkv", lw.qkv_w, lw.qkv_b)
-        a = gb.attention(qkv, i, w.attn, seqlens, total, rotary)
-        a = gb.linear(a, f"{p}layers.{i}.o", lw.o_w, lw.o_b)
-        h, x = _skip_norm(gb, a, x, f"{p}layers.{i}.mlp_norm", lw.mlp_norm)
-        delta = _mlp(gb, h, f"{p}layers.{i}", lw, w.activation)
+            h, x = _skip_norm(gb, delta, x, f"{name}.attn_norm", lw.attn_norm)
+        qkv = gb.linear(h, f"{name}.qkv", lw.qkv_w, lw.qkv_b)
+        a = gb.attention(
+            _qk_norms(gb, qkv, name, lw, w.attn),
+            i,
+            w.attn,
+            seqlens,
+            total,
+            rotary.get(lw.rope) if lw.rope is not None else None,
+            window=lw.window,
+        )
+        a = gb.linear(a, f"{name}.o", lw.o_w, lw.o_b)
+        if lw.post_attn_norm is not None:
+            a = _norm(gb, a, f"{name}.post_attn_norm", lw.post_attn_norm)
+        if lw.mlp_norm is None:
+            x = gb.op1("Add", [x, a])
+            h = x
+        else:
+            h, x = _skip_norm(gb, a, x, f"{name}.mlp_norm", lw.mlp_norm)
+        delta = _mlp(gb, h, name, lw, w.activation)
+        if lw.post_mlp_norm is not None:
+            delta = _norm(gb, delta, f"{name}.post_mlp_norm", lw.post_mlp_norm)
 
     if kind == "head":
         hidden = gb.op1("Add", [x, delta]) if delta is not None else x
@@ -154,12 +199,41 @@ def build_graph(w: DecoderWeights, role: str, gb: GraphBuilder) -> None:
     logits = _lm_head(gb, h, w)
     if dt != TensorProto.FLOAT:
         logits = gb.op1("Cast", [logits], to=TensorProto.FLOAT)
+    if w.final_softcap is not None:
+        logits = softcap(gb, logits, w.final_softcap, np.float32)
     name = "exit_logits" if kind == "head" else "logits"
     gb.add_output(logits, name, TensorProto.FLOAT, ["batch", "kept", w.embed.shape[0]])
 
 
 def _norm(gb: GraphBuilder, x: str, name: str, norm: Norm) -> str:
     return gb.norm(x, name, norm.gamma, norm.beta, norm.eps)
+
+
+def softcap(gb: GraphBuilder, x: str, cap: float, dtype: type = np.float32) -> str:
+    """cap * tanh(x / cap), in the order transformers computes it."""
+    c = gb.const(np.array(cap, dtype))
+    return gb.op1("Mul", [gb.op1("Tanh", [gb.op1("Div", [x, c])]), c])
+
+
+def _qk_norms(
+    gb: GraphBuilder, qkv: str, name: str, lw: LayerWeights, a: AttentionShape
+) -> str | tuple[str, str, str]:
+    """The packed projection, or (q, k, v) after the layer's q/k RMSNorms."""
+    if lw.q_norm is None and lw.k_norm is None:
+        return qkv
+    sizes = [a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim, a.num_kv_heads * a.head_dim]
+    q, k, v = gb.op("Split", [qkv, gb.const(np.array(sizes))], 3, axis=-1)
+    out = []
+    pairs = ((q, lw.q_norm, a.num_heads, "q"), (k, lw.k_norm, a.num_kv_heads, "k"))
+    for t, norm, heads, tag in pairs:
+        if norm is not None and norm.gamma.shape[0] == a.head_dim:  # per head
+            t = gb.op1("Reshape", [t, gb.const(np.array([0, 0, heads, a.head_dim]))])
+            t = _norm(gb, t, f"{name}.{tag}_norm", norm)
+            t = gb.op1("Reshape", [t, gb.const(np.array([0, 0, heads * a.head_dim]))])
+        elif norm is not None:  # over the whole projection (OLMo 2)
+            t = _norm(gb, t, f"{name}.{tag}_norm", norm)
+        out.append(t)
+    return out[0], out[1], v
 
 
 def _skip_norm(gb: GraphBuilder, x: str, skip: str, name: str, norm: Norm) -> tuple[str, str]:
@@ -174,6 +248,9 @@ def _mlp(gb: GraphBuilder, h: str, name: str, lw: LayerWeights, activation: str)
         inner = gb.op1("Mul", [act, up])
     elif activation == "gelu_tanh":
         inner = gb.op1("FastGelu", [up], domain="com.microsoft")
+    elif activation == "gelu_tanh_gated":
+        gate, up = gb.op("Split", [up], 2, axis=-1, num_outputs=2)
+        inner = gb.op1("Mul", [gb.op1("FastGelu", [gate], domain="com.microsoft"), up])
     else:
         raise ValueError(f"unknown activation {activation}")
     return gb.linear(inner, f"{name}.down", lw.down_w, lw.down_b)

@@ -9,16 +9,19 @@ minimising KL(final softmax || exit softmax) through the model's own frozen fina
 LM head. The adapters go into `weights.exit_adapters`; it returns per layer the fit record
 for the manifest (KL and top-1 agreement with the final layer before and after, on the
 last tenth of the windows, held out from the fit). Deterministic for a given seed.
+Progress goes to `on_progress` (ten lines per adapter, with the current KL); it never prints.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from edgespec.export.decoder import DecoderWeights, ExitAdapter, Norm
+from edgespec.export.errors import ExportError
 
 WINDOW = 128
 MAX_WINDOWS = 96  # ~12k calibration tokens: plenty for an [H, H] map, minutes on a CPU
@@ -26,8 +29,6 @@ MAX_WINDOWS = 96  # ~12k calibration tokens: plenty for an [H, H] map, minutes o
 
 def calibration_windows(tokenizer: Any, path: str | Path, max_positions: int) -> np.ndarray:
     """[n, window] token ids cut from the calibration text."""
-    from edgespec.export import ExportError
-
     path = Path(path)
     if not path.is_file():
         raise ExportError(f"--fit-exit-adapter {path}: no such file; give a text file")
@@ -51,7 +52,7 @@ def fit_exit_adapters(
     calibration: str | Path,
     steps: int = 300,
     seed: int = 0,
-    progress: bool = True,
+    on_progress: Callable[[str], None] | None = None,
 ) -> dict[int, dict[str, Any]]:
     import torch
 
@@ -71,7 +72,7 @@ def fit_exit_adapters(
     records = {}
     for k in layers:
         h = torch.cat(hidden[k])
-        adapter, record = _fit_one(h, logits, split, weights, k, steps, seed, progress)
+        adapter, record = _fit_one(h, logits, split, weights, k, steps, seed, on_progress)
         weights.exit_adapters[k] = adapter
         records[k] = record | {"calibration": str(calibration), "tokens": int(windows.size)}
     return records
@@ -85,7 +86,7 @@ def _fit_one(
     k: int,
     steps: int,
     seed: int,
-    progress: bool,
+    on_progress: Callable[[str], None] | None,
 ) -> tuple[ExitAdapter, dict[str, Any]]:
     import torch
     import torch.nn.functional as F
@@ -106,7 +107,9 @@ def _fit_one(
             a = _rms(a, gamma_f, fn.eps)
         else:
             a = F.layer_norm(a, (size,), gamma_f, beta_f, fn.eps)
-        return F.linear(a, head, bias)
+        out = F.linear(a, head, bias)
+        cap = weights.final_softcap  # the family's own output transform, as head@k applies it
+        return out if cap is None else torch.tanh(out / cap) * cap
 
     def kl(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         lt = F.log_softmax(t, -1)
@@ -123,7 +126,7 @@ def _fit_one(
     before = evaluate()
     opt = torch.optim.Adam([gain, w], lr=1e-3)
     gen = torch.Generator().manual_seed(seed)
-    bar = _bar(steps, f"exit adapter @{k}", progress)
+    report = max(1, steps // 10)  # ten progress lines per adapter: readable in a log
     batch = min(512, split)
     for step in range(steps):
         idx = torch.randint(0, split, (batch,), generator=gen)
@@ -134,11 +137,8 @@ def _fit_one(
         opt.zero_grad()
         loss.backward()
         opt.step()
-        if bar is not None:
-            bar.update(1)
-            bar.set_postfix(kl=f"{loss.item():.3f}")
-    if bar is not None:
-        bar.close()
+        if on_progress is not None and ((step + 1) % report == 0 or step + 1 == steps):
+            on_progress(f"exit adapter @{k}: step {step + 1}/{steps}, kl={loss.item():.3f}")
     after = evaluate()
     adapter = ExitAdapter(
         Norm(gain.detach().numpy().copy(), None, fn.eps), w.detach().numpy().copy()
@@ -158,11 +158,3 @@ def _rms(x: Any, gain: Any, eps: float) -> Any:
     import torch
 
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * gain
-
-
-def _bar(total: int, desc: str, enabled: bool) -> Any:
-    if not enabled:
-        return None
-    from tqdm import tqdm
-
-    return tqdm(total=total, desc=desc, leave=False)

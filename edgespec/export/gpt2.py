@@ -30,6 +30,10 @@ def check(config) -> None:
         raise ValueError("GPT-2 with scale_attn_weights=False is not supported")
 
 
+def max_positions(config) -> int:
+    return config.max_position_embeddings
+
+
 def extract(model, prefix: str = "") -> DecoderWeights:
     cfg = model.config
     check(cfg)

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from edgespec.export.decoder import DecoderWeights, LayerWeights, Norm
+from edgespec.export.errors import ExportError
 
 
 def _update(h: Any, value: Any) -> None:
@@ -62,7 +63,6 @@ def verify_head(hf_model: Any, path: Path, k: int, num_kv_heads: int, head_dim: 
     import onnxruntime as ort
     import torch
 
-    from edgespec.export import ExportError
     from edgespec.runtime.graph import session_options
 
     rng = np.random.default_rng(0)

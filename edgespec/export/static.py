@@ -28,13 +28,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from edgespec.bundle import GraphInfo, Manifest, ModelInfo
+from edgespec.bundle import GraphInfo, ModelInfo
 from edgespec.export.builder import GraphBuilder, WeightStore
 from edgespec.export.decoder import DecoderWeights, LayerWeights, Norm, graph_info, role_layers
 
@@ -68,22 +67,43 @@ def build_static_graph(w: DecoderWeights, role: str, gb: GraphBuilder, shape: St
     else:
         ids = gb.add_input("input_ids", TensorProto.INT32, [1, width])
         x = gb.op1("Gather", [gb.weight(f"{p}embed.weight", w.embed), ids], axis=0)
+        if w.embed_scale != 1.0:
+            x = gb.op1("Mul", [x, gb.const(np.array(w.embed_scale, gb.dtype))])
         if w.pos_embed is not None:
             table = gb.weight(f"{p}pos_embed.weight", w.pos_embed)
             x = gb.op1("Add", [x, gb.op1("Gather", [table, pos], axis=0)])
-    rotary = _rotary(gb, w, pos, width) if w.rotary is not None else None
+    layers = w.layers[first:last]
+    tables = {"global": w.rotary, "local": w.rotary_local}
+    rotary = {
+        name: _rotary(gb, t, "rotary" if name == "global" else f"rotary_{name}", pos, width)
+        for name, t in tables.items()
+        if t is not None and any(lw.rope == name for lw in layers)
+    }
     group = w.attn.num_heads // w.attn.num_kv_heads
-    # one mask for every layer: the query rows of a KV head are (group, position) pairs
-    mask = gb.op1("Tile", [mask, gb.const(np.array([1, 1, group, 1], np.int64))])
+    # one mask per window size: the query rows of a KV head are (group, position) pairs
+    masks = {
+        window: gb.op1(
+            "Tile",
+            [_window_mask(gb, mask, pos, shape, window), gb.const(np.array([1, 1, group, 1]))],
+        )
+        for window in {lw.window for lw in layers}
+    }
 
     for i in range(first, last):
-        lw = w.layers[i]
-        h = _norm(gb, x, f"{p}layers.{i}.attn_norm", lw.attn_norm)
-        qkv = gb.linear(h, f"{p}layers.{i}.qkv", lw.qkv_w, lw.qkv_b)
-        a = _attention(gb, qkv, i, w, shape, mask, rotary)
-        x = gb.op1("Add", [x, gb.linear(a, f"{p}layers.{i}.o", lw.o_w, lw.o_b)])
-        h = _norm(gb, x, f"{p}layers.{i}.mlp_norm", lw.mlp_norm)
-        x = gb.op1("Add", [x, _mlp(gb, h, f"{p}layers.{i}", lw, w.activation)])
+        lw, name = w.layers[i], f"{p}layers.{i}"
+        h = _norm(gb, x, f"{name}.attn_norm", lw.attn_norm) if lw.attn_norm is not None else x
+        qkv = gb.linear(h, f"{name}.qkv", lw.qkv_w, lw.qkv_b)
+        rope = rotary.get(lw.rope) if lw.rope is not None else None
+        a = _attention(gb, qkv, i, w, lw, shape, masks[lw.window], rope)
+        a = gb.linear(a, f"{name}.o", lw.o_w, lw.o_b)
+        if lw.post_attn_norm is not None:
+            a = _norm(gb, a, f"{name}.post_attn_norm", lw.post_attn_norm)
+        x = gb.op1("Add", [x, a])
+        h = _norm(gb, x, f"{name}.mlp_norm", lw.mlp_norm) if lw.mlp_norm is not None else x
+        m = _mlp(gb, h, name, lw, w.activation)
+        if lw.post_mlp_norm is not None:
+            m = _norm(gb, m, f"{name}.post_mlp_norm", lw.post_mlp_norm)
+        x = gb.op1("Add", [x, m])
 
     if kind == "head":
         gb.add_output(x, "hidden", dt, [1, width, hidden_size])
@@ -97,6 +117,8 @@ def build_static_graph(w: DecoderWeights, role: str, gb: GraphBuilder, shape: St
     logits = _lm_head(gb, h, w, width)
     if dt != TensorProto.FLOAT:
         logits = gb.op1("Cast", [logits], to=TensorProto.FLOAT)
+    if w.final_softcap is not None:
+        logits = _softcap(gb, logits, w.final_softcap, np.float32)
     name = "exit_logits" if kind == "head" else "logits"
     gb.add_output(logits, name, TensorProto.FLOAT, [1, width, w.embed.shape[0]])
 
@@ -183,25 +205,64 @@ def _norm(gb: GraphBuilder, x: str, name: str, norm: Norm) -> str:
     return gb.op1("Mul", [_from_float(gb, y), g])
 
 
-def _rotary(gb: GraphBuilder, w: DecoderWeights, pos: str, width: int) -> tuple[str, str]:
-    """cos, sin rows of the new positions, [1, W, 1, head_dim / 2] (broadcast over heads)."""
-    cos, sin = w.rotary  # type: ignore[misc]
-    half = cos.shape[1]
+def _rotary(
+    gb: GraphBuilder, tables: tuple[np.ndarray, np.ndarray], name: str, pos: str, width: int
+) -> tuple[str, str]:
+    """cos, sin rows of the new positions, [1, W, 1, rotary_dim / 2] (broadcast over heads)."""
+    half = tables[0].shape[1]
     rows = []
-    for name, table in (("rotary.cos", cos), ("rotary.sin", sin)):
-        picked = gb.op1("Gather", [gb.weight(name, table), pos], axis=0)
+    for part, table in zip(("cos", "sin"), tables, strict=True):
+        picked = gb.op1("Gather", [gb.weight(f"{name}.{part}", table), pos], axis=0)
         rows.append(_reshape(gb, picked, [1, width, 1, half]))
     return rows[0], rows[1]
 
 
-def _rope(gb: GraphBuilder, x: str, rotary: tuple[str, str], half: int) -> str:
-    """Half-split rotation: [x1, x2] -> [x1 cos - x2 sin, x2 cos + x1 sin]."""
+def _rope(gb: GraphBuilder, x: str, rotary: tuple[str, str], half: int, head_dim: int) -> str:
+    """Half-split rotation of the first 2 * half dims: [x1, x2] -> [x1 cos - x2 sin,
+    x2 cos + x1 sin]; the rest of the head (partial rotary) passes through."""
     cos, sin = rotary
-    x1, x2 = _split(gb, x, [half, half])
+    rest = head_dim - 2 * half
+    x1, x2, *tail = _split(gb, x, [half, half] + ([rest] if rest else []))
     m = lambda a, b: gb.op1("Mul", [a, b])  # noqa: E731
     first = gb.op1("Sub", [m(x1, cos), m(x2, sin)])
     second = gb.op1("Add", [m(x2, cos), m(x1, sin)])
-    return gb.op1("Concat", [first, second], axis=-1)
+    return gb.op1("Concat", [first, second, *tail], axis=-1)
+
+
+def _window_mask(
+    gb: GraphBuilder, mask: str, pos: str, shape: StaticShape, window: int | None
+) -> str:
+    """The runtime's causal mask, plus MASKED where the key is `window` or more positions
+    before the query (cache column j holds position j, new column C + i position pos[i])."""
+    if window is None:
+        return mask
+    c = shape.max_context
+    q = gb.op1("Cast", [_reshape(gb, pos, [shape.verify_width, 1])], to=TensorProto.INT64)
+    k = gb.op1(
+        "Concat",
+        [gb.const(np.arange(c, dtype=np.int64)[None]), gb.op1("Cast", [pos], to=TensorProto.INT64)],
+        axis=-1,
+    )  # [1, C + W]
+    far = gb.op1("GreaterOrEqual", [gb.op1("Sub", [q, k]), gb.const(np.array(window, np.int64))])
+    extra = gb.op1(
+        "Where", [far, gb.const(np.array(MASKED, np.float32)), gb.const(np.array(0.0, np.float32))]
+    )
+    return gb.op1("Add", [mask, extra])
+
+
+def _softcap(gb: GraphBuilder, x: str, cap: float, dtype: type) -> str:
+    c = gb.const(np.array(cap, dtype))
+    return gb.op1("Mul", [gb.op1("Tanh", [gb.op1("Div", [x, c])]), c])
+
+
+def _head_norm(gb: GraphBuilder, t: str, name: str, norm: Norm | None, heads: int, hd: int) -> str:
+    """q or k [1, W, heads, hd] after its RMSNorm: per head, or over the whole projection."""
+    if norm is None:
+        return t
+    if norm.gamma.shape[0] == hd:
+        return _norm(gb, t, name, norm)
+    width = _reshape(gb, t, [1, -1, heads * hd])
+    return _reshape(gb, _norm(gb, width, name, norm), [1, -1, heads, hd])
 
 
 def _attention(
@@ -209,6 +270,7 @@ def _attention(
     qkv: str,
     layer: int,
     w: DecoderWeights,
+    lw: LayerWeights,
     shape: StaticShape,
     mask: str,
     rotary: tuple[str, str] | None,
@@ -219,8 +281,12 @@ def _attention(
     dt = gb.onnx_dtype
     q, k, v = _split(gb, qkv, [heads * hd, kv * hd, kv * hd])
     q, k, v = (_reshape(gb, t, [1, width, n, hd]) for t, n in ((q, heads), (k, kv), (v, kv)))
+    name = f"{w.prefix}layers.{layer}"
+    q = _head_norm(gb, q, f"{name}.q_norm", lw.q_norm, heads, hd)
+    k = _head_norm(gb, k, f"{name}.k_norm", lw.k_norm, kv, hd)
     if rotary is not None:
-        q, k = _rope(gb, q, rotary, hd // 2), _rope(gb, k, rotary, hd // 2)
+        half = (w.rotary_local if lw.rope == "local" else w.rotary)[0].shape[1]  # type: ignore[index]
+        q, k = _rope(gb, q, rotary, half, hd), _rope(gb, k, rotary, half, hd)
     new_k = gb.op1("Transpose", [k], perm=[0, 2, 1, 3])  # [1, kv, W, hd]
     new_v = gb.op1("Transpose", [v], perm=[0, 2, 1, 3])
     gb.add_output(new_k, f"new_key.{layer}", dt, [1, kv, width, hd])
@@ -239,7 +305,10 @@ def _attention(
         ],
         axis=-1,
     )  # [1, kv, group * W, C + W]
-    probs = gb.op1("Softmax", [gb.op1("Add", [_to_float(gb, scores), mask])], axis=-1)
+    scores = _to_float(gb, scores)
+    if w.attn.softcap is not None:
+        scores = _softcap(gb, scores, w.attn.softcap, np.float32)
+    probs = gb.op1("Softmax", [gb.op1("Add", [scores, mask])], axis=-1)
     p_past, p_new = _split(gb, _from_float(gb, probs), [c, width])
     out = gb.op1(
         "Add", [gb.op1("MatMul", [p_past, past_v]), gb.op1("MatMul", [p_new, new_v])]
@@ -254,18 +323,24 @@ def _mlp(gb: GraphBuilder, h: str, name: str, lw: LayerWeights, activation: str)
         inter = lw.down_w.shape[0]
         gate, up = _split(gb, up, [inter, inter])
         inner = gb.op1("Mul", [gb.op1("Mul", [gate, gb.op1("Sigmoid", [gate])]), up])
-    elif activation == "gelu_tanh":  # 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
-        cube = gb.op1("Mul", [up, gb.op1("Mul", [up, up])])
-        inside = gb.op1("Add", [up, gb.op1("Mul", [cube, gb.const(np.array(0.044715, gb.dtype))])])
-        t = gb.op1(
-            "Tanh", [gb.op1("Mul", [inside, gb.const(np.array((2 / np.pi) ** 0.5, gb.dtype))])]
-        )
-        one = gb.const(np.array(1.0, gb.dtype))
-        half_x = gb.op1("Mul", [up, gb.const(np.array(0.5, gb.dtype))])
-        inner = gb.op1("Mul", [half_x, gb.op1("Add", [one, t])])
+    elif activation == "gelu_tanh":
+        inner = _gelu_tanh(gb, up)
+    elif activation == "gelu_tanh_gated":
+        inter = lw.down_w.shape[0]
+        gate, up = _split(gb, up, [inter, inter])
+        inner = gb.op1("Mul", [_gelu_tanh(gb, gate), up])
     else:
         raise ValueError(f"unknown activation {activation}")
     return gb.linear(inner, f"{name}.down", lw.down_w, lw.down_b)
+
+
+def _gelu_tanh(gb: GraphBuilder, x: str) -> str:
+    """0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))"""
+    cube = gb.op1("Mul", [x, gb.op1("Mul", [x, x])])
+    inside = gb.op1("Add", [x, gb.op1("Mul", [cube, gb.const(np.array(0.044715, gb.dtype))])])
+    t = gb.op1("Tanh", [gb.op1("Mul", [inside, gb.const(np.array((2 / np.pi) ** 0.5, gb.dtype))])])
+    half_x = gb.op1("Mul", [x, gb.const(np.array(0.5, gb.dtype))])
+    return gb.op1("Mul", [half_x, gb.op1("Add", [gb.const(np.array(1.0, gb.dtype)), t])])
 
 
 def _lm_head(gb: GraphBuilder, h: str, w: DecoderWeights, width: int) -> str:
@@ -323,44 +398,3 @@ def write_static_graph(
     file = f"static_w{shape.verify_width}_" + role.replace("@", "_at_") + ".onnx"
     onnx.save(proto, str(out / file))
     return graph_info(role, file, model, len(weights.layers), gb)
-
-
-def verify_static(hf_model: Any, folder: Path, manifest: Manifest) -> dict[str, float]:
-    """Run the static full graph through the runtime on a prompt longer than W (so the
-    chunked prefill is exercised) and compare its logits with transformers'."""
-    import torch
-
-    from edgespec.runtime.graph import session_options
-    from edgespec.runtime.stack import Stack
-    from edgespec.runtime.static import StaticGraphSession
-
-    assert manifest.static is not None
-    info = manifest.target
-    n = min(max(manifest.static.verify_widths) + 3, manifest.static.max_context)
-    ids = np.random.default_rng(0).integers(0, info.vocab_size, size=n, dtype=np.int64)
-    with torch.no_grad():
-        ref = hf_model(torch.from_numpy(ids[None])).logits.float().numpy()[0]
-    kv_dtype = np.dtype(np.float16 if manifest.dtype == "fp16" else np.float32)
-    session = StaticGraphSession(
-        folder,
-        manifest.static.graphs_for("full"),
-        info,
-        ["CPUExecutionProvider"],
-        session_options(None),
-        kv_dtype,
-        manifest.static.max_context,
-    )
-    target = Stack([session])
-    target.reset(n)
-    got = target.forward(ids, keep=n)
-    diff = float(np.abs(got - ref).max())
-    scale = float(np.abs(ref).max()) or 1.0
-    if manifest.dtype == "fp32" and diff > 1e-3 * max(scale, 1.0):
-        raise RuntimeError(
-            f"the static graph disagrees with transformers (max logit difference {diff:.3g}); "
-            "this is a bug in edgespec's static export, please report it"
-        )
-    return {
-        "max_abs_logit_diff": diff,
-        "argmax_agreement": float((got.argmax(-1) == ref.argmax(-1)).mean()),
-    }

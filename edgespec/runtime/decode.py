@@ -63,13 +63,16 @@ def decode(
             step.finish_reason = finish_reason(
                 step.tokens[-1], produced, max_new_tokens, stop_ids, len(seq) - 1, capacity
             )
+            most = 0 if step.finish_reason else verifier.max_drafts(seq)
+            if most < 0:  # the verifier can go no further (a full server, no local graphs)
+                step.finish_reason = "server_context"
             yield step
             if step.finish_reason:
                 return
             # never draft past the token budget, the cache (verify writes γ + 1 positions)
             # or what the verifier takes in one round
             room = min(max_new_tokens - produced - 1, capacity - len(seq))
-            plan = policy.plan().capped(min(room, verifier.max_drafts(seq)))
+            plan = policy.plan().capped(min(room, most))
             new, stats, ahead = speculative_round(
                 verifier, drafter, plan, seq, ahead, room, params, rng
             )

@@ -2,7 +2,9 @@
 
 InputError  a request cannot be served as given; the message says what to change
 SplitError  the split-decoding server refused the request (retrying would not help)
+ServerLimit the server cannot hold this generation (its context, its request size)
 LinkError   the link to the server failed or timed out (it may be fine later)
+RoundLate   the round in flight is past the device's deadline for it (still awaited)
 """
 
 from __future__ import annotations
@@ -18,3 +20,11 @@ class SplitError(InputError):
 
 class LinkError(Exception):
     """The link failed or timed out; the server may be fine later."""
+
+
+class ServerLimit(SplitError):
+    """The server cannot take this sequence or message (its context or request size)."""
+
+
+class RoundLate(Exception):
+    """The round in flight is late (past `Remote.late_after()`); it is still awaited."""

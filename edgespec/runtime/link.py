@@ -9,7 +9,14 @@ re-sending the committed sequence after a reconnect), VERIFY, END.
 Failures come in two kinds. `LinkError`: the connection failed, closed, or an answer did not
 come within the timeout: retry, reconnect, or fall back to the local verifier. `SplitError`:
 the server refused the request (wrong token, incompatible bundle, bad request): retrying
-would not help, so the message says what to change.
+would not help, so the message says what to change. `ServerLimit` (a SplitError): the server
+cannot hold this generation (its context or request size): go on locally or stop.
+
+Lateness: `Remote` keeps an EWMA of its rounds' round trips; `late_after()` (4x that, at
+least `late_floor`, at most `timeout`) is how long a round may take before the device
+treats it as late and goes on locally while the answer is still awaited (`RoundLate`).
+The limits the server announces in START's answer (`P.ServerLimits`; older servers send
+none) are kept in `limits`.
 """
 
 from __future__ import annotations
@@ -18,11 +25,11 @@ import contextlib
 import inspect
 import queue
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from time import perf_counter, sleep
 
 from edgespec import protocol as P
-from edgespec.runtime.errors import LinkError, SplitError
+from edgespec.runtime.errors import LinkError, RoundLate, ServerLimit, SplitError
 from edgespec.runtime.sampling import SamplingParams
 
 ANSWER_TIMEOUT = 10.0  # seconds a device waits for one answer (the one default, CLI included)
@@ -71,6 +78,7 @@ class Link:
                 compression=None,  # token ids barely compress; keep byte counts honest
                 proxy=None,
                 max_size=1 << 24,
+                subprotocols=[P.SUBPROTOCOL],  # ask for the limits in START's answer
                 **extra,
             )
         except InvalidStatus as e:
@@ -99,6 +107,12 @@ class Link:
                 at = perf_counter()
                 size = len(data)
                 try:
+                    # a server sends RESULT and ERROR only; decoding anything else (a VERIFY's
+                    # vocabulary-sized q rows) would let a hostile server cost memory and time
+                    if isinstance(data, bytes) and len(data) >= P.HEADER.size:
+                        kind = P.HEADER.unpack_from(data)[2]
+                        if kind not in (P.RESULT, P.ERROR):
+                            raise P.ProtocolError(f"message type {kind} is not an answer")
                     msg = P.decode(data)
                 except P.ProtocolError as e:
                     self.inbox.put(LinkError(f"the server sent a malformed message: {e}"))
@@ -169,12 +183,34 @@ class Remote:
     round: int = 0
     pending: tuple[float, int] | None = None  # (sent_at, bytes_up) of the round in flight
     early: Arrival | None = None  # an answer `answered()` already took off the link
+    limits: P.ServerLimits | None = None  # what the server announced at START (or None)
+    sent_drafts: list[int] = field(default_factory=list)  # of the VERIFY in flight
+    round_seconds: float | None = None  # EWMA of VERIFY round trips
+    late_factor: float = 4.0
+    late_floor: float = 0.5  # seconds: never late sooner (scheduling jitter, GC pauses)
+
+    def late_after(self) -> float:
+        """Seconds after which the round in flight counts as late."""
+        if self.round_seconds is None:
+            return self.timeout
+        return min(self.timeout, max(self.late_floor, self.late_factor * self.round_seconds))
 
     def start(
-        self, ids: list[int], capacity: int, params: SamplingParams, attempts: int | None = None
+        self,
+        ids: list[int],
+        capacity: int,
+        params: SamplingParams,
+        attempts: int | None = None,
+        wait: float | None = None,
     ) -> Exchange:
         """(Re)connect and START a session holding `ids`; returns the first answer.
-        Tries `attempts` times (default 1 + retries), waiting backoff, 2x backoff, ..."""
+        Tries `attempts` times (default 1 + retries), waiting backoff, 2x backoff, ...;
+        `wait` bounds the connect and the answer (a probe of a server that went quiet)."""
+        if self.limits is not None and len(ids) >= self.limits.max_context:
+            raise ServerLimit(
+                f"the sequence is {len(ids)} tokens: beyond the server's context "
+                f"({self.limits.max_context})"
+            )
         delay, error = self.backoff, None
         for attempt in range(attempts or self.retries + 1):
             if attempt:
@@ -182,7 +218,7 @@ class Remote:
                 delay *= 2
             try:
                 if self.link is None:
-                    self.link = Link(self.url, self.token, self.connect_timeout)
+                    self.link = Link(self.url, self.token, min(self.connect_timeout, wait or 1e9))
                 msg = P.Start(
                     ids,
                     capacity,
@@ -193,7 +229,9 @@ class Remote:
                     self.fingerprint,
                 )
                 self.send(msg)
-                return self.receive()
+                x = self.receive(wait)
+                self.limits = x.result.limits or self.limits
+                return x
             except LinkError as e:
                 self.drop()
                 error = e
@@ -204,6 +242,7 @@ class Remote:
         assert self.link is not None
         self.round += 1
         msg.round = self.round
+        self.sent_drafts = list(msg.drafts) if isinstance(msg, P.Verify) else []
         self.pending = self.link.send(msg)
 
     def answered(self) -> bool:
@@ -213,26 +252,43 @@ class Remote:
             self.early = self.link.poll(0)
         return self.early is not None
 
-    def receive(self) -> Exchange:
-        """The answer to the round in flight, within `timeout`; LinkError otherwise."""
+    def receive(self, wait: float | None = None, late: float | None = None) -> Exchange:
+        """The answer to the round in flight, within `wait` (default: timeout) seconds of
+        its sending, else LinkError; with `late`, RoundLate once that many seconds passed
+        (the round stays in flight: call again)."""
         assert self.link is not None and self.pending is not None
+        sent_at = self.pending[0]
         arrival, self.early = self.early, None
+        if arrival is None and late is not None:
+            arrival = self.link.poll(max(sent_at + late - perf_counter(), 1e-6))
+            if arrival is None:
+                raise RoundLate(f"no answer within {late:.2f}s")
         if arrival is None:
-            arrival = self.link.poll(self.timeout)
+            left = sent_at + (wait or self.timeout) - perf_counter()
+            arrival = self.link.poll(left) if left > 0 else self.link.poll(0)
         if arrival is None:
             self.drop()
-            raise LinkError(f"no answer from {self.url} within {self.timeout:g}s")
+            raise LinkError(f"no answer from {self.url} within {wait or self.timeout:g}s")
         msg = arrival.message
         if isinstance(msg, P.Error):
             self.drop()
             if msg.code in (P.UNAVAILABLE, P.IDLE_TIMEOUT):
                 raise LinkError(f"server: {msg.text}")
+            if msg.code in (P.TOO_LARGE, P.BAD_REQUEST) and "context" in msg.text:
+                raise ServerLimit(f"the server's limit ({msg.code}): {msg.text}")
+            if msg.code == P.TOO_LARGE:
+                raise ServerLimit(f"the server's limit ({msg.code}): {msg.text}")
             raise SplitError(f"the server refused the round ({msg.code}): {msg.text}")
         if not isinstance(msg, P.Result) or msg.round != self.round:
             self.drop()
             raise LinkError(f"unexpected answer from the server: {msg!r}")
         sent_at, up = self.pending
         self.pending = None
+        seconds = arrival.at - sent_at
+        if self.round_seconds is None:
+            self.round_seconds = seconds
+        else:
+            self.round_seconds += 0.2 * (seconds - self.round_seconds)
         return Exchange(msg, sent_at, arrival.at, up, arrival.size)
 
     def end(self) -> None:

@@ -12,6 +12,18 @@ after the link's retries), the same round is verified by the bundle's own target
 (RoundStats.verifier = "local"), and the server is tried again now and then (a resync: the
 next round drafts nothing and the server's START answer is its token). Without local graphs
 a `SplitError` says so. Tokens are emitted only once verified, by one side or the other.
+
+Limits: the server announces its context and request size in START's answer (older servers
+do not: then an ERROR 413/422 teaches the same). Rounds stay within them (drafts are dropped
+until a VERIFY fits); when the sequence outgrows the server's context the rest is local, or,
+without local graphs, `max_drafts` answers -1 and the generation ends with finish_reason
+"server_context".
+
+Late rounds: a round not answered within `Remote.late_after()` (4x the EWMA round trip, at
+least its floor) is verified locally at once while its answer is still awaited; the answer,
+when it comes, puts the server back in use only if it matches what the device committed
+(else the server's session is rebuilt from the committed tokens by a resync). Probes of a
+server that went quiet are bounded by that same deadline (at least 1 s).
 """
 
 from __future__ import annotations
@@ -22,7 +34,7 @@ from time import monotonic, perf_counter
 import numpy as np
 
 from edgespec import protocol as P
-from edgespec.runtime.errors import LinkError, SplitError
+from edgespec.runtime.errors import LinkError, RoundLate, ServerLimit, SplitError
 from edgespec.runtime.link import Exchange, Remote
 from edgespec.runtime.local import LocalVerifier
 from edgespec.runtime.round import Done, Pending, Proposal, Verdict
@@ -55,8 +67,9 @@ class _InFlight:
     def done(self) -> bool:
         return self.remote.answered()
 
-    def result(self) -> Verdict:
-        x = self.remote.receive()
+    def result(self, late: float | None = None) -> Verdict:
+        """The verdict; RoundLate after `late` seconds (the round stays in flight)."""
+        x = self.remote.receive(late=late)
         n = x.result.accepted
         if n > self.drafted or x.result.length != self.base + n + 1:
             self.remote.drop()
@@ -70,10 +83,15 @@ class RemoteVerifier:
     def __init__(self, remote: Remote, max_positions: int) -> None:
         self.remote, self.max_positions = remote, max_positions
         self.capacity = 0
+        self.server_capacity = 0  # positions the server's session holds (its limit applied)
 
     @property
     def connected(self) -> bool:
         return self.remote.link is not None
+
+    def _started(self, length: int) -> None:
+        limit = self.remote.limits.max_context if self.remote.limits else self.capacity
+        self.server_capacity = max(min(self.capacity, limit), length + 1)
 
     def prefill(
         self, prompt: list[int], capacity: int, params: SamplingParams, rng: np.random.Generator
@@ -81,24 +99,34 @@ class RemoteVerifier:
         start = perf_counter()
         self.capacity = capacity
         x = self.remote.start(prompt, capacity, params)
+        self._started(len(prompt))
         stats = RoundStats("prefill", 1, len(prompt), perf_counter() - start)
         return x.result.token, _verdict(x).fill(stats)
 
-    def resync(self, seq: list[int], params: SamplingParams, attempts: int) -> Verdict:
+    def resync(
+        self, seq: list[int], params: SamplingParams, attempts: int, wait: float | None = None
+    ) -> Verdict:
         """Reconnect and rebuild the server session from the committed sequence; its answer
         is the token after it (a round of γ = 0)."""
-        x = self.remote.start(seq, self.capacity, params, attempts)
+        x = self.remote.start(seq, self.capacity, params, attempts, wait)
+        self._started(len(seq))
         return _verdict(x, resync=True)
 
     def max_drafts(self, seq: list[int]) -> int:
-        return self.capacity - len(seq)
+        """Drafts the server's session can take after seq (-1: it can go no further)."""
+        return max(self.server_capacity - len(seq), -1)
 
     def submit(
         self, seq: list[int], proposal: Proposal, params: SamplingParams, rng: np.random.Generator
     ) -> _InFlight:
         q = proposal.q if proposal.kind == "sampled" and proposal.tokens else None
-        self.remote.send(P.Verify(len(seq), proposal.tokens, q))
-        return _InFlight(self.remote, len(seq), len(proposal.tokens))
+        drafts = proposal.tokens
+        if self.remote.limits is not None:  # within the request size (q rows are large)
+            room = max(self.max_drafts(seq), 0)
+            fit = P.fit_drafts(len(seq), drafts, q, self.remote.limits, room)
+            drafts, q = drafts[:fit], (q[:fit] if q and fit else None)
+        self.remote.send(P.Verify(len(seq), drafts, q))
+        return _InFlight(self.remote, len(seq), len(drafts))
 
     def truncate(self, length: int) -> None:
         pass  # the server truncates its own cache to what it accepted
@@ -125,10 +153,20 @@ class _Guarded:
             return True  # no use waiting: the verdict comes from elsewhere
 
     def result(self) -> Verdict:
+        f = self.fallback
+        late = f.remote.remote.late_after() if f.local is not None else None
         try:
-            return self.pending.result()
+            return self.pending.result(late)
+        except RoundLate:  # verify here now; the answer may still put the server back in use
+            f.went_late(self.pending, self.proposal)
+            return f.local_round(self.seq, self.proposal, self.params, self.rng)
+        except ServerLimit as e:  # an older server that announced no limits
+            f.give_up(e)
+            if f.local is None:
+                raise
+            return f.local_round(self.seq, self.proposal, self.params, self.rng)
         except LinkError as e:
-            return self.fallback.recover(e, self.seq, self.proposal, self.params, self.rng)
+            return f.recover(e, self.seq, self.proposal, self.params, self.rng)
 
 
 class FallbackVerifier:
@@ -150,6 +188,9 @@ class FallbackVerifier:
         self.capacity = 0
         self.last_error = ""
         self.reconnects = 0
+        self.server_done = False  # the server can go no further: the rest is local
+        self.late: _InFlight | None = None  # a round verified here, its answer still awaited
+        self.late_drafts: list[int] = []
 
     # -- failure and recovery ----------------------------------------------------------------
     def _down(self, error: Exception) -> None:
@@ -162,10 +203,53 @@ class FallbackVerifier:
         self.next_retry = monotonic() + self.retry_after
         self.retry_after = min(2 * self.retry_after, self.max_retry_after)
 
-    def _reconnect(self, seq: list[int], params: SamplingParams, attempts: int) -> Verdict | None:
+    def give_up(self, error: Exception | None) -> None:
+        """The server cannot hold this generation any further: the rest is local (or, with
+        no local graphs, the generation ends: `max_drafts` answers -1)."""
+        self.server_done, self.late, self.next_retry = True, None, None
+        self.last_error = str(error) if error else "the server's context is full"
+        self.remote.close()
+        self.remote.remote.drop()
+
+    def went_late(self, pending: _InFlight, proposal: Proposal) -> None:
+        self.late, self.late_drafts = pending, proposal.tokens[: pending.drafted]
+
+    def _settle(self, seq: list[int]) -> None:
+        """The late round's answer, if here: the server is back in use if it answered what
+        the device committed for that round (and nothing since); else its session is
+        rebuilt from the committed tokens (a resync); past the timeout it is down."""
+        pending = self.late
+        assert pending is not None
+        remote = pending.remote
+        try:
+            sent = remote.pending[0] if remote.pending else 0.0
+            if not remote.answered() and perf_counter() - sent <= remote.timeout:
+                return  # still awaited
+            verdict = pending.result()
+        except (LinkError, SplitError) as e:
+            self.late = None
+            remote.drop()
+            self._down(e)
+            return
+        self.late = None
+        answer = [*self.late_drafts[: verdict.accepted], verdict.token]
+        if seq[pending.base :] == answer:
+            self.next_retry, self.retry_after = None, self.first_retry
+        else:  # e.g. sampled differently here, or more committed since: rebuild
+            remote.drop()
+            self.next_retry = monotonic()
+
+    def _reconnect(
+        self, seq: list[int], params: SamplingParams, attempts: int, wait: float | None = None
+    ) -> Verdict | None:
         """A new server session holding seq; its verdict is the next token (None: failed)."""
         try:
-            verdict = self.remote.resync(seq, params, attempts)
+            verdict = self.remote.resync(seq, params, attempts, wait)
+        except ServerLimit as e:
+            self.give_up(e)
+            if self.local is None:
+                raise
+            return None
         except LinkError as e:
             self._down(e)
             return None
@@ -196,9 +280,14 @@ class FallbackVerifier:
         self, prompt: list[int], capacity: int, params: SamplingParams, rng: np.random.Generator
     ) -> tuple[int, RoundStats]:
         self.capacity, self.synced, self.next_retry = capacity, -1, None
+        self.server_done, self.late = False, None
         self.remote.capacity = capacity
         try:
             return self.remote.prefill(prompt, capacity, params, rng)
+        except ServerLimit as e:
+            if self.local is None:
+                raise
+            self.give_up(e)
         except LinkError as e:
             self._down(e)
         assert self.local is not None
@@ -207,13 +296,25 @@ class FallbackVerifier:
         return token, stats
 
     def max_drafts(self, seq: list[int]) -> int:
-        if self._retry_due():
-            return 0  # a resync round: the server's START answer is the next token
-        return self.remote.max_drafts(seq)
+        if self.late is not None:
+            self._settle(seq)
+        if not self.server_done and self.late is None:
+            if self._retry_due():
+                return 0  # a resync round: the server's START answer is the next token
+            if self.next_retry is None:
+                room = self.remote.max_drafts(seq)
+                if room >= 0:
+                    return room
+                self.give_up(None)  # the server's context is full
+        if self.local is None:
+            return -1 if self.server_done else self.capacity - len(seq)
+        return self.capacity - len(seq)
 
     def submit(
         self, seq: list[int], proposal: Proposal, params: SamplingParams, rng: np.random.Generator
     ) -> Pending:
+        if self.server_done or self.late is not None:
+            return Done(self.local_round(seq, proposal, params, rng))
         if self.next_retry is None:
             try:
                 pending = self.remote.submit(seq, proposal, params, rng)
@@ -221,9 +322,10 @@ class FallbackVerifier:
                 return Done(self.recover(e, seq, proposal, params, rng))
             return _Guarded(pending, self, seq, proposal, params, rng)
         if self._retry_due() and not proposal.tokens:
-            # a probe while decoding locally: one attempt, so a stalled server costs the
-            # device one connect timeout per probe
-            verdict = self._reconnect(seq, params, 1)
+            # a probe while decoding locally: one attempt, bounded by the device's own
+            # deadline, so a stalled server costs the device little per probe
+            wait = max(1.0, self.remote.remote.late_after())
+            verdict = self._reconnect(seq, params, 1, wait)
             if verdict is not None:
                 return Done(verdict)
         return Done(self.local_round(seq, proposal, params, rng))

@@ -132,7 +132,8 @@ class Verifier(Protocol):
         """Start a generation: process the prompt; the next token and the prefill's stats."""
 
     def max_drafts(self, seq: list[int]) -> int:
-        """The most drafts the next round after `seq` can carry (0: verify none now)."""
+        """The most drafts the next round after `seq` can carry (0: verify none now; -1:
+        this verifier can go no further, the generation ends with "server_context")."""
 
     def submit(
         self,

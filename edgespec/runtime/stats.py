@@ -37,7 +37,8 @@ class RoundStats:
 class Step:
     tokens: list[int]
     stats: RoundStats
-    finish_reason: str | None = None  # set on the last step: "length" | "eos" | "context"
+    # set on the last step: "length" | "eos" | "context" | "server_context"
+    finish_reason: str | None = None
 
 
 @dataclass

@@ -69,6 +69,11 @@ class KVPool:
         )
 
     @property
+    def held(self) -> int:
+        """Slots owned by sessions now (what /health reports: it cannot drift from the pool)."""
+        return self.keys[0].shape[0] - len(self.free)
+
+    @property
     def capacity(self) -> int:
         return self.keys[0].shape[2]
 

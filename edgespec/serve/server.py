@@ -1,44 +1,54 @@
 """`edgespec serve BUNDLE`: the cloud side of split decoding, on starlette + uvicorn.
 
     WS   /v1/session      one generation session per connection (binary `protocol` messages)
-    GET  /health          liveness, load and the model's backbone fingerprint
-    POST /v1/completions  OpenAI-style plain completion, for cloud-only use
+    GET  /health          liveness; with the token: load, limits, the backbone fingerprint
+    POST /v1/completions  OpenAI-style plain completion, for cloud-only use (`serve.http`)
 
 Guarantees: a bearer token is required when configured (HTTP 401 otherwise); at most
 `max_sessions` sessions hold a KV cache at once, each at most `max_context` positions;
 requests larger than `max_request_bytes`, malformed messages, bad ids and out-of-step rounds
 get an ERROR naming the problem and close only that session; a session idle for
 `idle_timeout` seconds is closed and its cache freed. On shutdown new rounds are refused
-(ERROR 503) while rounds already running are answered, then connections close.
+(ERROR 503) while rounds already running are answered, then connections close and the
+process exits 0 within drain_seconds + body_timeout + 2 s whatever its clients do
+(`transport` bounds headers, handshakes and shutdown; `serve.http` bodies).
 All model work runs on one `Worker` thread; each session owns a slot of one `KVPool`, and
-verify rounds that arrive together share forwards (`batching`; `max_batch = 1`: each alone).
+verify rounds that arrive together share forwards (`batching`; `max_batch = 1`: each alone);
+prefills run in chunks (at most `prefill_chunk` positions, sized to take about
+`prefill_budget_ms`) between other sessions' rounds. A slot
+is taken only once a START has passed every check, and freed on every path out.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import itertools
 import logging
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse
+from starlette.responses import PlainTextResponse
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from edgespec import protocol as P
-from edgespec.backbone import HELLO_PREFIX, BackboneMismatch, check_hello
+from edgespec.backbone import HELLO_PREFIX, BackboneMismatch, parse_hello
+from edgespec.backbone import check as check_backbone
 from edgespec.bundle import Manifest
 from edgespec.runtime.graph import GraphSession
 from edgespec.runtime.opener import GraphOptions, open_bundle
 from edgespec.runtime.stack import Stack
 from edgespec.runtime.tokenizer import Tokenizer
+from edgespec.serve.auth import Gate, client_address
 from edgespec.serve.batching import KVPool
-from edgespec.serve.session import BatchStats, ServerSession, release_all, start, verify_rounds
+from edgespec.serve.http import completions, health
+from edgespec.serve.requests import FieldError
+from edgespec.serve.requests import check_start as check_sampling
+from edgespec.serve.session import BatchStats, ServerSession, prefill, release_all, verify_rounds
+from edgespec.serve.transport import uvicorn_config
 from edgespec.serve.worker import Worker
 
 log = logging.getLogger("edgespec.serve")
@@ -46,6 +56,8 @@ log = logging.getLogger("edgespec.serve")
 
 @dataclass
 class ServerConfig:
+    """What `edgespec serve` runs; every number is checked here (the CLI only builds it)."""
+
     bundle: str
     token: str | None = None
     max_sessions: int = 16
@@ -57,6 +69,54 @@ class ServerConfig:
     drain_seconds: float = 10.0  # how long shutdown waits for running rounds
     max_batch: int = 16  # rounds per batch (1: every round alone, unbatched)
     batch_window_ms: float = 0.0  # wait this long for more rounds when a batch is not full
+    header_timeout: float = 10.0  # seconds a connection has to send its request headers
+    body_timeout: float = 10.0  # seconds a request has to send its body
+    prefill_chunk: int = 256  # positions per prefill step between other rounds (0: whole)
+    prefill_budget_ms: float = 20.0  # size chunks to take about this long (0: fixed size)
+
+    def __post_init__(self) -> None:
+        _integer("max_sessions", self.max_sessions, 1)
+        if self.max_context is not None:
+            _integer("max_context", self.max_context, 2)
+        _integer("max_request_bytes", self.max_request_bytes, 64)
+        if self.threads is not None:
+            _integer("threads", self.threads, 1)
+        _integer("max_batch", self.max_batch, 1)
+        _integer("prefill_chunk", self.prefill_chunk, 0)
+        _seconds("idle_timeout", self.idle_timeout, positive=True)
+        _seconds("drain_seconds", self.drain_seconds, positive=False)
+        _seconds("header_timeout", self.header_timeout, positive=True)
+        _seconds("body_timeout", self.body_timeout, positive=True)
+        _seconds("batch_window_ms", self.batch_window_ms, positive=False, most=1000.0)
+        _seconds("prefill_budget_ms", self.prefill_budget_ms, positive=False, most=10000.0)
+
+
+class ConfigError(ValueError):
+    """A server setting out of range; the message names the flag and what it accepts."""
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _integer(name: str, value: object, least: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ConfigError(f"{_flag(name)} {value!r}: give a whole number of at least {least}")
+
+
+def _seconds(name: str, value: object, positive: bool, most: float = 1e9) -> None:
+    ok = (
+        not isinstance(value, bool)
+        and isinstance(value, int | float)
+        and math.isfinite(value)
+        and (value > 0 if positive else value >= 0)
+        and value <= most
+    )
+    if not ok:
+        bound = "more than 0" if positive else "0 or more"
+        raise ConfigError(
+            f"{_flag(name)} {value!r}: give a finite number, {bound}, at most {most:g}"
+        )
 
 
 @dataclass
@@ -70,10 +130,12 @@ class State:
     limits: P.Limits
     pool: KVPool
     stats: BatchStats
-    sessions: set[int] = field(default_factory=set)
+    gate: Gate
+    connections: set[int] = field(default_factory=set)  # open /v1/session connections
     ids: itertools.count = field(default_factory=lambda: itertools.count(1))
     closing: bool = False
     rounds: int = 0
+    completion_tokens: int = 0
 
 
 def load_state(config: ServerConfig) -> State:
@@ -99,29 +161,28 @@ def load_state(config: ServerConfig) -> State:
         config.batch_window_ms / 1000,
     )
     tokenizer = graphs.tokenizer()
-    return State(config, graphs.manifest, stages, tokenizer, worker, context, limits, pool, stats)
-
-
-def authorized(config: ServerConfig, headers: Any) -> bool:
-    if not config.token:
-        return True
-    given = headers.get("authorization", "")
-    return hmac.compare_digest(given.encode(), f"Bearer {config.token}".encode())
+    gate = Gate(config.token)
+    return State(
+        config, graphs.manifest, stages, tokenizer, worker, context, limits, pool, stats, gate
+    )
 
 
 # -- WebSocket sessions ---------------------------------------------------------------------
 async def session_endpoint(ws: WebSocket) -> None:
     state: State = ws.app.state.edgespec
-    if not authorized(state.config, ws.headers):
+    if not state.gate.allows(ws.headers):
+        await state.gate.refuse(client_address(ws.client))
         await ws.send_denial_response(
             PlainTextResponse(
                 "missing or wrong bearer token: pass the server's token (--token-file)\n", 401
             )
         )
         return
-    await ws.accept()
+    # a device that offers the subprotocol learns the limits in its START's RESULT
+    limits = P.SUBPROTOCOL in ws.scope.get("subprotocols", [])
+    await ws.accept(subprotocol=P.SUBPROTOCOL if limits else None)
     sid = next(state.ids)
-    if state.closing or len(state.sessions) >= state.config.max_sessions:
+    if state.closing or len(state.connections) >= state.config.max_sessions:
         reason = (
             "the server is shutting down"
             if state.closing
@@ -129,24 +190,26 @@ async def session_endpoint(ws: WebSocket) -> None:
         )
         await _refuse(ws, P.Error(P.UNAVAILABLE, reason, sid), 1013)
         return
-    state.sessions.add(sid)
+    state.connections.add(sid)
     try:
-        await _serve_session(ws, state, sid)
+        await _serve_session(ws, state, sid, limits)
     except WebSocketDisconnect:
         pass  # the device went away; its cache goes with this frame
     finally:
-        state.sessions.discard(sid)
+        state.connections.discard(sid)
 
 
-async def _serve_session(ws: WebSocket, state: State, sid: int) -> None:
+async def _serve_session(ws: WebSocket, state: State, sid: int, limits: bool) -> None:
     held: list[ServerSession] = []  # the session's slot, freed however the connection ends
     try:
-        await _session_rounds(ws, state, sid, held)
+        await _session_rounds(ws, state, sid, held, limits)
     finally:  # on the worker, after any job of this session still queued there
         state.worker.submit(release_all, state.pool, held)
 
 
-async def _session_rounds(ws: WebSocket, state: State, sid: int, held: list[ServerSession]) -> None:
+async def _session_rounds(
+    ws: WebSocket, state: State, sid: int, held: list[ServerSession], limits: bool
+) -> None:
     session: ServerSession | None = None
     while True:
         try:
@@ -168,24 +231,21 @@ async def _session_rounds(ws: WebSocket, state: State, sid: int, held: list[Serv
             if state.closing:
                 raise P.ProtocolError("the server is shutting down: reconnect later", P.UNAVAILABLE)
             if isinstance(msg, P.Start):
-                fingerprint = state.manifest.backbone_fingerprint
-                if msg.fingerprint.startswith(HELLO_PREFIX):
-                    try:  # a shared-backbone edge bundle: same tokenizer and lower layers?
-                        check_hello(state.manifest.backbone, msg.fingerprint)
-                    except BackboneMismatch as e:
-                        raise P.ProtocolError(str(e), P.INCOMPATIBLE) from None
-                elif msg.fingerprint and msg.fingerprint != fingerprint:
-                    raise P.ProtocolError(
-                        "the device's bundle does not share this server's backbone "
-                        f"(device {msg.fingerprint[:19]}..., server {fingerprint[:19]}...): "
-                        "export both from the same base model",
-                        P.INCOMPATIBLE,
-                    )
+                check_start(state, msg)
                 session = None  # free the old slot before taking a new one
                 state.worker.submit(release_all, state.pool, held)
-                session, reply = await state.worker.run(
-                    start, state.pool, state.stages, msg, state.max_context, held
+                session, reply = await state.worker.steps(
+                    prefill,
+                    state.pool,
+                    state.stages,
+                    msg,
+                    state.max_context,
+                    held,
+                    state.config.prefill_chunk,
+                    state.config.prefill_budget_ms / 1000,
                 )
+                if limits:
+                    reply.limits = P.ServerLimits(state.max_context, state.config.max_request_bytes)
             elif isinstance(msg, P.Verify):
                 if session is None:
                     raise P.ProtocolError("VERIFY before START: start the session first")
@@ -225,128 +285,29 @@ async def _refuse(ws: WebSocket, error: P.Error, close_code: int) -> None:
         pass
 
 
-# -- HTTP -----------------------------------------------------------------------------------
-async def health(request: Request) -> JSONResponse:
-    state: State = request.app.state.edgespec
-    m = state.manifest
-    return JSONResponse(
-        {
-            "status": "closing" if state.closing else "ok",
-            "model": m.source.get("model"),
-            "backbone_fingerprint": m.backbone_fingerprint,
-            "sessions": len(state.sessions),
-            "max_sessions": state.config.max_sessions,
-            "max_context": state.max_context,
-            "rounds_served": state.rounds,
-            "max_batch": state.config.max_batch,
-            "batch_window_ms": state.config.batch_window_ms,
-            **state.stats.report(),
-        }
-    )
-
-
-def _bad(message: str, status: int = 400) -> JSONResponse:
-    kind = "authentication_error" if status == 401 else "invalid_request_error"
-    return JSONResponse({"error": {"message": message, "type": kind}}, status_code=status)
-
-
-async def completions(request: Request) -> JSONResponse:
-    """OpenAI-style `POST /v1/completions` (no streaming): the server decodes alone."""
-    state: State = request.app.state.edgespec
-    if not authorized(state.config, request.headers):
-        return _bad("missing or wrong bearer token", 401)
-    body = await request.body()
-    if len(body) > state.config.max_request_bytes:
-        return _bad(f"request of {len(body)} bytes exceeds {state.config.max_request_bytes}", 413)
+def check_start(state: State, msg: P.Start) -> None:
+    """A START's sampling fields and backbone fingerprint; raises ProtocolError naming them."""
     try:
-        req = _completion_request(state, body)
-    except ValueError as e:
-        return _bad(str(e))
-    if state.closing or len(state.sessions) >= state.config.max_sessions:
-        return _bad("the server is full or shutting down: try again later", 503)
-    sid = next(state.ids)
-    state.sessions.add(sid)
-    try:
-        tokens, finish = await _complete(state, *req)
-    except P.ProtocolError as e:
-        return _bad(str(e))
-    finally:
-        state.sessions.discard(sid)
-    prompt_ids = req[0].ids
-    text = state.tokenizer.decode(
-        [t for t in tokens if state.tokenizer.id_to_token(t) is not None],
-        skip_special_tokens=True,
-    )
-    return JSONResponse(
-        {
-            "id": f"cmpl-{sid}",
-            "object": "text_completion",
-            "created": int(time.time()),
-            "model": state.manifest.source.get("model"),
-            "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": None}],
-            "usage": {
-                "prompt_tokens": len(prompt_ids),
-                "completion_tokens": len(tokens),
-                "total_tokens": len(prompt_ids) + len(tokens),
-            },
-        }
-    )
-
-
-def _completion_request(state: State, body: bytes) -> tuple[P.Start, int, bool]:
-    import json
-
-    try:
-        req = json.loads(body or b"{}")
-    except json.JSONDecodeError as e:
-        raise ValueError(f"the body is not JSON: {e}") from None
-    if not isinstance(req, dict):
-        raise ValueError("the body must be a JSON object")
-    if req.get("stream"):
-        raise ValueError("stream=true is not supported: use the /v1/session WebSocket")
-    prompt = req.get("prompt")
-    if isinstance(prompt, str) and prompt:
-        ids = state.tokenizer.encode(prompt)
-    elif isinstance(prompt, list) and prompt and all(isinstance(i, int) for i in prompt):
-        ids = prompt
-    else:
-        raise ValueError("prompt must be a non-empty string or a list of token ids")
-    vocab = state.manifest.target.vocab_size
-    if any(not 0 <= i < vocab for i in ids):
-        raise ValueError(f"prompt token ids must be in 0..{vocab - 1}")
-    try:
-        max_tokens = int(req.get("max_tokens", 16))
-        temperature = float(req.get("temperature", 1.0))
-        top_p = float(req.get("top_p", 1.0))
-        seed = None if req.get("seed") is None else int(req["seed"])
-    except (TypeError, ValueError):
-        raise ValueError("max_tokens, temperature, top_p and seed must be numbers") from None
-    if max_tokens < 1:
-        raise ValueError("max_tokens must be at least 1")
-    start_msg = P.Start(ids, len(ids) + max_tokens, temperature, top_p, 0, seed)
-    return start_msg, max_tokens, bool(req.get("ignore_eos", False))
-
-
-async def _complete(state: State, msg: P.Start, max_tokens: int, ignore_eos: bool):
-    """Plain decoding, one round per token, batched with other sessions' rounds."""
-    held: list[ServerSession] = []
-    try:
-        session, reply = await state.worker.run(
-            start, state.pool, state.stages, msg, state.max_context, held
+        check_sampling(msg.temperature, msg.top_p, msg.top_k, state.limits.vocab_size)
+    except FieldError as e:
+        raise P.ProtocolError(f"START: {e}", P.BAD_REQUEST) from None
+    fingerprint = state.manifest.backbone_fingerprint
+    if msg.fingerprint.startswith(HELLO_PREFIX):
+        try:
+            hello = parse_hello(msg.fingerprint)
+        except BackboneMismatch as e:  # not a fingerprint at all: a bad message
+            raise P.ProtocolError(f"START: {e}", P.BAD_MESSAGE) from None
+        try:  # a shared-backbone edge bundle: same tokenizer and lower layers?
+            check_backbone(state.manifest.backbone, *hello)  # type: ignore[misc]
+        except BackboneMismatch as e:
+            raise P.ProtocolError(str(e), P.INCOMPATIBLE) from None
+    elif msg.fingerprint and msg.fingerprint != fingerprint:
+        raise P.ProtocolError(
+            "the device's bundle does not share this server's backbone "
+            f"(device {msg.fingerprint[:19]}..., server {fingerprint[:19]}...): "
+            "export both from the same base model",
+            P.INCOMPATIBLE,
         )
-        stop = frozenset() if ignore_eos else frozenset(state.manifest.eos_token_ids)
-        tokens = [reply.token]
-        while True:
-            if tokens[-1] in stop:
-                return tokens, "stop"
-            if len(tokens) >= max_tokens:
-                return tokens, "length"
-            if len(session.seq) >= session.capacity or state.closing:
-                return tokens, "length"
-            reply = await state.worker.round((session, P.Verify(len(session.seq), [])))
-            tokens.append(reply.token)
-    finally:
-        state.worker.submit(release_all, state.pool, held)
 
 
 # -- app and process ------------------------------------------------------------------------
@@ -381,19 +342,10 @@ def run(config: ServerConfig, host: str = "127.0.0.1", port: int = 8700, log_lev
         async def shutdown(self, sockets: Any = None) -> None:
             await drain(state)  # before uvicorn closes the WebSockets (code 1012)
             await super().shutdown(sockets)
+            # a drained shutdown is a success: exit 0 rather than re-raise SIGTERM/SIGINT
+            self._captured_signals.clear()
 
-    uv_config = uvicorn.Config(
-        app,
-        host=host,
-        port=port,
-        log_level=log_level,
-        # frames up to 4x the limit reach our decoder, which answers ERROR 413 by name;
-        # beyond that the WebSocket layer itself closes the connection (code 1009)
-        ws_max_size=4 * config.max_request_bytes,
-        ws_ping_interval=None,  # rounds are our liveness signal; pings would add traffic
-        lifespan="off",
-    )
-    server = Server(uv_config)
+    server = Server(uvicorn_config(app, config, host, port, log_level))
     try:
         server.run()
     finally:

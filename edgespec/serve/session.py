@@ -1,7 +1,8 @@
 """One generation on the server: its slot of the KV pool, committed tokens and acceptance rng.
 
-`start()` takes a free slot and prefills a prompt (or, after a reconnect, the client's whole
-committed sequence) into it alone, then samples the next token; `verify_rounds()` runs the
+`prefill()` checks a START, then takes a free slot and prefills the prompt (or, after a
+reconnect, the client's whole committed sequence) into it alone, in chunks the worker
+interleaves with other sessions' rounds, then samples the next token; `verify_rounds()` runs the
 rounds of several sessions that arrived together: each is checked, the target scores every
 [last, d_1..d_γ] in shared forwards (`batching.forward_rounds`), each row's drafts are
 accepted with the same rule the device's local verifier uses (`runtime/accept.py`), and
@@ -13,6 +14,7 @@ shared forward fails, the rounds are retried one by one so only the culprit fail
 
 from __future__ import annotations
 
+from collections.abc import Generator
 from dataclasses import dataclass, field
 from time import perf_counter
 
@@ -31,6 +33,8 @@ from edgespec.runtime.accept import accept
 from edgespec.runtime.graph import GraphSession
 from edgespec.runtime.sampling import SamplingParams, next_token
 from edgespec.serve.batching import KVPool, forward_alone, forward_rounds
+
+MIN_CHUNK = 16  # positions: smaller prefill chunks cost more in per-forward overhead
 
 
 @dataclass
@@ -67,15 +71,24 @@ class BatchStats:
         }
 
 
-def start(
+def prefill(
     pool: KVPool,
     stages: list[GraphSession],
     msg: Start,
     max_context: int,
     held: list[ServerSession] | None = None,
-) -> tuple[ServerSession, Result]:
-    """A new session for msg.ids, with the first token after them; appended to `held` as
-    soon as it owns a slot (so a handler that is gone by the time it ends can free it)."""
+    chunk: int = 0,
+    budget: float = 0.0,
+) -> Generator[int, None, tuple[ServerSession, Result]]:
+    """A new session for msg.ids, with the first token after them, as steps: each `next()`
+    prefills at most `chunk` positions (0: all at once) and yields how many it did, so the
+    worker can run other sessions' rounds between chunks; with a `budget` (seconds), each
+    chunk is sized from the last one's speed to take about that long (at least MIN_CHUNK
+    positions): a round waiting behind a chunk waits about `budget`, whatever the model.
+    The generator returns (session, first Result). Everything that can refuse the request
+    is built before the slot is taken; the session is appended to `held` as soon as it owns
+    one (so a handler that is gone by the time it ends can free it), and the slot is freed
+    if any step fails or the generator is closed early."""
     t0 = perf_counter()
     if not msg.ids:
         raise ProtocolError("START carries no token ids: send the prompt's ids", BAD_REQUEST)
@@ -87,27 +100,58 @@ def start(
         )
     try:
         params = SamplingParams(msg.temperature, msg.top_p, msg.top_k, msg.seed)
-    except ValueError as e:
+        # a stream of its own: seeded like the device's, acceptance uniforms would equal the
+        # uniforms that sampled the drafts, and the two would be correlated (a biased output)
+        rng = np.random.default_rng(None if msg.seed is None else [msg.seed, 0x5E4E4])
+    except (ValueError, TypeError) as e:
         raise ProtocolError(f"START: {e}", BAD_REQUEST) from None
+    # room for the prompt and the requested new tokens, within what the server allows
+    capacity = max(min(msg.capacity, max_context), len(msg.ids) + 1)
+    ids = np.asarray(msg.ids, np.int64)
     slot = pool.acquire()
     if slot is None:
         raise ProtocolError("the server is full (no free KV slot): try again later", UNAVAILABLE)
-    # room for the prompt and the requested new tokens, within what the server allows
-    capacity = max(min(msg.capacity, max_context), len(msg.ids) + 1)
-    # a stream of its own: seeded like the device's, acceptance uniforms would equal the
-    # uniforms that sampled the drafts, and the two would be correlated (a biased output)
-    rng = np.random.default_rng(None if msg.seed is None else [msg.seed, 0x5E4E4])
     session = ServerSession(slot, params, rng, [*msg.ids], capacity)
     if held is not None:
         held.append(session)
+    step = chunk if chunk > 0 else len(ids)
+    if budget > 0 and chunk > 0:
+        step = min(step, MIN_CHUNK)  # the first chunk measures this model's speed
     try:
-        logits = forward_alone(stages, pool, slot, np.asarray(msg.ids, np.int64))[-1]
-    except BaseException:
+        lo = 0
+        while lo < len(ids):
+            if session.slot is None:  # released between chunks: the device went away
+                raise ProtocolError("the session was closed during its prefill", BAD_REQUEST)
+            t = perf_counter()
+            part = ids[lo : lo + step]
+            logits = forward_alone(stages, pool, slot, part)
+            lo += len(part)
+            took = perf_counter() - t
+            if budget > 0 and chunk > 0 and took > 0:  # attention grows with the position
+                step = int(min(chunk, max(MIN_CHUNK, len(part) * budget / took)))
+            yield len(part)
+        session.seq.append(next_token(logits[-1], params, rng))
+    except BaseException:  # GeneratorExit included: a prefill cut short frees its slot
         release(pool, session)
         raise
-    session.seq.append(next_token(logits, params, rng))
     seconds = perf_counter() - t0
     return session, Result(0, session.seq[-1], len(session.seq), seconds)
+
+
+def start(
+    pool: KVPool,
+    stages: list[GraphSession],
+    msg: Start,
+    max_context: int,
+    held: list[ServerSession] | None = None,
+) -> tuple[ServerSession, Result]:
+    """`prefill` in one step (benchmarks and tests that need no interleaving)."""
+    steps = prefill(pool, stages, msg, max_context, held)
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
 
 
 def release(pool: KVPool, s: ServerSession) -> None:

@@ -1,10 +1,18 @@
 """All model work of the server on one thread; verify rounds that arrive together run together.
 
-Handlers on the event loop submit jobs: calls (`run(fn, *args)`: a prefill, a slot release)
-and rounds (`round(item)`). The thread takes every job queued when it becomes free, in
-arrival order; consecutive rounds (at most `max_batch`) go to `run_rounds` in one call, which
-shares forwards between them (continuous batching: a round that arrives while a batch runs
-joins the next one). `max_batch = 1` runs every round alone, as an unbatched server.
+Handlers on the event loop submit jobs: calls (`run(fn, *args)`: a slot release), rounds
+(`round(item)`) and stepped jobs (`steps(gen_fn, *args)`: a prefill, one chunk per step).
+The thread takes every job queued when it becomes free, in arrival order; consecutive rounds
+(at most `max_batch`) go to `run_rounds` in one call, which shares forwards between them
+(continuous batching: a round that arrives while a batch runs joins the next one).
+`max_batch = 1` runs every round alone, as an unbatched server.
+
+Stepped jobs never hold the thread for more than one step while other work waits: a started
+one is parked, and the thread alternates: the next queued call or batch of rounds, then one
+step of the oldest parked job (which then goes to the back, so long prefills share the
+thread round-robin). A round therefore waits for at most one step (one prefill chunk) plus
+the batch ahead of it, however many long prompts are being prefilled. `trace` (a list, or
+None) records what ran, in order: "round", "call" or "step" per job (for tests and stats).
 
 `window` (seconds, default 0): when the thread finds fewer than `max_batch` rounds, it waits
 up to this long for more before running them. At 0 a batch is whatever queued up while the
@@ -21,7 +29,7 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from typing import Any
 
 log = logging.getLogger("edgespec.serve")
@@ -45,6 +53,13 @@ class Worker:
         self.jobs: queue.SimpleQueue = queue.SimpleQueue()
         self.busy = 0  # jobs submitted and not yet answered
         self.served = 0
+        self.steps_run = 0  # steps of stepped jobs (prefill chunks) run so far
+        # what those steps did: the sum of the ints they yield (prefill: positions); a round
+        # notes it when queued, so `most_step_work_before_a_round` is the largest amount of
+        # stepped work that ran while a round waited (the interleaving bound, measured)
+        self.step_work = 0
+        self.most_step_work_before_a_round = 0
+        self.trace: list[str] | None = None
         self.thread = threading.Thread(target=self._loop, name="edgespec-worker", daemon=True)
         self.thread.start()
 
@@ -57,16 +72,22 @@ class Worker:
         assert self.run_rounds is not None, "Worker(run_rounds=...) runs rounds"
         return await self._submit("round", item)
 
+    async def steps(self, fn: Callable[..., Generator[Any, None, Any]], *args: Any) -> Any:
+        """Run the generator fn(*args) one step at a time, interleaved with other jobs; its
+        return value (or exception) comes back here. A caller that is cancelled closes it
+        (its `finally` runs on the thread) before its next step."""
+        return await self._submit("steps", (fn, args))
+
     def submit(self, fn: Callable[..., Any], *args: Any) -> None:
         """Queue fn(*args) without waiting for it (in order with the jobs queued before)."""
-        self.jobs.put(("call", (fn, args), None, None))
+        self.jobs.put(("call", (fn, args), None, None, 0))
 
     async def _submit(self, kind: str, payload: Any) -> Any:
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         self.busy += 1
         try:
-            self.jobs.put((kind, payload, future, loop))
+            self.jobs.put((kind, payload, future, loop, self.step_work))
             return await future
         finally:
             self.busy -= 1
@@ -76,36 +97,95 @@ class Worker:
         self.thread.join(timeout=30)
 
     def _loop(self) -> None:
-        pending: deque = deque()
+        pending: deque = deque()  # queued jobs, in arrival order
+        parked: deque = deque()  # started stepped jobs: (generator, future, loop)
         while True:
-            if not pending:
+            if not pending and not parked:
                 pending.append(self.jobs.get())
-            self._gather(pending)
-            job = pending.popleft()
-            if job is _STOP:
-                return
-            if job[0] == "call":
-                _, (fn, args), future, loop = job
-                try:
-                    result, error = fn(*args), None
-                except Exception as e:  # handed to the session's handler, never kills the loop
-                    result, error = None, e
-                    if future is None:
-                        log.exception("background job %s failed", getattr(fn, "__name__", fn))
-                self._answer(future, loop, result, error)
-                continue
-            batch = [job]
-            while pending and pending[0] is not _STOP and pending[0][0] == "round":
-                if len(batch) >= self.max_batch:
-                    break
-                batch.append(pending.popleft())
+            if pending:
+                self._gather(pending)
+            else:
+                self._drain(pending)
+            if pending:
+                job = pending.popleft()
+                if job is _STOP:
+                    for gen, future, loop in parked:
+                        gen.close()
+                        self._answer(future, loop, None, RuntimeError("the server stopped"))
+                    return
+                if job[0] == "round":
+                    self._run_batch(job, pending)
+                elif job[0] == "call":
+                    self._call(job)
+                else:  # a stepped job starts: its generator is made now, in arrival order
+                    _, (fn, args), future, loop, _ = job
+                    try:
+                        parked.append((fn(*args), future, loop))
+                    except Exception as e:
+                        self._answer(future, loop, None, e)
+                    continue  # starting is not a turn: queued rounds still go first
+            if parked:
+                self._step(parked)
+
+    def _call(self, job: tuple) -> None:
+        _, (fn, args), future, loop, _ = job
+        self._note("call")
+        try:
+            result, error = fn(*args), None
+        except Exception as e:  # handed to the session's handler, never kills the loop
+            result, error = None, e
+            if future is None:
+                log.exception("background job %s failed", getattr(fn, "__name__", fn))
+        self._answer(future, loop, result, error)
+
+    def _run_batch(self, job: tuple, pending: deque) -> None:
+        batch = [job]
+        while pending and pending[0] is not _STOP and pending[0][0] == "round":
+            if len(batch) >= self.max_batch:
+                break
+            batch.append(pending.popleft())
+        for job in batch:
+            self._note("round")
+            waited = self.step_work - job[4]
+            self.most_step_work_before_a_round = max(self.most_step_work_before_a_round, waited)
+        try:
+            outcomes = self.run_rounds([j[1] for j in batch])  # type: ignore[misc]
+        except Exception as e:  # run_rounds answers per round; this is a bug in it
+            log.exception("a batch of %d rounds failed", len(batch))
+            outcomes = [(None, e)] * len(batch)
+        for (_, _, future, loop, _), (result, error) in zip(batch, outcomes, strict=True):
+            self._answer(future, loop, result, error)
+
+    def _step(self, parked: deque) -> None:
+        """One step of the oldest parked job; it goes to the back unless it finished."""
+        gen, future, loop = parked.popleft()
+        if future is not None and future.cancelled():  # its caller is gone: stop it here
+            gen.close()
+            self._answer(None, loop, None, None)
+            return
+        self._note("step")
+        self.steps_run += 1
+        try:
+            work = next(gen)
+            self.step_work += work if isinstance(work, int) else 1
+        except StopIteration as done:
+            self._answer(future, loop, done.value, None)
+        except Exception as e:
+            self._answer(future, loop, None, e)
+        else:
+            parked.append((gen, future, loop))
+
+    def _note(self, kind: str) -> None:
+        if self.trace is not None:
+            self.trace.append(kind)
+
+    def _drain(self, pending: deque) -> None:
+        """Move what is queued now into `pending`, without waiting."""
+        while True:
             try:
-                outcomes = self.run_rounds([j[1] for j in batch])  # type: ignore[misc]
-            except Exception as e:  # run_rounds answers per round; this is a bug in it
-                log.exception("a batch of %d rounds failed", len(batch))
-                outcomes = [(None, e)] * len(batch)
-            for (_, _, future, loop), (result, error) in zip(batch, outcomes, strict=True):
-                self._answer(future, loop, result, error)
+                pending.append(self.jobs.get_nowait())
+            except queue.Empty:
+                return
 
     def _gather(self, pending: deque) -> None:
         """Move what is queued into `pending`; with a window, wait a little for more rounds."""

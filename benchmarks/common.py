@@ -1,0 +1,96 @@
+"""What the benchmarks share: where things are, prompts, bundles, a verifier server, tables.
+
+The benchmarks run as `python benchmarks/bench_x.py` from a checkout where edgespec is
+installed (`pip install -e .`); this module is imported as their sibling (the script's own
+folder is on `sys.path`), so no benchmark edits `sys.path`. Nothing here times anything:
+each benchmark measures its own way and reports the machine's load next to its figures.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+# trained models, prompts and bundles (benchmarks/train_models.py writes them)
+DEFAULT_MODELS = Path(os.environ.get("EDGESPEC_BENCH", Path.home() / ".cache" / "edgespec-bench"))
+
+
+def load_prompts(path: Path, n: int) -> list[str]:
+    """The first `n` prompts of a JSON-lines file (a prompt string or {"prompt": ...} a line)."""
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [r["prompt"] if isinstance(r, dict) else r for r in rows][:n]
+
+
+def cached_bundle(model: Path | str, out: Path, **options: Any) -> bool:
+    """Export `model` to `out` unless a bundle is already there; True when it exported."""
+    from edgespec.export import export_bundle
+
+    if (out / "manifest.json").exists():
+        return False
+    export_bundle(model, out, overwrite=True, **options)
+    return True
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(bundle: Path, port: int, threads: int | None, max_sessions: int, *extra: str):
+    """`edgespec serve` on 127.0.0.1:`port` in a subprocess, returned once /health answers."""
+    cmd = [sys.executable, "-m", "edgespec.cli", "serve", str(bundle), "--host", "127.0.0.1"]
+    cmd += ["--port", str(port), "--max-sessions", str(max_sessions), "--log-level", "warning"]
+    cmd += list(extra)
+    if threads:
+        cmd += ["--threads", str(threads)]
+    server = subprocess.Popen(cmd)
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        if server.poll() is not None:
+            raise SystemExit(f"the server exited with {server.returncode}: {' '.join(cmd)}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                if r.status == 200:
+                    return server
+        except OSError:
+            time.sleep(0.5)
+    server.terminate()
+    raise SystemExit("the server did not become healthy within 120 s")
+
+
+def table_header(columns: Iterable[str], align: str) -> str:
+    """A markdown table's header and rule; `align` has one of l (---), r (---:), c (:---:)
+    per column."""
+    rule = {"l": "---", "r": "---:", "c": ":---:"}
+    return f"| {' | '.join(columns)} |\n|{'|'.join(rule[a] for a in align)}|"
+
+
+def table_row(cells: Iterable[object]) -> str:
+    return f"| {' | '.join(map(str, cells))} |"
+
+
+def loadavg() -> float:
+    """The 1-minute load average (other jobs on the machine skew every number)."""
+    try:
+        return float(Path("/proc/loadavg").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return float("nan")
+
+
+def load_line() -> str:
+    """The machine's load, for the line printed next to a table of figures."""
+    try:
+        one, five, fifteen = os.getloadavg()
+    except OSError:
+        return f"machine: {os.cpu_count()} cores, load average unknown"
+    return f"machine: {os.cpu_count()} cores, load average {one:.2f}, {five:.2f}, {fifteen:.2f}"

@@ -1,0 +1,5 @@
+"""`python -m edgespec.cli ...` runs the `edgespec` command."""
+
+from edgespec.cli import main
+
+main()

@@ -1,0 +1,123 @@
+"""What every `edgespec` command shares: one-line errors instead of tracebacks, the bearer
+token file, the stats lines and the edge/cloud compatibility report.
+
+`ExportProgress` renders the export steps the library reports through `on_progress`.
+
+Takes edgespec's own exceptions and turns them into `click.ClickException`s (one `Error:` line,
+exit status 1); never imports a command module, so the command modules and `edgespec.cli` import
+it without a circle.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from functools import wraps
+from pathlib import Path
+from typing import Any
+
+import click
+
+
+def _friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Turn edgespec's own errors into a one-line message instead of a traceback."""
+
+    @wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        from edgespec.bundle import BundleError
+        from edgespec.devices import DeviceError
+        from edgespec.runtime.tokenizer import TokenizerError
+
+        expected: tuple[type[Exception], ...] = (BundleError, DeviceError, TokenizerError)
+        try:
+            from edgespec.runtime.model import InputError
+
+            expected += (InputError,)
+        except ImportError:
+            pass
+        try:
+            return fn(*args, **kwargs)
+        except expected as e:
+            raise click.ClickException(str(e)) from None
+        except KeyboardInterrupt:
+            click.echo("\ninterrupted", err=True)
+            sys.exit(130)
+
+    return run
+
+
+def _report_compat(edge: str, cloud: str) -> None:
+    """One line: can EDGE's frozen draft run against CLOUD's target; exit 1 when not."""
+    from edgespec.backbone import compatibility
+    from edgespec.bundle import load_manifest
+
+    ok, reason = compatibility(load_manifest(edge), load_manifest(cloud))
+    click.echo(f"{'compatible' if ok else 'INCOMPATIBLE'}: {edge} -> {cloud}: {reason}")
+    if not ok:
+        sys.exit(1)
+
+
+def format_stats(s: Any, finish: str, split: bool = False) -> str:
+    line = (
+        f"prefill: {s.prompt_tokens} tokens, {s.prefill_tokens_per_s:.1f} tok/s | "
+        f"decode: {s.decode_tokens} tokens, {s.decode_tokens_per_s:.1f} tok/s | finish: {finish}"
+    )
+    if split:
+        line += (
+            f"\nsplit: {s.remote_rounds} rounds verified by the server, {s.local_rounds} locally"
+            + (" (server unreachable: continued on the local verifier)" if s.local_rounds else "")
+            + f" | network {s.network_seconds:.2f}s, server {s.server_seconds:.2f}s | "
+            f"{s.bytes_up} B up, {s.bytes_down} B down"
+        )
+    if s.drafted:
+        lengths = " ".join(f"{k}:{v}" for k, v in sorted(s.accepted_lengths.items()))
+        line += (
+            f"\nspeculation: {s.rounds} rounds, drafted {s.drafted}, accepted {s.accepted} "
+            f"({s.acceptance_rate:.0%}), mean accepted {s.mean_accepted:.2f}/round, "
+            f"drafting {s.draft_seconds:.2f}s vs verifying {s.verify_seconds:.2f}s | "
+            f"accepted-length histogram {lengths}"
+        )
+    return line
+
+
+def _read_token(path: str | None) -> str | None:
+    if path is None:
+        return None
+    try:
+        token = Path(path).read_text().strip()
+    except OSError as e:
+        raise click.BadParameter(
+            f"cannot read {path}: {e.strerror}", param_hint="--token-file"
+        ) from None
+    if not token:
+        raise click.BadParameter(f"{path} is empty", param_hint="--token-file")
+    return token
+
+
+class ExportProgress:
+    """The export step being worked on: one live line with the elapsed time on a terminal
+    (tqdm), one plain line per step in a log (a redrawn line there is an unreadable run-on).
+    Pass it as `ExportConfig.on_progress`; `close()` when the export returns or fails."""
+
+    def __init__(self) -> None:
+        self.bar: Any = None
+        self.start: float | None = None
+
+    def __call__(self, what: str) -> None:
+        if self.start is None:  # the first step: the clock starts, the bar opens
+            self.start = time.perf_counter()
+            if sys.stderr.isatty():
+                from tqdm import tqdm
+
+                self.bar = tqdm(total=0, bar_format="{desc} [{elapsed}]", leave=True)
+        if self.bar is not None:
+            self.bar.set_description_str(f"export: {what}")
+            self.bar.refresh()
+        else:
+            click.echo(f"export: {what} [{time.perf_counter() - self.start:.1f} s]", err=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None

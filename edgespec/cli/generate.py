@@ -1,0 +1,183 @@
+"""`edgespec generate`, `edgespec demo` and `edgespec bench`: decoding from a bundle."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from edgespec.cli.common import _friendly, _read_token, format_stats
+from edgespec.runtime.registry import MODES
+
+
+@click.command()
+@click.argument("bundle", type=click.Path())
+@click.option("--prompt", "-p", required=True, help="Prompt text.")
+@click.option("--max-new-tokens", "-n", default=128, show_default=True, type=int)
+@click.option("--temperature", "-t", default=0.0, show_default=True, type=float, help="0 = greedy.")
+@click.option("--top-p", default=1.0, show_default=True, type=float)
+@click.option("--top-k", default=0, show_default=True, type=int, help="0 = off.")
+@click.option("--seed", default=None, type=int, help="Seed for sampling.")
+@click.option("--stream/--no-stream", default=True, show_default=True, help="Print as produced.")
+@click.option("--stats", is_flag=True, help="Print speed and speculation stats to stderr.")
+@click.option(
+    "--device",
+    default="cpu",
+    show_default=True,
+    help="A device profile (`edgespec devices`: cpu, cuda, dml, openvino, ...) or auto.",
+)
+@click.option("--threads", default=None, type=int, help="Intra-op threads (default: all cores).")
+@click.option("--ignore-eos", is_flag=True, help="Keep going past end-of-sequence tokens.")
+@click.option(
+    "--mode",
+    type=click.Choice(MODES),
+    default="ar",
+    show_default=True,
+    help="ar, spec (draft model), self-spec (early exit), lookup (prompt lookup), "
+    "split (draft here, verify on --server).",
+)
+@click.option(
+    "--draft-policy",
+    default=None,
+    help="fixed:N | confidence:T | acceptance | auto | dynamic-exit (default auto).",
+)
+@click.option("--exit-layer", default=None, type=int, help="Exit layer for self-spec.")
+@click.option(
+    "--drafter",
+    default=None,
+    help="draft | exit:K | lookup, or a chain such as lookup+draft (default: the mode's).",
+)
+@click.option("--verifier", default=None, help="full | exit:K (local modes; default full).")
+@click.option("--server", default=None, help="split: the verifier server, ws://HOST:PORT.")
+@click.option("--token-file", default=None, type=click.Path(), help="split: bearer token file.")
+@click.option("--energy-budget", default=None, type=float, help="split: joules per token.")
+@click.option("--timeout", default=None, type=float, help="split: seconds per answer [10].")
+@click.option("--static", is_flag=True, help="Run the bundle's fixed-shape (NPU) graphs.")
+@click.option("--coreml", is_flag=True, help="Run the bundle's Core ML packages (macOS 15+).")
+@_friendly
+def generate(bundle: str, prompt: str, max_new_tokens: int, **options: Any) -> None:
+    """Generate text from BUNDLE."""
+    from edgespec.runtime.config import LoadConfig
+    from edgespec.runtime.model import Model
+
+    sampling = {k: options.pop(k) for k in ("temperature", "top_p", "top_k", "seed", "ignore_eos")}
+    stream, stats = options.pop("stream"), options.pop("stats")
+    options["token"] = _read_token(options.pop("token_file"))
+    if options["timeout"] is None:
+        options.pop("timeout")  # the library's default
+    model = Model.load(bundle, LoadConfig.from_options(**options))
+    _generate(model, prompt, max_new_tokens, sampling, stream, stats)
+
+
+def _generate(
+    model: Any,
+    prompt: str,
+    max_new_tokens: int,
+    sampling: dict[str, Any],
+    stream: bool,
+    stats: bool,
+) -> None:
+    from edgespec.runtime.stats import GenerationStats
+
+    totals = GenerationStats()
+    pieces: list[str] = []
+    finish = "length"
+    for chunk in model.stream(prompt, max_new_tokens=max_new_tokens, **sampling):
+        totals.add(chunk.stats)
+        finish = chunk.finish_reason or finish
+        if stream:
+            click.echo(chunk.text, nl=False)
+        else:
+            pieces.append(chunk.text)
+    click.echo("" if stream else "".join(pieces))
+    if stats:
+        click.echo(format_stats(totals, finish, getattr(model, "mode", "") == "split"), err=True)
+
+
+@click.command()
+@click.option("--prompt", "-p", default=None, help="Code to continue (default: a def line).")
+@click.option("--max-new-tokens", "-n", default=128, show_default=True, type=int)
+@click.option("--threads", default=None, type=int)
+@_friendly
+def demo(prompt: str | None, max_new_tokens: int, threads: int | None) -> None:
+    """Run the built-in trained code model: plain vs speculative decoding, side by side."""
+    from edgespec.demo import DemoConfig, run_demo
+
+    given = {"prompt": prompt} if prompt is not None else {}
+    config = DemoConfig(max_new_tokens=max_new_tokens, threads=threads, **given)
+    rows = run_demo(config, progress=lambda m: click.echo(f"decoding with {m} ...", err=True))
+    click.echo(format_demo(config.prompt, rows))
+
+
+def format_demo(prompt: str, rows: list[Any]) -> str:
+    """The prompt and ar's output, then one line per mode: tok/s, speed-up, same text."""
+    best = max(rows[1:], key=lambda r: r.tokens_per_s, default=rows[0])
+    lines = [
+        "built-in model: 11M-parameter Llama trained on Python's stdlib (int8), greedy",
+        "",
+        click.style(prompt, bold=True) + rows[0].text,
+        "",
+        f"{'mode':<13}{'tokens/s':>10}{'speed-up':>10}{'tokens/call':>13}  same text as ar",
+    ]
+    for r in rows:
+        mark = " <- best" if r is best and r is not rows[0] else ""
+        same = "yes" if r.same_as_ar else "NO (a bug: please report it)"
+        lines.append(
+            f"{r.mode:<13}{r.tokens_per_s:>10.0f}{r.speedup:>9.2f}x{r.tokens_per_round:>13.2f}"
+            f"  {same}{mark}"
+        )
+    return "\n".join(lines)
+
+
+@click.command()
+@click.argument("bundle", type=click.Path())
+@click.option("--calibrate", is_flag=True, help="Measure round costs; store calibration.json.")
+@click.option("--prompt", "-p", default="def fibonacci(n):\n", show_default=True)
+@click.option("--max-new-tokens", "-n", default=64, show_default=True, type=int)
+@click.option("--device", default="cpu", show_default=True, help="A device profile or auto.")
+@click.option("--threads", default=None, type=int)
+@_friendly
+def bench(
+    bundle: str,
+    calibrate: bool,
+    prompt: str,
+    max_new_tokens: int,
+    device: str,
+    threads: int | None,
+) -> None:
+    """Time each decoding mode BUNDLE supports on one prompt, or --calibrate this device."""
+    import edgespec
+    from edgespec.runtime.calibrate import calibrate as run_calibration
+    from edgespec.runtime.calibrate import device_key, mode_keys
+
+    if calibrate:
+        entry = run_calibration(
+            bundle,
+            device=device,
+            threads=threads,
+            progress=lambda k: click.echo(f"calibrating {k} ...", err=True),
+        )
+        click.echo(f"saved {Path(bundle) / 'calibration.json'} [{device_key(device, threads)}]")
+        click.echo(f"{'mode':<14} {'draft/token':>12}  round seconds for γ = 0, 1, 2, ...")
+        for key, e in entry.items():
+            rounds = " ".join(f"{t * 1000:.1f}" for t in e["round_seconds"].values())
+            click.echo(f"{key:<14} {e['draft_token_seconds'] * 1000:>10.2f}ms  {rounds} (ms)")
+        return
+    ar = edgespec.load(bundle, device=device, threads=threads)
+    rows = [("ar", ar)] + [
+        (key, edgespec.load(bundle, device=device, threads=threads, **options))
+        for key, options in mode_keys(ar.manifest)
+    ]
+    click.echo(f"{'mode':<14} {'tok/s':>8} {'vs ar':>7} {'accepted':>9}  output equals ar")
+    reference, base = None, None
+    for key, model in rows:
+        model.generate(prompt, max_new_tokens=4, ignore_eos=True)  # warm-up
+        out = model.generate(prompt, max_new_tokens=max_new_tokens, ignore_eos=True)
+        s = out.stats
+        rate = len(out.tokens) / (s.prefill_seconds + s.decode_seconds)
+        reference, base = reference or out.tokens, base or rate
+        click.echo(
+            f"{key:<14} {rate:>8.1f} {rate / base:>6.2f}x {s.acceptance_rate:>8.0%}  "
+            f"{out.tokens == reference}"
+        )

@@ -1,0 +1,117 @@
+"""`edgespec inspect`: what a bundle holds, or whether two bundles fit (--compat)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from edgespec.cli.common import _friendly, _report_compat
+
+
+@click.command()
+@click.argument("bundle", type=click.Path(), required=False)
+@click.option(
+    "--compat",
+    nargs=2,
+    type=click.Path(),
+    default=None,
+    metavar="EDGE CLOUD",
+    help="Whether shared-backbone bundle EDGE can draft for CLOUD's target (exit 1 if not).",
+)
+@_friendly
+def inspect(bundle: str | None, compat: tuple[str, str] | None) -> None:
+    """Show what a bundle holds (or, with --compat EDGE CLOUD, whether two bundles fit)."""
+    from edgespec.bundle import load_manifest
+
+    if compat:
+        _report_compat(*compat)
+        return
+    if bundle is None:
+        raise click.UsageError("give a BUNDLE folder, or --compat EDGE CLOUD")
+    m = load_manifest(bundle)
+    t = m.target
+    rows = [
+        (
+            "source",
+            f"{m.source['model']}"
+            + (f" @ {m.source['revision']}" if m.source.get("revision") else ""),
+        ),
+        ("architecture", f"{t.architecture} ({t.model_type})"),
+        ("layers / hidden", f"{t.num_layers} / {t.hidden_size}"),
+        ("heads / kv heads / head dim", f"{t.num_heads} / {t.num_kv_heads} / {t.head_dim}"),
+        ("vocab / context", f"{t.vocab_size} / {t.max_position_embeddings}"),
+        ("tied embeddings", str(t.tie_word_embeddings)),
+        ("dtype / quantization", f"{m.dtype} / {m.quantization or 'none'}" + _quant_details(m)),
+        ("tokenizer", ", ".join(m.tokenizer_files)),
+        ("bos / eos", f"{m.bos_token_id} / {m.eos_token_ids}"),
+        ("backbone fingerprint", m.backbone_fingerprint[:23] + "..."),
+        ("schema / made by", f"{m.schema_version} / {m.created_by}"),
+    ]
+    if m.draft:
+        d = m.draft
+        rows.append(
+            (
+                "draft",
+                f"{m.draft_source and m.draft_source['model']}: {d.num_layers} layers, "
+                f"hidden {d.hidden_size}",
+            )
+        )
+    if m.variant != "standard":
+        rows.append(("variant", f"{m.variant}, backbone layers {m.backbone_layers}"))
+    for k, a in m.extra.get("exit_adapters", {}).items():
+        rows.append(
+            (
+                f"exit adapter @{k}",
+                f"{a['kind']}: KL to final {a['kl_before']:.3f} -> {a['kl_after']:.3f}, "
+                f"top-1 {a['top1_before']:.0%} -> {a['top1_after']:.0%}",
+            )
+        )
+    if "max_abs_logit_diff" in m.extra.get("export_check", {}):
+        c = m.extra["export_check"]
+        rows.append(
+            (
+                "export check",
+                f"max |logit diff| {c['max_abs_logit_diff']:.2e}, "
+                f"argmax agreement {c['argmax_agreement']:.0%}",
+            )
+        )
+    if m.static is not None:
+        rows.append(
+            (
+                "static graphs (NPU)",
+                f"max context {m.static.max_context}, verify widths "
+                f"{', '.join(map(str, m.static.verify_widths))}: "
+                + ", ".join(dict.fromkeys(g.role for g in m.static.graphs)),
+            )
+        )
+    if m.coreml is not None:
+        rows.append(
+            (
+                "Core ML packages",
+                f"max context {m.coreml.max_context}, verify width {m.coreml.verify_width}: "
+                + ", ".join(p.role for p in m.coreml.packages),
+            )
+        )
+    width = max(len(k) for k, _ in rows)
+    for k, v in rows:
+        click.echo(f"{k:<{width}}  {v}")
+    click.echo("")
+    folder = Path(bundle)
+    header = f"{'role':<10} {'file':<16} {'layers':<8} {'MiB':>8}  inputs"
+    click.echo(header)
+    click.echo("-" * len(header))
+    for g in m.graphs:
+        size = (folder / g.file).stat().st_size / 2**20
+        layers = f"{g.kv_layers[0]}-{g.kv_layers[-1]}" if g.kv_layers else "-"
+        inputs = ", ".join(i.name for i in g.inputs if not i.name.startswith("past_"))
+        click.echo(f"{g.role:<10} {g.file:<16} {layers:<8} {size:>8.2f}  {inputs}, past KV")
+    weights = (folder / m.weights_file).stat().st_size / 2**20
+    click.echo(f"{'weights':<10} {m.weights_file:<16} {'shared':<8} {weights:>8.1f}")
+
+
+def _quant_details(m: Any) -> str:
+    details = m.extra.get("quantization") or {}
+    shown = ", ".join(f"{k} {v}" for k, v in details.items() if k != "method")
+    return f" ({shown})" if shown else ""

@@ -1,0 +1,126 @@
+"""What an export is asked to do: `ExportConfig`, every option with its one default, checked.
+
+Building an `ExportConfig` refuses contradictory or unsupported options (an `ExportError`
+saying which option and what to do) before anything is loaded or written; what can only be
+checked against the model (exit layers in range, static shapes) is checked by the pipeline.
+`on_progress` receives one short line per export step ("loading ...", "building full graph",
+..., "done"); the library itself never prints, the CLI renders these lines.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from edgespec.export.errors import ExportError
+from edgespec.export.quantize import QuantConfig
+
+DTYPES = {"fp32": np.float32, "fp16": np.float16}
+VARIANTS = ("standard", "shared-backbone")
+
+
+@dataclass
+class ExportConfig:
+    """Options of `export_bundle` (see its docstring for what each one builds).
+
+    static: also write fixed-shape copies of every graph (`max_context` cache positions,
+    `verify_width` positions per call — one set per width when several are given, e.g.
+    (1, 8) — standard ONNX ops only) for NPUs; the dynamic graphs stay, so the bundle still
+    runs anywhere (`edgespec.load(..., static=True)` picks these).
+    coreml: also convert every role to a Core ML ML program (.mlpackage: iOS 18 / macOS 15,
+    fp16, KV cache in Core ML states) with the same max context and the largest verify
+    width; needs the [coreml] extra (coremltools).
+    quantize: None | "int8" | "int4" (`block_size`, `accuracy_level`) | "qdq-int8"
+    (calibrated on `calibration_prompts`, default a few built-in ones); see export/quantize.py.
+    variant: "shared-backbone" writes an edge bundle holding only head@`backbone_layers` (a
+    frozen draft for split decoding, see edgespec.backbone); `fit_exit_adapter`: a calibration
+    text file on which an adapter is fitted into every head@k (export/exit_adapter.py).
+    on_progress: called with a short description of each step as it starts.
+    """
+
+    draft: str | Path | None = None
+    exit_layers: Sequence[int] = ()
+    dtype: str = "fp32"
+    quantize: str | None = None
+    block_size: int = 32
+    accuracy_level: int = 4
+    calibration_prompts: Sequence[str] | None = None
+    revision: str | None = None
+    verify: bool = True
+    overwrite: bool = False
+    static: bool = False
+    max_context: int = 512
+    verify_width: int | Sequence[int] = 8
+    coreml: bool = False
+    variant: str = "standard"
+    backbone_layers: int | None = None
+    fit_exit_adapter: str | Path | None = None
+    adapter_steps: int = 300
+    on_progress: Callable[[str], None] | None = None
+    # derived in __post_init__: the weight quantization, checked
+    quant: QuantConfig | None = field(init=False, default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        self.exit_layers = tuple(
+            _check_variant(
+                self.variant,
+                self.backbone_layers,
+                self.exit_layers,
+                self.draft,
+                self.fit_exit_adapter,
+            )
+        )
+        dtype, quantize = self.dtype, self.quantize
+        if dtype not in DTYPES:
+            raise ExportError(
+                f"--dtype {dtype!r} is not supported; choose one of {', '.join(DTYPES)}"
+            )
+        self.quant = None
+        if quantize is not None:
+            prompts = self.calibration_prompts
+            try:
+                self.quant = QuantConfig(
+                    quantize,
+                    self.block_size,
+                    self.accuracy_level,
+                    *([tuple(prompts)] if prompts is not None else []),
+                )
+            except ValueError as e:
+                raise ExportError(str(e)) from None
+            if quantize == "qdq-int8" and dtype != "fp32":
+                raise ExportError("--quantize qdq-int8 starts from fp32 graphs: use --dtype fp32")
+
+
+def _check_variant(
+    variant: str,
+    backbone_layers: int | None,
+    exit_layers: Sequence[int],
+    draft: object,
+    fit_exit_adapter: object,
+) -> Sequence[int]:
+    """The exit layers to build (a shared-backbone bundle: exactly its backbone depth)."""
+    if variant not in VARIANTS:
+        raise ExportError(f"--variant {variant!r} is not one of: {', '.join(VARIANTS)}")
+    if variant == "standard":
+        if backbone_layers is not None:
+            raise ExportError("--backbone-layers needs --variant shared-backbone")
+        if fit_exit_adapter is not None and not exit_layers:
+            raise ExportError("--fit-exit-adapter fits head@k adapters: also pass --exit-layers K")
+        return exit_layers
+    if backbone_layers is None:
+        raise ExportError(
+            "--variant shared-backbone needs --backbone-layers K: how many lower layers the "
+            "edge draft shares with the target"
+        )
+    if draft is not None:
+        raise ExportError(
+            "--variant shared-backbone drafts with the target's own lower layers: drop --draft"
+        )
+    if any(k != backbone_layers for k in exit_layers):
+        raise ExportError(
+            f"a shared-backbone bundle holds only head@{backbone_layers}: drop --exit-layers"
+        )
+    return [backbone_layers]

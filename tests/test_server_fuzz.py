@@ -1,0 +1,231 @@
+"""Bounded, seeded fuzzing of what a server reads: binary protocol frames captured from the
+real split client, mutated; and /v1/completions bodies, mutated. Every input gets an answer
+that names a problem (never a crash, a hang or a 500) and the server stays usable: its
+slots all free afterwards and a well-formed generation still equals `ar`."""
+
+from __future__ import annotations
+
+import json
+import random
+import struct
+import time
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+from split_server import TOKEN, start_server
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import connect
+
+import edgespec
+from edgespec import protocol as P
+
+SEED = 18
+INTERESTING_U32 = [0, 1, 2, 63, 64, 65, 255, 256, 1023, 1024, 0x7FFFFFFF, 0x80000000, 0xFFFFFFFF]
+
+
+@pytest.fixture(scope="module")
+def server(long_bundle, tmp_path_factory):
+    s = start_server(
+        long_bundle,
+        tmp_path_factory.mktemp("fuzz"),
+        TOKEN,
+        *("--max-sessions", "4", "--max-context", "96", "--max-request-bytes", "8192"),
+        *("--idle-timeout", "30", "--header-timeout", "2", "--body-timeout", "2"),
+    )
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def frames(long_bundle, server, monkeypatch_module) -> list[bytes]:
+    """Every frame the real split client sends in a greedy and a sampled generation."""
+    sent: list[bytes] = []
+    encode = P.encode
+
+    def recording(msg):
+        data = encode(msg)
+        sent.append(data)
+        return data
+
+    monkeypatch_module.setattr(P, "encode", recording)
+    for sampling in ({}, {"temperature": 0.9, "top_k": 8, "seed": 1}):
+        model = edgespec.load(long_bundle, mode="split", server=server.url, token=TOKEN, threads=1)
+        model.generate("def f(x):", max_new_tokens=12, ignore_eos=True, **sampling)
+    monkeypatch_module.undo()
+    kinds = {P.HEADER.unpack_from(f)[2] for f in sent}
+    assert {P.START, P.VERIFY} <= kinds, kinds
+    return sent
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    mp = pytest.MonkeyPatch()
+    yield mp
+    mp.undo()
+
+
+def mutate(rng: random.Random, data: bytes) -> bytes:
+    b = bytearray(data)
+    for _ in range(rng.randint(1, 4)):
+        op = rng.randrange(6)
+        at = rng.randrange(len(b)) if b else 0
+        if op == 0 and b:  # flip a bit
+            b[at] ^= 1 << rng.randrange(8)
+        elif op == 1 and b:  # a boundary byte
+            b[at] = rng.choice([0, 1, 0x7F, 0x80, 0xFF])
+        elif op == 2 and len(b) >= at + 4:  # a boundary u32 (counts, ids, lengths)
+            b[at : at + 4] = struct.pack("<I", rng.choice(INTERESTING_U32))
+        elif op == 3:  # truncate
+            del b[at:]
+        elif op == 4:  # append junk
+            b += bytes(rng.randrange(256) for _ in range(rng.randint(1, 16)))
+        else:  # duplicate a slice
+            b[at:at] = b[at : at + rng.randint(1, 12)]
+    return bytes(b)
+
+
+def test_mutated_frames_decode_or_raise_protocol_error(frames):
+    rng = random.Random(SEED)
+    limits = P.Limits(vocab_size=2048, max_bytes=8192, max_ids=96)
+    outcomes = {"ok": 0, "refused": 0}
+    for _ in range(3000):
+        data = mutate(rng, rng.choice(frames))
+        try:
+            P.decode(data, limits)
+            outcomes["ok"] += 1
+        except P.ProtocolError:
+            outcomes["refused"] += 1
+    assert outcomes["refused"] > 0 and outcomes["ok"] > 0, outcomes
+
+
+def ws(server):
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    return connect(f"{server.url}/v1/session", additional_headers=headers, proxy=None, legacy=True)
+
+
+def test_mutated_frames_on_a_live_server_are_answered_and_leak_nothing(long_bundle, server, frames):
+    rng = random.Random(SEED + 1)
+    starts = [f for f in frames if P.HEADER.unpack_from(f)[2] == P.START]
+    answers = {"result": 0, "error": 0, "closed": 0}
+    deadline = time.monotonic() + 60
+    for _ in range(120):
+        assert time.monotonic() < deadline, "fuzzing the live server took over a minute"
+        with ws(server) as conn:
+            frame = rng.choice(frames)
+            if P.HEADER.unpack_from(frame)[2] != P.START:  # a round needs a session
+                conn.send(rng.choice(starts))
+                P.decode(conn.recv(timeout=10))
+            data = mutate(rng, frame)
+            if _is_end(data):
+                continue  # END is never answered: the generation is over
+            conn.send(data)
+            try:
+                answer = P.decode(conn.recv(timeout=10))  # TimeoutError here: a hang
+            except ConnectionClosed:
+                answers["closed"] += 1
+                continue
+            if isinstance(answer, P.Error):
+                assert answer.code != P.INTERNAL, answer
+                answers["error"] += 1
+            else:
+                answers["result"] += 1
+    assert answers["error"] > 0, answers
+    # every slot comes back, and a clean generation is still exactly `ar`
+    end = time.monotonic() + 5
+    while server.health()["sessions"] and time.monotonic() < end:
+        time.sleep(0.05)
+    assert server.health()["sessions"] == 0
+    ar = edgespec.load(long_bundle, threads=1)
+    split = edgespec.load(long_bundle, mode="split", server=server.url, token=TOKEN, threads=1)
+    want = ar.generate("x = ", max_new_tokens=10, ignore_eos=True).tokens
+    assert split.generate("x = ", max_new_tokens=10, ignore_eos=True).tokens == want
+
+
+def _is_end(data: bytes) -> bool:
+    try:
+        return isinstance(P.decode(data, P.Limits(vocab_size=2048)), P.End)
+    except P.ProtocolError:
+        return False
+
+
+BODIES = [
+    {"prompt": "x = ", "max_tokens": 4, "temperature": 0, "ignore_eos": True},
+    {"prompt": [1, 2, 3], "max_tokens": 2, "temperature": 0.8, "top_p": 0.9, "seed": 7},
+    {"prompt": "def f(x):", "max_tokens": 3, "top_k": 5},
+]
+JSON_SWAPS = ["NaN", "Infinity", "-Infinity", "1e400", "-1", "0", "true", "null", "[]", "{}"]
+JSON_SWAPS += ['""', '"x"', "1" + "0" * 30, "1e-320", "[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]"]
+
+
+def mutate_json(rng: random.Random, body: dict) -> bytes:
+    op = rng.randrange(4)
+    if op == 0:  # a field gets a hostile JSON value
+        text = json.dumps(body)
+        key = rng.choice(list(body))
+        return text.replace(json.dumps(body[key]), rng.choice(JSON_SWAPS), 1).encode()
+    if op == 1:  # bytes flipped in the text
+        raw = bytearray(json.dumps(body).encode())
+        for _ in range(rng.randint(1, 4)):
+            raw[rng.randrange(len(raw))] = rng.randrange(256)
+        return bytes(raw)
+    if op == 2:  # deep nesting (Python's json recursion limit) or a huge prompt list
+        return ("[" * rng.choice([500, 2000, 4000]) + "]" * 10).encode()
+    return json.dumps(dict(body, prompt=[rng.randrange(-5, 600) for _ in range(50)])).encode()
+
+
+def test_mutated_completion_bodies_get_a_named_answer(server):
+    rng = random.Random(SEED + 2)
+    seen: dict[int, int] = {}
+    for _ in range(150):
+        data = mutate_json(rng, rng.choice(BODIES))
+        req = urllib.request.Request(
+            f"{server.http}/v1/completions",
+            data=data,
+            headers={"Authorization": f"Bearer {TOKEN}"},
+            method="POST",
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=20) as r:
+                status, answer = r.status, json.load(r)
+        except urllib.error.HTTPError as e:
+            status, answer = e.code, json.load(e)
+        seen[status] = seen.get(status, 0) + 1
+        assert status in (200, 400, 413), (status, data[:200], answer)
+        if status != 200:
+            assert answer["error"]["message"], answer
+    assert seen.get(400) and seen.get(200), seen
+    assert np.isfinite(server.health()["mean_batch"])
+
+
+def test_a_device_refuses_server_messages_that_are_not_answers():
+    """A hostile server sending a VERIFY with a sparse q row must not make the device build
+    a vocabulary-sized row (2^31 floats with the default limits): the link refuses it."""
+    import threading
+
+    from websockets.sync.server import serve
+
+    from edgespec.runtime.errors import LinkError
+    from edgespec.runtime.link import Link
+
+    q = np.zeros(8)
+    q[1] = 1.0
+    hostile = P.encode(P.Verify(3, [1], [q]))
+
+    def handler(conn):
+        conn.recv()
+        conn.send(hostile)
+        time.sleep(1)
+
+    with serve(handler, "127.0.0.1", 0) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        port = server.socket.getsockname()[1]
+        link = Link(f"ws://127.0.0.1:{port}", None, 5)
+        link.send(P.End())
+        t0 = time.monotonic()
+        with pytest.raises(LinkError, match="not an answer"):
+            link.poll(5)
+        assert time.monotonic() - t0 < 2
+        link.close()
+        server.shutdown()
