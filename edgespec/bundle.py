@@ -141,6 +141,22 @@ class CoreMLVariants:
         )
 
 
+@dataclass(frozen=True)
+class ChatFormat:
+    """How the model expects a conversation, copied from its tokenizer and generation config.
+
+    `templates`: template name -> a jinja file in the bundle (Hugging Face chat templates;
+    "default" is used unless a name is asked for, "tool_use" when tools are given and it
+    exists). `special_tokens`: the named special tokens the template sees (bos_token,
+    eos_token, ...). `generation`: the model's default sampling (do_sample, temperature,
+    top_p, top_k, max_new_tokens, ...: only the keys its generation config sets).
+    """
+
+    templates: dict[str, str]
+    special_tokens: dict[str, str] = field(default_factory=dict)
+    generation: dict[str, Any] = field(default_factory=dict)
+
+
 @dataclass
 class Manifest:
     source: dict[str, Any]  # {"model": id or path, "revision": str | None}
@@ -166,6 +182,9 @@ class Manifest:
     backbone_layers: int | None = None
     # {"tokenizer": hex, "base": hex, "layers": [hex per layer]}: see edgespec.backbone
     backbone: dict[str, Any] | None = None
+    # optional (bundles exported before chat support have none): the chat template and
+    # generation defaults; chat calls refuse a bundle without a template
+    chat: ChatFormat | None = None
 
     def graph(self, role: str) -> GraphInfo:
         for g in self.graphs:
@@ -302,6 +321,20 @@ def _from_json(raw: dict[str, Any]) -> Manifest:
         variant=variant,
         backbone_layers=backbone_layers,
         backbone=raw.get("backbone"),
+        chat=_chat_from_json(raw.get("chat")),
+    )
+
+
+def _chat_from_json(raw: dict[str, Any] | None) -> ChatFormat | None:
+    if raw is None:
+        return None
+    templates = {str(k): str(v) for k, v in raw["templates"].items()}
+    if not templates:
+        raise ValueError("chat.templates is empty")
+    return ChatFormat(
+        templates=templates,
+        special_tokens={str(k): str(v) for k, v in raw.get("special_tokens", {}).items()},
+        generation=dict(raw.get("generation", {})),
     )
 
 
@@ -342,6 +375,8 @@ def _check_files(manifest: Manifest, folder: Path) -> None:
         needed += [g.file for g in manifest.static.graphs]
     if manifest.coreml is not None:
         needed += [p.path for p in manifest.coreml.packages]
+    if manifest.chat is not None:
+        needed += list(manifest.chat.templates.values())
     missing = [f for f in needed if not (folder / f).exists()]
     if missing:
         raise BundleError(

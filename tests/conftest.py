@@ -166,3 +166,52 @@ def family_hf(family_checkpoints):
         name: AutoModelForCausalLM.from_pretrained(target).eval()
         for name, (target, _) in family_checkpoints.items()
     }
+
+
+CHAT_DIMS = dict(SMALL, num_key_value_heads=2, vocab_size=2048 + 32)
+
+
+def write_chat_checkpoint(folder: Path, seed: int = 0, template: str | None = None) -> Path:
+    """A qwen2 checkpoint whose tokenizer has ChatML control tokens (ids past the trained
+    2,048, inside the model's vocab) and, unless template="", a Qwen 2.5-style chat template
+    (`chat_templates.CHAT_BUNDLE_TEMPLATE`)."""
+    from chat_templates import ADDED_TOKENS, CHAT_BUNDLE_TEMPLATE, SPECIAL_TOKENS
+    from transformers import AutoTokenizer, GenerationConfig
+
+    from edgespec.export.builtin import write_checkpoint
+
+    write_checkpoint(folder, "qwen2", seed=seed, **CHAT_DIMS)
+    tok = AutoTokenizer.from_pretrained(folder)
+    tok.add_special_tokens({"additional_special_tokens": SPECIAL_TOKENS})
+    tok.add_tokens(ADDED_TOKENS)
+    tok.eos_token = "<|im_end|>"
+    tok.pad_token = "<|endoftext|>"
+    tok.chat_template = CHAT_BUNDLE_TEMPLATE if template is None else (template or None)
+    tok.save_pretrained(folder)
+    eos = [tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids("<|endoftext|>")]
+    GenerationConfig(eos_token_id=eos, bos_token_id=0).save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def chat_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("chat_checkpoints")
+    return {
+        "target": write_chat_checkpoint(root / "target", seed=0),
+        "draft": write_chat_checkpoint(root / "draft", seed=1),
+    }
+
+
+@pytest.fixture(scope="session")
+def chat_bundle(chat_checkpoints: dict[str, Path], tmp_path_factory) -> Path:
+    """A chat bundle (Qwen 2.5-style template) with a draft model and an exit at layer 2."""
+    from edgespec.export import export_bundle
+
+    out = tmp_path_factory.mktemp("chat_bundle") / "b"
+    export_bundle(
+        chat_checkpoints["target"],
+        out,
+        draft=chat_checkpoints["draft"],
+        exit_layers=[EXIT_LAYER],
+    )
+    return out

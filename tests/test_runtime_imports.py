@@ -1,4 +1,4 @@
-"""The runtime never needs torch: an app installs numpy + onnxruntime (+ click) only; and
+"""The runtime never needs torch: an app installs numpy + onnxruntime (+ click, jinja2) only; and
 edgespec's own modules import one way (runtime/ never imports serve/, export/ or cli; no
 import circles) and stay short."""
 
@@ -18,7 +18,7 @@ RUNTIME_FILES = [
     PACKAGE / "bundle.py",
     PACKAGE / "__init__.py",
 ]
-ALLOWED = {"numpy", "onnxruntime", "edgespec", "click"}
+ALLOWED = {"numpy", "onnxruntime", "edgespec", "click", "jinja2"}
 
 BLOCK_HEAVY = """
 import sys, importlib.abc
@@ -233,3 +233,22 @@ def test_no_edgespec_module_over_400_lines():
         if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES
     }
     assert not long, f"modules over {MAX_MODULE_LINES} lines: {long}"
+
+
+def test_chat_runs_with_torch_unimportable(chat_bundle):
+    code = (
+        BLOCK_HEAVY
+        + f"""
+import edgespec
+m = edgespec.load({str(chat_bundle)!r}, mode='spec')
+s = m.chat_session(system='Be brief.')
+r1 = s.reply([{{'role': 'user', 'content': 'hi'}}], None)
+r2 = m.chat([{{'role': 'user', 'content': 'hi'}}], max_new_tokens=4, stop=['x'])
+assert r1.tokens and r2.tokens
+assert not any(k.split('.')[0] in ('torch', 'transformers') for k in sys.modules)
+print('ok')
+"""
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "ok"

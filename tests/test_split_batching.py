@@ -279,9 +279,9 @@ def test_worker_window_waits_for_a_late_round():
     assert seen == [[0, 1]]
 
 
-def test_concurrent_completions_batch_and_match_ar(bundle, tmp_path):
-    """/v1/completions decodes one token per round: requests at once share forwards and
-    each answer is plain greedy decoding of its prompt."""
+def test_concurrent_completions_match_ar(bundle, tmp_path):
+    """/v1/completions requests at once (decoded in turn by the OpenAI engine, see
+    test_openai_server.py) each answer with plain greedy decoding of their prompt."""
     import json
     import urllib.request
 
@@ -309,6 +309,5 @@ def test_concurrent_completions_batch_and_match_ar(bundle, tmp_path):
             t.join(timeout=90)
         for prompt, text in zip(prompts, texts, strict=True):
             assert text == ar.generate(prompt, max_new_tokens=8, ignore_eos=True).text
-        assert max(int(k) for k in server.health()["rounds_per_forward"]) > 1
     finally:
         server.stop()

@@ -178,6 +178,14 @@ def test_completions_endpoint_is_plain_greedy_decoding(bundle, server):
     assert status == 400 and "prompt" in body["error"]["message"]
 
 
+def test_completions_are_bounded_by_the_servers_max_context(server):
+    status, body = post(server, {"prompt": [5] * 130, "max_tokens": 3})
+    assert status == 400 and "context is 128" in body["error"]["message"]
+    status, body = post(server, {"prompt": [5] * 120, "max_tokens": 50, "ignore_eos": True})
+    assert status == 200 and body["usage"]["completion_tokens"] == 8
+    assert body["choices"][0]["finish_reason"] == "length"
+
+
 def test_health_reports_the_model(bundle, server):
     h = server.health()
     assert h["status"] == "ok" and h["max_sessions"] == 3 and h["max_context"] == 128

@@ -27,9 +27,15 @@ def _friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
     def run(*args: Any, **kwargs: Any) -> Any:
         from edgespec.bundle import BundleError
         from edgespec.devices import DeviceError
+        from edgespec.runtime.chat_template import ChatTemplateError
         from edgespec.runtime.tokenizer import TokenizerError
 
-        expected: tuple[type[Exception], ...] = (BundleError, DeviceError, TokenizerError)
+        expected: tuple[type[Exception], ...] = (
+            BundleError,
+            DeviceError,
+            TokenizerError,
+            ChatTemplateError,
+        )
         try:
             from edgespec.runtime.model import InputError
 
@@ -67,6 +73,7 @@ def format_stats(s: Any, finish: str, split: bool = False) -> str:
         line += (
             f"\nsplit: {s.remote_rounds} rounds verified by the server, {s.local_rounds} locally"
             + (" (server unreachable: continued on the local verifier)" if s.local_rounds else "")
+            + (f", {s.reconnects} reconnects" if s.reconnects else "")
             + f" | network {s.network_seconds:.2f}s, server {s.server_seconds:.2f}s | "
             f"{s.bytes_up} B up, {s.bytes_down} B down"
         )
@@ -121,3 +128,67 @@ class ExportProgress:
         if self.bar is not None:
             self.bar.close()
             self.bar = None
+
+
+def decoding_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The flags that choose how a bundle decodes (`generate`, `chat`): device, threads, mode,
+    drafter, verifier, policy, split's server and token, static / Core ML graphs."""
+    from edgespec.runtime.registry import MODES
+
+    options = [
+        click.option(
+            "--device",
+            default="cpu",
+            show_default=True,
+            help="A device profile (`edgespec devices`: cpu, cuda, dml, openvino, ...) or auto.",
+        ),
+        click.option(
+            "--threads", default=None, type=int, help="Intra-op threads (default: all cores)."
+        ),
+        click.option(
+            "--mode",
+            type=click.Choice(MODES),
+            default="ar",
+            show_default=True,
+            help="ar, spec (draft model), self-spec (early exit), lookup (prompt lookup), "
+            "split (draft here, verify on --server).",
+        ),
+        click.option(
+            "--draft-policy",
+            default=None,
+            help="fixed:N | confidence:T | acceptance | auto | dynamic-exit (default auto).",
+        ),
+        click.option("--exit-layer", default=None, type=int, help="Exit layer for self-spec."),
+        click.option(
+            "--drafter",
+            default=None,
+            help="draft | exit:K | lookup, or a chain such as lookup+draft (default: the mode's).",
+        ),
+        click.option("--verifier", default=None, help="full | exit:K (local modes; default full)."),
+        click.option("--server", default=None, help="split: the verifier server, ws://HOST:PORT."),
+        click.option(
+            "--token-file", default=None, type=click.Path(), help="split: bearer token file."
+        ),
+        click.option("--energy-budget", default=None, type=float, help="split: joules per token."),
+        click.option("--timeout", default=None, type=float, help="split: seconds per answer [10]."),
+        click.option("--static", is_flag=True, help="Run the bundle's fixed-shape (NPU) graphs."),
+        click.option(
+            "--coreml", is_flag=True, help="Run the bundle's Core ML packages (macOS 15+)."
+        ),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def load_config(options: dict[str, Any]) -> Any:
+    """A LoadConfig from the `decoding_options` values (they are popped from `options`)."""
+    from edgespec.runtime.config import LoadConfig
+
+    names = ("device", "threads", "mode", "draft_policy", "exit_layer", "drafter", "verifier")
+    names += ("server", "energy_budget", "timeout", "static", "coreml")
+    chosen = {k: options.pop(k) for k in names}
+    chosen["token"] = _read_token(options.pop("token_file"))
+    if chosen["timeout"] is None:
+        chosen.pop("timeout")  # the library's default
+    return LoadConfig.from_options(**chosen)

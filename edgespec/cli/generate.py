@@ -7,8 +7,12 @@ from typing import Any
 
 import click
 
-from edgespec.cli.common import _friendly, _read_token, format_stats
-from edgespec.runtime.registry import MODES
+from edgespec.cli.common import (
+    _friendly,
+    decoding_options,
+    format_stats,
+    load_config,
+)
 
 
 @click.command()
@@ -21,52 +25,16 @@ from edgespec.runtime.registry import MODES
 @click.option("--seed", default=None, type=int, help="Seed for sampling.")
 @click.option("--stream/--no-stream", default=True, show_default=True, help="Print as produced.")
 @click.option("--stats", is_flag=True, help="Print speed and speculation stats to stderr.")
-@click.option(
-    "--device",
-    default="cpu",
-    show_default=True,
-    help="A device profile (`edgespec devices`: cpu, cuda, dml, openvino, ...) or auto.",
-)
-@click.option("--threads", default=None, type=int, help="Intra-op threads (default: all cores).")
 @click.option("--ignore-eos", is_flag=True, help="Keep going past end-of-sequence tokens.")
-@click.option(
-    "--mode",
-    type=click.Choice(MODES),
-    default="ar",
-    show_default=True,
-    help="ar, spec (draft model), self-spec (early exit), lookup (prompt lookup), "
-    "split (draft here, verify on --server).",
-)
-@click.option(
-    "--draft-policy",
-    default=None,
-    help="fixed:N | confidence:T | acceptance | auto | dynamic-exit (default auto).",
-)
-@click.option("--exit-layer", default=None, type=int, help="Exit layer for self-spec.")
-@click.option(
-    "--drafter",
-    default=None,
-    help="draft | exit:K | lookup, or a chain such as lookup+draft (default: the mode's).",
-)
-@click.option("--verifier", default=None, help="full | exit:K (local modes; default full).")
-@click.option("--server", default=None, help="split: the verifier server, ws://HOST:PORT.")
-@click.option("--token-file", default=None, type=click.Path(), help="split: bearer token file.")
-@click.option("--energy-budget", default=None, type=float, help="split: joules per token.")
-@click.option("--timeout", default=None, type=float, help="split: seconds per answer [10].")
-@click.option("--static", is_flag=True, help="Run the bundle's fixed-shape (NPU) graphs.")
-@click.option("--coreml", is_flag=True, help="Run the bundle's Core ML packages (macOS 15+).")
+@decoding_options
 @_friendly
 def generate(bundle: str, prompt: str, max_new_tokens: int, **options: Any) -> None:
     """Generate text from BUNDLE."""
-    from edgespec.runtime.config import LoadConfig
     from edgespec.runtime.model import Model
 
     sampling = {k: options.pop(k) for k in ("temperature", "top_p", "top_k", "seed", "ignore_eos")}
     stream, stats = options.pop("stream"), options.pop("stats")
-    options["token"] = _read_token(options.pop("token_file"))
-    if options["timeout"] is None:
-        options.pop("timeout")  # the library's default
-    model = Model.load(bundle, LoadConfig.from_options(**options))
+    model = Model.load(bundle, load_config(options))
     _generate(model, prompt, max_new_tokens, sampling, stream, stats)
 
 

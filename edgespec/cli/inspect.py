@@ -58,6 +58,7 @@ def inspect(bundle: str | None, compat: tuple[str, str] | None) -> None:
                 f"hidden {d.hidden_size}",
             )
         )
+    rows += _chat_rows(m, Path(bundle))
     if m.variant != "standard":
         rows.append(("variant", f"{m.variant}, backbone layers {m.backbone_layers}"))
     for k, a in m.extra.get("exit_adapters", {}).items():
@@ -109,6 +110,22 @@ def inspect(bundle: str | None, compat: tuple[str, str] | None) -> None:
         click.echo(f"{g.role:<10} {g.file:<16} {layers:<8} {size:>8.2f}  {inputs}, past KV")
     weights = (folder / m.weights_file).stat().st_size / 2**20
     click.echo(f"{'weights':<10} {m.weights_file:<16} {'shared':<8} {weights:>8.1f}")
+
+
+def _chat_rows(m: Any, folder: Path) -> list[tuple[str, str]]:
+    """inspect: the chat template(s) and generation defaults the bundle carries."""
+    if m.chat is None:
+        return [("chat template", "none (a base model: chat needs a template; generate works)")]
+    rows = []
+    for name, rel in m.chat.templates.items():
+        text = (folder / rel).read_text(encoding="utf-8")
+        first = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+        rows.append((f"chat template {name}", f"{rel} ({len(text)} chars): {first[:60]}"))
+    tokens = ", ".join(f"{k}={v!r}" for k, v in m.chat.special_tokens.items())
+    rows.append(("chat special tokens", tokens or "none"))
+    gen = ", ".join(f"{k}={v}" for k, v in m.chat.generation.items())
+    rows.append(("generation defaults", gen or "none set (greedy)"))
+    return rows
 
 
 def _quant_details(m: Any) -> str:

@@ -48,10 +48,69 @@ from edgespec.cli.common import _friendly, _read_token
     help="Size prefill steps to take about this long (0: always --prefill-chunk positions).",
 )
 @click.option("--device", default="cpu", show_default=True, help="A device profile or auto.")
+@click.option(
+    "--mode",
+    type=click.Choice(["ar", "spec", "self-spec", "lookup"]),
+    default=None,
+    help="How the OpenAI endpoints decode (default: the fastest the bundle supports: spec if "
+    "it has a draft model, else self-spec, else lookup; the auto policy speculates only while "
+    "it wins).",
+)
+@click.option(
+    "--draft-policy",
+    default=None,
+    help="OpenAI endpoints: the mode's draft-length policy (fixed:N | confidence:T | "
+    "acceptance | auto | dynamic-exit; default auto).",
+)
+@click.option(
+    "--conversations",
+    default=4,
+    show_default=True,
+    type=click.IntRange(1),
+    help="OpenAI endpoints: conversations decoded at once, each keeping its own KV cache.",
+)
 @click.option("--log-level", default="info", show_default=True)
+@click.option(
+    "--replicas",
+    default=None,
+    type=click.IntRange(1),
+    help="Serve a fleet of N replicas on Ray Serve (the [fleet] extra) behind one address.",
+)
+@click.option(
+    "--autoscale",
+    default=None,
+    metavar="MIN:MAX",
+    help="Fleet: let Ray Serve scale between MIN and MAX replicas on ongoing sessions.",
+)
+@click.option(
+    "--ray-address",
+    default=None,
+    help="Fleet: join this Ray cluster (e.g. auto, or HOST:6379); default: a local Ray.",
+)
+@click.option(
+    "--cpus-per-replica",
+    default=0.5,
+    show_default=True,
+    type=click.FloatRange(0, min_open=True),
+    help="Fleet: Ray CPUs each replica reserves.",
+)
 @_friendly
-def serve(bundle: str, host: str, port: int, token_file: str | None, log_level: str, **limits):
-    """Serve BUNDLE's target as the verifier of split decoding (and /v1/completions)."""
+def serve(
+    bundle: str,
+    host: str,
+    port: int,
+    token_file: str | None,
+    log_level: str,
+    replicas: int | None,
+    autoscale: str | None,
+    ray_address: str | None,
+    cpus_per_replica: float,
+    **limits,
+):
+    """Serve BUNDLE: the verifier of split decoding and the OpenAI API (/v1/chat/completions).
+
+    With --replicas or --autoscale: a fleet of replicas on Ray Serve at the same address
+    (docs/fleet.md)."""
     try:
         from edgespec.serve.server import ConfigError, ServerConfig, run
     except ImportError as e:
@@ -65,4 +124,23 @@ def serve(bundle: str, host: str, port: int, token_file: str | None, log_level: 
         config = ServerConfig(bundle, token, **limits)
     except ConfigError as e:
         raise click.UsageError(str(e)) from None
-    run(config, host, port, log_level)
+    if replicas is None and autoscale is None:
+        if ray_address is not None:
+            raise click.UsageError("--ray-address deploys a fleet: add --replicas N or --autoscale")
+        run(config, host, port, log_level)
+        return
+    try:
+        from edgespec.serve import fleet
+    except ImportError as e:
+        raise click.ClickException(
+            f"--replicas needs the [fleet] extra ({e.name} is missing): "
+            "pip install 'edgespec[fleet]'"
+        ) from None
+    try:
+        scale = fleet.parse_autoscale(autoscale) if autoscale else None
+        fleet_config = fleet.FleetConfig(
+            replicas or 1, scale, ray_address=ray_address, cpus_per_replica=cpus_per_replica
+        )
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
+    fleet.run(config, fleet_config, host, port, log_level)

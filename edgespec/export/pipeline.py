@@ -34,6 +34,7 @@ from edgespec.bundle import (
     save_manifest,
 )
 from edgespec.export.builder import GraphBuilder, WeightStore
+from edgespec.export.chat_format import save_chat_format
 from edgespec.export.config import DTYPES, ExportConfig
 from edgespec.export.decoder import DecoderWeights, build_graph, graph_info
 from edgespec.export.errors import ExportError
@@ -190,6 +191,7 @@ def export_bundle(
         variant=c.variant,
         backbone_layers=c.backbone_layers,
         backbone=backbone_record(tokenizer, weights),
+        chat=save_chat_format(tokenizer, target, out),
     )
     if c.quant is not None:
         manifest.extra["quantization"] = c.quant.describe()

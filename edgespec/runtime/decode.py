@@ -49,14 +49,21 @@ def decode(
     params: SamplingParams,
     max_new_tokens: int,
     stop_ids: frozenset[int],
+    cached: int = 0,
 ) -> Iterator[Step]:
-    """Yield one Step per round: the prefill's first token, then each round's tokens."""
+    """Yield one Step per round: the prefill's first token, then each round's tokens.
+
+    cached: the first `cached` prompt tokens equal the start of the sequence the caches last
+    held (a conversation's earlier turns, see `runtime.chat`): the verifier and the drafter
+    may keep those positions and prefill only the rest.
+    """
     rng = np.random.default_rng(params.seed)
     # drafts are capped below so that the last verify writes position P + max_new - 1
     capacity = min(len(prompt) + max_new_tokens, verifier.max_positions)
     try:
-        token, stats = verifier.prefill(prompt, capacity, params, rng)
-        drafter.begin(prompt, capacity)
+        cached = min(cached, len(prompt) - 1)
+        token, stats = verifier.prefill(prompt, capacity, params, rng, cached)
+        drafter.begin(prompt, capacity, cached)
         seq = [*prompt, token]
         step, produced, ahead = Step([token], stats), 1, Ahead()
         while True:

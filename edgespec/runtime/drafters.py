@@ -74,7 +74,7 @@ class NoDrafter:
 
     drafts_ahead = False
 
-    def begin(self, prompt: list[int], capacity: int) -> None:
+    def begin(self, prompt: list[int], capacity: int, cached: int = 0) -> None:
         pass
 
     def propose(
@@ -94,9 +94,11 @@ class ModelDrafter:
     def __init__(self, model: Stack) -> None:
         self.model = model
 
-    def begin(self, prompt: list[int], capacity: int) -> None:
-        self.model.reset(min(capacity, self.model.max_positions))
-        self.model.forward(np.asarray(prompt, np.int64), keep=0)
+    def begin(self, prompt: list[int], capacity: int, cached: int = 0) -> None:
+        # the cache holds a prefix of the last sequence: keep what the prompt shares with it
+        kept = self.model.resume(min(capacity, self.model.max_positions), cached)
+        if kept < len(prompt):
+            self.model.forward(np.asarray(prompt[kept:], np.int64), keep=0)
 
     def propose(
         self, seq: list[int], plan: Plan, params: SamplingParams, rng: np.random.Generator
@@ -134,7 +136,7 @@ class EarlyExitDrafter:
     ) -> None:
         self.target, self.heads, self.tails, self.exit_layer = target, heads, tails, exit_layer
 
-    def begin(self, prompt: list[int], capacity: int) -> None:
+    def begin(self, prompt: list[int], capacity: int, cached: int = 0) -> None:
         pass  # the target's prefill already filled the head's layers
 
     def propose(
@@ -174,8 +176,11 @@ class LookupDrafter:
         self.last_end: dict[tuple[int, ...], int] = {}
         self.indexed = 0
 
-    def begin(self, prompt: list[int], capacity: int) -> None:
-        self.last_end, self.indexed = {}, 0
+    def begin(self, prompt: list[int], capacity: int, cached: int = 0) -> None:
+        # the index covers the last sequence up to `indexed`: still exact if the prompt
+        # shares all of it (a conversation's next turn), else rebuilt (lazily, in propose)
+        if cached < self.indexed:
+            self.last_end, self.indexed = {}, 0
 
     def propose(
         self, seq: list[int], plan: Plan, params: SamplingParams, rng: np.random.Generator
@@ -207,9 +212,9 @@ class Chain:
         self.drafters = list(drafters)
         self.drafts_ahead = all(d.drafts_ahead for d in self.drafters)
 
-    def begin(self, prompt: list[int], capacity: int) -> None:
+    def begin(self, prompt: list[int], capacity: int, cached: int = 0) -> None:
         for d in self.drafters:
-            d.begin(prompt, capacity)
+            d.begin(prompt, capacity, cached)
 
     def propose(
         self, seq: list[int], plan: Plan, params: SamplingParams, rng: np.random.Generator

@@ -40,6 +40,17 @@ class KVCache:
     def capacity(self) -> int:
         return self.keys[0].shape[2] if self.keys else 1 << 62
 
+    def grown(self, capacity: int) -> KVCache:
+        """A cache with room for `capacity` positions holding this one's valid positions: one
+        copy, when a conversation that keeps its cache outgrows the buffers."""
+        k0 = self.keys[0]
+        out = KVCache.allocate(self.layers, k0.shape[1], k0.shape[3], capacity, k0.dtype)
+        n = self.length
+        for src, dst in zip(self.keys + self.values, out.keys + out.values, strict=True):
+            dst[:, :, :n] = src[:, :, :n]
+        out.length = n
+        return out
+
     def truncate(self, length: int) -> None:
         if not 0 <= length <= self.length:
             raise ValueError(f"cannot truncate a cache of length {self.length} to {length}")

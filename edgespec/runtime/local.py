@@ -25,14 +25,24 @@ class LocalVerifier:
         self.max_positions = target.max_positions
 
     def prefill(
-        self, prompt: list[int], capacity: int, params: SamplingParams, rng: np.random.Generator
+        self,
+        prompt: list[int],
+        capacity: int,
+        params: SamplingParams,
+        rng: np.random.Generator,
+        cached: int = 0,
     ) -> tuple[int, RoundStats]:
         start = perf_counter()
-        self.target.reset(capacity)
-        logits = self.target.forward(np.asarray(prompt, dtype=np.int64), keep=1)[-1]
+        # keep the cached prefix (a conversation's earlier turns), at least the last prompt
+        # token is processed: its logits start decoding
+        kept = self.target.resume(capacity, min(cached, len(prompt) - 1))
+        logits = self.target.forward(np.asarray(prompt[kept:], dtype=np.int64), keep=1)[-1]
         token = next_token(logits, params, rng)
         seconds = perf_counter() - start
-        return token, RoundStats("prefill", 1, len(prompt), seconds, verify_seconds=seconds)
+        stats = RoundStats(
+            "prefill", 1, len(prompt) - kept, seconds, verify_seconds=seconds, cached_tokens=kept
+        )
+        return token, stats
 
     def max_drafts(self, seq: list[int]) -> int:
         return self.target.max_positions - len(seq)

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from edgespec.bundle import BundleError, Manifest
+from edgespec.runtime.chat import ChatOptions, ChatReply, ChatSession
 from edgespec.runtime.config import LoadConfig
 from edgespec.runtime.costs import seed_from_calibration
 from edgespec.runtime.decode import decode
@@ -65,6 +66,7 @@ class Model:
         self.tokenizer = graphs.tokenizer()
         self.mode = config.mode
         self.verifier, self.drafter, self.policy = verifier, drafter, policy
+        self._chat: ChatSession | None = None  # the conversation `chat()` continues
 
     @property
     def target(self) -> Stack | None:
@@ -183,6 +185,20 @@ class Model:
                 text += detok.flush()
             yield Chunk(text, step.tokens, step.stats, step.finish_reason)
 
+    # -- conversations ----------------------------------------------------------------------
+    def chat_session(self, system: str | None = None) -> ChatSession:
+        """A conversation with caches of its own: each turn prefills only what is new (see
+        `edgespec.runtime.chat`). Needs a bundle with a chat template."""
+        return ChatSession(self, system)
+
+    def chat(self, messages: Sequence[dict[str, Any]], **options: Any) -> ChatReply:
+        """Reply to a conversation (a list of {"role", "content"} messages) with the bundle's
+        chat template; consecutive calls keep the shared prefix in the cache. `options` are
+        `ChatOptions` fields (max_new_tokens, temperature, stop, tools, flags, ...)."""
+        if self._chat is None:
+            self._chat = ChatSession(self)
+        return self._chat.reply(messages, chat_options(**options))
+
     def generate(self, prompt: Prompt, **options) -> Generation:
         """Run `stream()` to the end; return the text, tokens and stats."""
         prompt_ids = self.encode(prompt)
@@ -198,4 +214,25 @@ class Model:
         return Generation(text, tokens, prompt_ids, finish, stats)
 
 
-__all__ = ["BundleError", "Chunk", "Generation", "InputError", "LoadConfig", "Model", "Manifest"]
+def chat_options(**options: Any) -> ChatOptions:
+    """ChatOptions from keyword arguments, refusing unknown names with the known ones."""
+    try:
+        return ChatOptions(**options)
+    except TypeError:
+        known = ", ".join(ChatOptions.__dataclass_fields__)
+        unknown = ", ".join(sorted(set(options) - set(ChatOptions.__dataclass_fields__)))
+        raise InputError(f"unknown chat option(s) {unknown}; the options are: {known}") from None
+
+
+__all__ = [
+    "BundleError",
+    "ChatOptions",
+    "ChatReply",
+    "ChatSession",
+    "Chunk",
+    "Generation",
+    "InputError",
+    "LoadConfig",
+    "Model",
+    "Manifest",
+]

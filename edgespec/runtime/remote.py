@@ -94,8 +94,15 @@ class RemoteVerifier:
         self.server_capacity = max(min(self.capacity, limit), length + 1)
 
     def prefill(
-        self, prompt: list[int], capacity: int, params: SamplingParams, rng: np.random.Generator
+        self,
+        prompt: list[int],
+        capacity: int,
+        params: SamplingParams,
+        rng: np.random.Generator,
+        cached: int = 0,
     ) -> tuple[int, RoundStats]:
+        # a server session starts afresh (`cached` is not used: resuming one is not in the
+        # protocol yet), so the whole prompt is sent
         start = perf_counter()
         self.capacity = capacity
         x = self.remote.start(prompt, capacity, params)
@@ -277,7 +284,12 @@ class FallbackVerifier:
 
     # -- the Verifier protocol ---------------------------------------------------------------
     def prefill(
-        self, prompt: list[int], capacity: int, params: SamplingParams, rng: np.random.Generator
+        self,
+        prompt: list[int],
+        capacity: int,
+        params: SamplingParams,
+        rng: np.random.Generator,
+        cached: int = 0,
     ) -> tuple[int, RoundStats]:
         self.capacity, self.synced, self.next_retry = capacity, -1, None
         self.server_done, self.late = False, None

@@ -72,8 +72,9 @@ class Drafter(Protocol):
     # is busy); prompt lookup may not: its n-gram index must only see committed tokens
     drafts_ahead: bool
 
-    def begin(self, prompt: list[int], capacity: int) -> None:
-        """Start a generation (prefill any state of its own)."""
+    def begin(self, prompt: list[int], capacity: int, cached: int = 0) -> None:
+        """Start a generation (prefill any state of its own); `cached` as in
+        `Verifier.prefill`: state built on the first `cached` prompt tokens may be kept."""
 
     def propose(
         self, seq: list[int], plan: Plan, params: SamplingParams, rng: np.random.Generator
@@ -97,6 +98,7 @@ class Verdict:
 
     def fill(self, stats: RoundStats) -> RoundStats:
         stats.verifier = self.verifier
+        stats.reconnected = self.resync  # counted as GenerationStats.reconnects
         for name, value in self.channel.items():
             setattr(stats, name, value)
         return stats
@@ -127,9 +129,17 @@ class Verifier(Protocol):
     max_positions: int
 
     def prefill(
-        self, prompt: list[int], capacity: int, params: SamplingParams, rng: np.random.Generator
+        self,
+        prompt: list[int],
+        capacity: int,
+        params: SamplingParams,
+        rng: np.random.Generator,
+        cached: int = 0,
     ) -> tuple[int, RoundStats]:
-        """Start a generation: process the prompt; the next token and the prefill's stats."""
+        """Start a generation: process the prompt; the next token and the prefill's stats.
+        `cached`: the first `cached` prompt tokens equal the start of the sequence the last
+        generation ran on (a conversation's earlier turns); a verifier may keep those
+        positions and process only the rest (0: start afresh)."""
 
     def max_drafts(self, seq: list[int]) -> int:
         """The most drafts the next round after `seq` can carry (0: verify none now; -1:

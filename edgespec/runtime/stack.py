@@ -64,6 +64,22 @@ class Stack:
             self.layers, m.num_kv_heads, m.head_dim, capacity, self.stages[0].kv_dtype
         )
 
+    def resume(self, capacity: int, keep: int) -> int:
+        """Keep the first `keep` cached positions (the prefix a conversation's new prompt
+        shares with what the cache holds) with room for `capacity`; return how many were kept
+        (never more than the cache holds). keep=0 is `reset`."""
+        if keep <= 0 or self.cache is None or self.cache.length == 0:
+            self.reset(capacity)
+            return 0
+        keep = min(keep, self.cache.length)
+        self.cache.truncate(keep)
+        capacity = self.fixed_capacity or capacity
+        if not getattr(self.stages[0], "holds_kv", False) and self.cache.capacity < capacity:
+            # grow geometrically: a conversation gains a turn at a time
+            room = min(max(capacity, 2 * self.cache.capacity), self.max_positions)
+            self.cache = self.cache.grown(max(room, capacity))
+        return keep
+
     def forward(self, ids: np.ndarray, keep: int = 1) -> np.ndarray:
         """Logits [keep, vocab] for new token ids [S], appended to the cache."""
         cache = self.cache

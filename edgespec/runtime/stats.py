@@ -31,6 +31,11 @@ class RoundStats:
     bytes_down: int = 0
     rtt_estimate: float | None = None  # the policy's channel estimates after this round (s)
     bandwidth_estimate: float | None = None  # uplink, bytes/s
+    reconnected: bool = False  # this round rebuilt the server session on a new connection
+
+    # prefill of a conversation's turn: prompt positions kept from the cache (not processed;
+    # input_tokens counts only the rest)
+    cached_tokens: int = 0
 
 
 @dataclass
@@ -44,6 +49,7 @@ class Step:
 @dataclass
 class GenerationStats:
     prompt_tokens: int = 0
+    cached_tokens: int = 0  # of prompt_tokens: kept in the KV cache from earlier turns
     prefill_seconds: float = 0.0
     decode_tokens: int = 0  # tokens produced after the first (the first comes from prefill)
     decode_seconds: float = 0.0
@@ -60,8 +66,10 @@ class GenerationStats:
     server_seconds: float = 0.0
     bytes_up: int = 0
     bytes_down: int = 0
+    reconnects: int = 0  # server sessions rebuilt after a failure (resync, possibly elsewhere)
 
     def add(self, r: RoundStats) -> None:
+        self.reconnects += r.reconnected
         if r.verifier == "remote":
             self.remote_rounds += 1
             self.network_seconds += r.network_seconds
@@ -71,7 +79,8 @@ class GenerationStats:
         else:
             self.local_rounds += 1
         if r.phase == "prefill":
-            self.prompt_tokens += r.input_tokens
+            self.prompt_tokens += r.input_tokens + r.cached_tokens
+            self.cached_tokens += r.cached_tokens
             self.prefill_seconds += r.seconds
             return
         self.decode_tokens += r.new_tokens
@@ -85,7 +94,8 @@ class GenerationStats:
 
     @property
     def prefill_tokens(self) -> int:
-        return self.prompt_tokens
+        """Prompt positions actually processed (the cached ones were not)."""
+        return self.prompt_tokens - self.cached_tokens
 
     @property
     def prefill_tokens_per_s(self) -> float:

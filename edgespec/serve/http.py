@@ -1,28 +1,20 @@
-"""The server's plain HTTP endpoints: `/health` and OpenAI-style `POST /v1/completions`.
+"""The server's HTTP plumbing: bounded body reading, errors, and `/health`.
 
 Guarantees: a body is refused by its `Content-Length` before a byte of it is read (413), read
 at most up to `max_request_bytes` (413 as soon as it is over), and within `body_timeout`
 seconds (408); a client that disconnects while sending it gets nothing and leaves no
-traceback. Every field is checked by `serve.requests` (400 naming the field). "No free slot"
-is 503 with `Retry-After`. A completion whose client disconnects is cancelled between two
-tokens and its slot freed. `/health` answers everyone with liveness only; the model, the
+traceback. "Server full" is 503 with `Retry-After`. The OpenAI endpoints (`serve.openai`)
+read their bodies here. `/health` answers everyone with liveness only; the model, the
 load and the batching statistics need the token when one is configured.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
-import time
 from typing import TYPE_CHECKING
 
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
-
-from edgespec import protocol as P
-from edgespec.serve import requests as R
-from edgespec.serve.auth import client_address
-from edgespec.serve.session import ServerSession, prefill, release_all
 
 if TYPE_CHECKING:
     from edgespec.serve.server import State
@@ -84,13 +76,15 @@ async def health(request: Request) -> JSONResponse:
             "status": status,
             "model": m.source.get("model"),
             "backbone_fingerprint": m.backbone_fingerprint,
-            "sessions": state.pool.held,  # KV slots really held (WebSocket and completions)
+            # KV caches really in use: split sessions' pool slots and OpenAI requests running
+            "sessions": state.pool.held + (state.chat.load if state.chat else 0),
             "connections": len(state.connections),
             "max_sessions": state.config.max_sessions,
             "max_context": state.max_context,
             "max_request_bytes": state.config.max_request_bytes,
             "rounds_served": state.rounds,
-            "completion_tokens": state.completion_tokens,
+            # tokens the OpenAI endpoints produced (a cancelled request stops adding to it)
+            "completion_tokens": state.chat.stats.tokens if state.chat else 0,
             "prefill_chunks": state.worker.steps_run,
             # most prompt positions prefilled while a queued round waited (<= 2 chunks)
             "prefill_positions_before_a_round_max": state.worker.most_step_work_before_a_round,
@@ -98,128 +92,12 @@ async def health(request: Request) -> JSONResponse:
             "max_batch": state.config.max_batch,
             "batch_window_ms": state.config.batch_window_ms,
             **state.stats.report(),
+            "openai": state.chat.report() if state.chat else None,
         }
     )
 
 
-async def completions(request: Request) -> Response:
-    """OpenAI-style `POST /v1/completions` (no streaming): the server decodes alone."""
-    state: State = request.app.state.edgespec
-    if not state.gate.allows(request.headers):
-        await state.gate.refuse(client_address(request.client))
-        return error("missing or wrong bearer token", 401)
-    try:
-        body = await read_body(request, state.config.max_request_bytes, state.config.body_timeout)
-        msg, max_tokens, ignore_eos = completion_request(state, body)
-    except BodyError as e:
-        return e.response or Response(status_code=400)  # None: nobody is listening
-    except ValueError as e:
-        return error(str(e))
-    if state.closing:
-        return busy("the server is shutting down: try again later or elsewhere")
-    decode = asyncio.ensure_future(_complete(state, msg, max_tokens, ignore_eos))
-    gone = asyncio.ensure_future(_disconnected(request))
-    try:
-        await asyncio.wait([decode, gone], return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        gone.cancel()
-    if not decode.done():  # the client left: stop decoding (the slot is freed in its finally)
-        decode.cancel()
-        await asyncio.gather(decode, return_exceptions=True)
-        return Response(status_code=499)
-    try:
-        tokens, finish = decode.result()
-    except P.ProtocolError as e:
-        if e.code == P.UNAVAILABLE:
-            return busy(str(e))
-        return error(str(e))
-    sid = next(state.ids)
-    tokenizer = state.tokenizer
-    text = tokenizer.decode(
-        [t for t in tokens if tokenizer.id_to_token(t) is not None], skip_special_tokens=True
-    )
-    return JSONResponse(
-        {
-            "id": f"cmpl-{sid}",
-            "object": "text_completion",
-            "created": int(time.time()),
-            "model": state.manifest.source.get("model"),
-            "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": None}],
-            "usage": {
-                "prompt_tokens": len(msg.ids),
-                "completion_tokens": len(tokens),
-                "total_tokens": len(msg.ids) + len(tokens),
-            },
-        }
-    )
-
-
-async def _disconnected(request: Request) -> None:
+async def disconnected(request: Request) -> None:
     """Returns when the client disconnects (the body was read: only that can come now)."""
     while (await request.receive())["type"] != "http.disconnect":
         pass
-
-
-def completion_request(state: State, body: bytes) -> tuple[P.Start, int, bool]:
-    try:
-        req = json.loads(body or b"{}")
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"the body is not JSON: {e}") from None
-    except RecursionError:
-        raise ValueError("the body nests JSON too deeply") from None
-    if not isinstance(req, dict):
-        raise ValueError("the body must be a JSON object")
-    if req.get("stream"):
-        raise ValueError("stream=true is not supported: use the /v1/session WebSocket")
-    vocab = state.manifest.target.vocab_size
-    prompt = req.get("prompt")
-    if isinstance(prompt, str) and prompt:
-        ids = state.tokenizer.encode(prompt)
-    elif (
-        isinstance(prompt, list)
-        and prompt
-        and all(isinstance(i, int) and not isinstance(i, bool) for i in prompt)
-    ):
-        ids = prompt
-    else:
-        raise ValueError("prompt must be a non-empty string or a list of token ids")
-    if any(not 0 <= i < vocab for i in ids):
-        raise ValueError(f"prompt token ids must be in 0..{vocab - 1}")
-    max_tokens = R.integer(req, "max_tokens", 16, 1, 1 << 30)  # capped by the context
-    assert max_tokens is not None
-    s = R.sampling(req, vocab)
-    ignore_eos = req.get("ignore_eos", False)
-    if not isinstance(ignore_eos, bool):
-        raise R.FieldError("ignore_eos", f"{ignore_eos!r} is not true or false")
-    start = P.Start(ids, len(ids) + max_tokens, s.temperature, s.top_p, s.top_k, s.seed)
-    return start, max_tokens, ignore_eos
-
-
-async def _complete(state: State, msg: P.Start, max_tokens: int, ignore_eos: bool):
-    """Plain decoding, one round per token, batched with other sessions' rounds."""
-    held: list[ServerSession] = []
-    try:
-        session, reply = await state.worker.steps(
-            prefill,
-            state.pool,
-            state.stages,
-            msg,
-            state.max_context,
-            held,
-            state.config.prefill_chunk,
-            state.config.prefill_budget_ms / 1000,
-        )
-        stop = frozenset() if ignore_eos else frozenset(state.manifest.eos_token_ids)
-        tokens = [reply.token]
-        while True:
-            state.completion_tokens += 1
-            if tokens[-1] in stop:
-                return tokens, "stop"
-            if len(tokens) >= max_tokens:
-                return tokens, "length"
-            if len(session.seq) >= session.capacity or state.closing:
-                return tokens, "length"
-            reply = await state.worker.round((session, P.Verify(len(session.seq), [])))
-            tokens.append(reply.token)
-    finally:
-        state.worker.submit(release_all, state.pool, held)

@@ -2,7 +2,8 @@
 
     WS   /v1/session      one generation session per connection (binary `protocol` messages)
     GET  /health          liveness; with the token: load, limits, the backbone fingerprint
-    POST /v1/completions  OpenAI-style plain completion, for cloud-only use (`serve.http`)
+    POST /v1/chat/completions, /v1/completions, GET /v1/models: the OpenAI API, decoded with
+                          the local speculative mode of `--mode` (`edgespec.serve.openai`)
 
 Guarantees: a bearer token is required when configured (HTTP 401 otherwise); at most
 `max_sessions` sessions hold a KV cache at once, each at most `max_context` positions;
@@ -44,7 +45,9 @@ from edgespec.runtime.stack import Stack
 from edgespec.runtime.tokenizer import Tokenizer
 from edgespec.serve.auth import Gate, client_address
 from edgespec.serve.batching import KVPool
-from edgespec.serve.http import completions, health
+from edgespec.serve.chat_engine import ChatEngine
+from edgespec.serve.http import health
+from edgespec.serve.openai import ROUTES, load_engine
 from edgespec.serve.requests import FieldError
 from edgespec.serve.requests import check_start as check_sampling
 from edgespec.serve.session import BatchStats, ServerSession, prefill, release_all, verify_rounds
@@ -74,6 +77,10 @@ class ServerConfig:
     prefill_chunk: int = 256  # positions per prefill step between other rounds (0: whole)
     prefill_budget_ms: float = 20.0  # size chunks to take about this long (0: fixed size)
 
+    mode: str | None = None  # OpenAI endpoints' decoding mode (default: fastest in the bundle)
+    draft_policy: str | None = None  # OpenAI endpoints: the mode's policy (default: auto)
+    conversations: int = 4  # OpenAI endpoints: conversations decoded at once, each its own cache
+
     def __post_init__(self) -> None:
         _integer("max_sessions", self.max_sessions, 1)
         if self.max_context is not None:
@@ -83,6 +90,7 @@ class ServerConfig:
             _integer("threads", self.threads, 1)
         _integer("max_batch", self.max_batch, 1)
         _integer("prefill_chunk", self.prefill_chunk, 0)
+        _integer("conversations", self.conversations, 1)
         _seconds("idle_timeout", self.idle_timeout, positive=True)
         _seconds("drain_seconds", self.drain_seconds, positive=False)
         _seconds("header_timeout", self.header_timeout, positive=True)
@@ -135,7 +143,7 @@ class State:
     ids: itertools.count = field(default_factory=lambda: itertools.count(1))
     closing: bool = False
     rounds: int = 0
-    completion_tokens: int = 0
+    chat: ChatEngine | None = None  # the OpenAI endpoints' decoder
 
 
 def load_state(config: ServerConfig) -> State:
@@ -162,8 +170,19 @@ def load_state(config: ServerConfig) -> State:
     )
     tokenizer = graphs.tokenizer()
     gate = Gate(config.token)
+    chat = load_engine(config, context)
     return State(
-        config, graphs.manifest, stages, tokenizer, worker, context, limits, pool, stats, gate
+        config,
+        graphs.manifest,
+        stages,
+        tokenizer,
+        worker,
+        context,
+        limits,
+        pool,
+        stats,
+        gate,
+        chat=chat,
     )
 
 
@@ -316,7 +335,7 @@ def create_app(config: ServerConfig, state: State | None = None) -> Starlette:
         routes=[
             WebSocketRoute("/v1/session", session_endpoint),
             Route("/health", health),
-            Route("/v1/completions", completions, methods=["POST"]),
+            *ROUTES,
         ]
     )
     app.state.edgespec = state or load_state(config)
@@ -350,3 +369,5 @@ def run(config: ServerConfig, host: str = "127.0.0.1", port: int = 8700, log_lev
         server.run()
     finally:
         state.worker.stop()
+        if state.chat is not None:
+            state.chat.stop()

@@ -1,0 +1,372 @@
+"""Conversations that keep their KV cache: `ChatSession` renders, prefills only what is new,
+decodes with the model's mode and stops on stop ids or stop strings.
+
+Takes a loaded `Model` whose bundle carries a chat template. Each turn the session renders the
+whole conversation with the template (as transformers' `apply_chat_template` would), encodes
+it, and compares it with the token sequence its caches hold from the last turn: the longest
+common prefix stays in the target's KV cache, the draft model's cache and the prompt-lookup
+index (the early-exit head shares the target's cache), and only the rest is prefilled. What is
+kept is exact by construction — a token prefix, never text — so greedy replies equal
+transformers' `apply_chat_template` + `generate` token for token, turn after turn.
+
+Each session owns its caches (`fork_decoder`): several conversations (the OpenAI server's)
+never share or clobber each other's state, and plain `Model.generate` never touches them. A
+conversation that outgrows the context is refused with a `ChatError` naming the turn, unless
+`truncation="drop-oldest"` was asked for. Split mode (a remote verifier) renders and stops
+the same way but re-sends the whole prompt each turn (the server session is not resumed).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from edgespec.runtime.chat_template import ChatTemplate, ChatTemplateError
+from edgespec.runtime.decode import decode
+from edgespec.runtime.drafters import (
+    Chain,
+    EarlyExitDrafter,
+    LookupDrafter,
+    ModelDrafter,
+    NoDrafter,
+)
+from edgespec.runtime.local import LocalVerifier
+from edgespec.runtime.policies import DraftLengthPolicy
+from edgespec.runtime.round import Drafter
+from edgespec.runtime.sampling import SamplingParams
+from edgespec.runtime.stack import Stack
+from edgespec.runtime.stats import GenerationStats, RoundStats, Step
+
+if TYPE_CHECKING:
+    from edgespec.runtime.model import Model
+
+TRUNCATION = ("error", "drop-oldest")
+FINISH = {"eos": "stop", "stop": "stop", "length": "length", "context": "length"}
+
+
+class ChatError(ChatTemplateError):
+    """A chat request cannot be served as given (bad options, over the context, no template)."""
+
+
+@dataclass
+class ChatOptions:
+    """One reply's settings. None for temperature/top_p/top_k: the bundle's generation
+    defaults (its generation_config), else greedy."""
+
+    max_new_tokens: int = 256
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+    stop: Sequence[str] = ()  # stop strings: the reply ends before the first one
+    stop_ids: Sequence[int] = ()  # stop token ids, besides the bundle's eos ids
+    ignore_eos: bool = False
+    tools: list[dict[str, Any]] | None = None
+    documents: list[dict[str, Any]] | None = None
+    template: str | None = None  # a named template of the bundle
+    flags: dict[str, Any] = field(default_factory=dict)  # template variables: enable_thinking
+    truncation: str = "error"  # or "drop-oldest": drop the oldest turns to fit the context
+
+
+@dataclass
+class Prompt:
+    """A checked, encoded request, ready for any session to decode."""
+
+    ids: list[int]
+    options: ChatOptions
+    params: SamplingParams
+    dropped: int = 0  # truncation="drop-oldest": messages left out
+
+
+@dataclass
+class ChatChunk:
+    text: str
+    tokens: list[int]
+    stats: RoundStats
+    finish_reason: str | None = None  # "stop" | "length" on the last chunk
+
+
+@dataclass
+class ChatReply:
+    text: str
+    tokens: list[int]
+    prompt_tokens: int
+    cached_tokens: int  # of prompt_tokens: kept in the KV cache, not prefilled
+    finish_reason: str
+    stats: GenerationStats
+    dropped_messages: int = 0  # truncation="drop-oldest": how many were left out
+
+
+def fork_decoder(
+    target: Stack, drafter: Drafter, policy: DraftLengthPolicy
+) -> tuple[Stack, Drafter, DraftLengthPolicy]:
+    """The same graph sessions with caches of their own (allocated on first use)."""
+    fresh = Stack(target.stages, target.logits)
+
+    def fork(d: Drafter) -> Drafter:
+        if isinstance(d, NoDrafter):
+            return NoDrafter()
+        if isinstance(d, ModelDrafter):
+            return ModelDrafter(Stack(d.model.stages, d.model.logits))
+        if isinstance(d, EarlyExitDrafter):  # drafts into the target's own cache
+            return EarlyExitDrafter(fresh, d.heads, d.tails, d.exit_layer)
+        if isinstance(d, LookupDrafter):
+            return LookupDrafter(d.max_ngram, d.min_ngram)
+        if isinstance(d, Chain):
+            return Chain([fork(member) for member in d.drafters])
+        raise TypeError(f"cannot give a {type(d).__name__} a cache of its own")
+
+    return fresh, fork(drafter), copy.deepcopy(policy)
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class ChatSession:
+    """One conversation over its own caches. `stream(messages)` / `reply(messages)` take the
+    whole conversation each turn (OpenAI style); `say(text)` keeps the messages here."""
+
+    def __init__(
+        self, model: Model, system: str | None = None, max_context: int | None = None
+    ) -> None:
+        self.model = model
+        self.max_context = max_context  # a server's cap on prompt + reply, below the model's
+        # a bundle without a template still serves plain completions (`prepare_ids`)
+        self.template = (
+            ChatTemplate.from_bundle(model.folder, model.manifest) if model.manifest.chat else None
+        )
+        # local modes get caches of their own; split mode uses the model's (its server
+        # session starts afresh every turn, so nothing is kept across turns there)
+        self.local = isinstance(model.verifier, LocalVerifier)
+        if self.local:
+            assert model.target is not None
+            self.target, self.drafter, self.policy = fork_decoder(
+                model.target, model.drafter, model.policy
+            )
+            self.verifier = LocalVerifier(self.target)
+        self.system = system
+        self.messages: list[dict[str, Any]] = []
+        self.seq: list[int] = []  # the tokens whose positions the caches hold (a prefix of)
+        self.last: ChatReply | None = None
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget the conversation (the caches are overwritten by the next turn)."""
+        self.messages = [{"role": "system", "content": self.system}] if self.system else []
+        self.seq = []
+        self.last = None
+
+    # -- turns ------------------------------------------------------------------------------
+    def say(self, text: str, options: ChatOptions | None = None) -> Iterator[ChatChunk]:
+        """Add a user message, stream the reply, keep both in `messages`."""
+        messages = [*self.messages, {"role": "user", "content": text}]
+        pieces: list[str] = []
+        for chunk in self.stream(messages, options):
+            pieces.append(chunk.text)
+            yield chunk
+        self.messages = [*messages, {"role": "assistant", "content": "".join(pieces)}]
+
+    def reply(
+        self, messages: Sequence[dict[str, Any]], options: ChatOptions | None = None
+    ) -> ChatReply:
+        """Run `stream()` to the end; the whole reply with its stats."""
+        for _ in self.stream(messages, options):
+            pass
+        assert self.last is not None
+        return self.last
+
+    def stream(
+        self, messages: Sequence[dict[str, Any]], options: ChatOptions | None = None
+    ) -> Iterator[ChatChunk]:
+        """Yield the reply's text as it is decoded; the last chunk has finish_reason."""
+        return self.stream_prompt(self.prepare(messages, options))
+
+    def prepare(
+        self, messages: Sequence[dict[str, Any]], options: ChatOptions | None = None
+    ) -> Prompt:
+        """Check the options, render and encode the conversation (touches no cache)."""
+        o = options or ChatOptions()
+        params = self._params(o)
+        ids, dropped = self._prompt(list(messages), o)
+        return Prompt(ids, o, params, dropped)
+
+    def prepare_ids(self, ids: list[int], options: ChatOptions | None = None) -> Prompt:
+        """A prompt that is already token ids (a plain completion: no template)."""
+        o = options or ChatOptions()
+        params = self._params(o)
+        vocab = self.model.manifest.target.vocab_size
+        if not ids:
+            raise ChatError("the prompt is empty: give some text or at least one token id")
+        if any(not 0 <= i < vocab for i in ids):
+            raise ChatError(f"prompt token ids must be in 0..{vocab - 1}")
+        if len(ids) >= self.context():
+            raise ChatError(
+                f"the prompt is {len(ids)} tokens but the model's context is {self.context()} "
+                "positions: shorten it"
+            )
+        return Prompt(list(ids), o, params, 0)
+
+    def shared_prefix(self, ids: Sequence[int]) -> int:
+        """How many leading prompt tokens this session's caches may already hold."""
+        return common_prefix(self.seq, ids) if self.local else 0
+
+    def stream_prompt(self, prompt: Prompt) -> Iterator[ChatChunk]:
+        """Decode a prepared prompt, keeping the cached prefix; see `stream`."""
+        ids, o, params = prompt.ids, prompt.options, prompt.params
+        stop_ids = frozenset(o.stop_ids) | (
+            frozenset() if o.ignore_eos else frozenset(self.model.manifest.eos_token_ids)
+        )
+        cached = self.shared_prefix(ids)
+        self.seq = []  # until this turn ends cleanly, trust nothing in the caches
+        max_new = min(o.max_new_tokens, self.context() - len(ids))  # stop at the context
+        steps = self._steps(ids, params, max_new, stop_ids, cached)
+        stats, tokens = GenerationStats(), []
+        detok = self.model.tokenizer.stream_decoder(skip_special_tokens=True)
+        stopper = StopStrings(o.stop)
+        finish, kept, started = "length", 0, False
+        try:
+            for step in steps:
+                stats.add(step.stats)
+                if step.stats.phase == "prefill":
+                    kept, started = step.stats.cached_tokens, True
+                tokens += step.tokens
+                text = "".join(
+                    detok.push(t) for t in step.tokens if self.model.tokenizer.id_to_token(t)
+                )
+                if step.finish_reason:
+                    text += detok.flush()
+                text, hit = stopper.push(text, final=bool(step.finish_reason))
+                if hit or step.finish_reason:
+                    finish = "stop" if hit else FINISH[step.finish_reason or "length"]
+                    self.last = ChatReply(
+                        stopper.text, list(tokens), len(ids), kept, finish, stats, prompt.dropped
+                    )
+                    yield ChatChunk(text, step.tokens, step.stats, finish)
+                    return
+                yield ChatChunk(text, step.tokens, step.stats)
+        finally:
+            steps.close()  # a stop string or a closed stream ends the decode loop cleanly
+            # once prefilled, every cache holds a prefix of prompt + reply (rounds truncate on
+            # rejection, in a finally); a failed prefill leaves them unknown: trust nothing
+            self.seq = [*ids, *tokens] if started else []
+
+    # -- helpers ----------------------------------------------------------------------------
+    def _params(self, o: ChatOptions) -> SamplingParams:
+        if o.max_new_tokens < 1:
+            raise ChatError(f"max_new_tokens must be at least 1, got {o.max_new_tokens}")
+        if o.truncation not in TRUNCATION:
+            raise ChatError(f"truncation {o.truncation!r} is not one of: {', '.join(TRUNCATION)}")
+        if any(not isinstance(s, str) or not s for s in o.stop):
+            raise ChatError("stop strings must be non-empty strings")
+        gen = self.model.manifest.chat.generation if self.model.manifest.chat else {}
+        sampled = bool(gen.get("do_sample"))
+        temperature = o.temperature
+        if temperature is None:
+            temperature = float(gen.get("temperature", 1.0)) if sampled else 0.0
+        top_p = o.top_p if o.top_p is not None else float(gen.get("top_p", 1.0) if sampled else 1)
+        top_k = o.top_k if o.top_k is not None else int(gen.get("top_k", 0) if sampled else 0)
+        try:
+            return SamplingParams(temperature, top_p, top_k, o.seed)
+        except ValueError as e:
+            raise ChatError(str(e)) from None
+
+    def context(self) -> int:
+        """Positions a prompt and its reply may fill together."""
+        if self.local:
+            limit = self.target.max_positions
+        else:
+            limit = self.model.manifest.target.max_position_embeddings
+        return min(limit, self.max_context or limit)
+
+    def _encode(self, messages: list[dict[str, Any]], o: ChatOptions) -> list[int]:
+        if self.template is None:  # raises the error that says what is missing
+            ChatTemplate.from_bundle(self.model.folder, self.model.manifest)
+        assert self.template is not None
+        text = self.template.render(
+            messages,
+            add_generation_prompt=True,
+            tools=o.tools,
+            documents=o.documents,
+            template=o.template,
+            **o.flags,
+        )
+        ids = self.model.tokenizer.encode(text, add_special_tokens=False)
+        if not ids:
+            raise ChatError("the conversation renders to no tokens: add a message with text")
+        return ids
+
+    def _prompt(self, messages: list[dict[str, Any]], o: ChatOptions) -> tuple[list[int], int]:
+        """The prompt ids; with drop-oldest, the oldest non-system messages are dropped until
+        the prompt and max_new_tokens fit (or one message is left). (ids, dropped count)."""
+        context = self.context()
+        ids = self._encode(messages, o)
+        dropped = 0
+        if o.truncation == "drop-oldest":
+            first = 1 if messages and messages[0].get("role") == "system" else 0
+            while len(ids) + o.max_new_tokens > context and len(messages) - first > 1:
+                messages = messages[:first] + messages[first + 1 :]
+                dropped += 1
+                ids = self._encode(messages, o)
+        if len(ids) >= context:
+            turn = sum(1 for m in messages if isinstance(m, dict) and m.get("role") == "user")
+            raise ChatError(
+                f"the conversation at turn {turn} ({len(messages)} messages) is {len(ids)} "
+                f"tokens, beyond the model's context of {context} positions: start a new "
+                "conversation (/reset), shorten the messages, or drop the oldest turns "
+                "(truncation='drop-oldest')"
+            )
+        return ids, dropped
+
+    def _steps(
+        self,
+        ids: list[int],
+        params: SamplingParams,
+        max_new: int,
+        stop_ids: frozenset[int],
+        cached: int,
+    ) -> Iterator[Step]:
+        if self.local:
+            return decode(
+                self.verifier, self.drafter, self.policy, ids, params, max_new, stop_ids, cached
+            )
+        m = self.model
+        return decode(m.verifier, m.drafter, m.policy, ids, params, max_new, stop_ids)
+
+
+class StopStrings:
+    """Streams text, holding back what could be the start of a stop string; `push` returns
+    the text that is final and whether a stop string ended the reply (cut before it)."""
+
+    def __init__(self, stops: Sequence[str]) -> None:
+        self.stops = [s for s in stops if s]
+        self.held = ""
+        self.text = ""  # everything released so far
+
+    def push(self, text: str, final: bool = False) -> tuple[str, bool]:
+        buffer = self.held + text
+        hits = [i for i in (buffer.find(s) for s in self.stops) if i >= 0]
+        if hits:
+            out, self.held = buffer[: min(hits)], ""
+            self.text += out
+            return out, True
+        keep = 0 if final else self._partial(buffer)
+        out, self.held = buffer[: len(buffer) - keep], buffer[len(buffer) - keep :]
+        self.text += out
+        return out, False
+
+    def _partial(self, buffer: str) -> int:
+        """Length of the longest suffix of buffer that begins some stop string."""
+        best = 0
+        for s in self.stops:
+            for n in range(min(len(s) - 1, len(buffer)), best, -1):
+                if s.startswith(buffer[-n:]):
+                    best = n
+                    break
+        return best

@@ -1,0 +1,312 @@
+"""OpenAI-compatible endpoints of `edgespec serve`, for apps written against the `openai` client.
+
+    POST /v1/chat/completions  the bundle's chat template, streamed (SSE) or not
+    POST /v1/completions       plain text (or token id) prompts, streamed or not
+    GET  /v1/models            the one model served (any `model` name is accepted)
+
+Takes the server's config (bearer token, request size, max sessions, context) and a
+`ChatEngine` decoding with the local mode the server was started with (`--mode`). Guarantees
+OpenAI's shapes: `chat.completion` / `chat.completion.chunk` / `text_completion` objects,
+SSE streams that end with `data: [DONE]`, `usage` (with `prompt_tokens_details.cached_tokens`:
+prompt positions reused from a conversation's cache) on every reply and, with
+`stream_options.include_usage`, as a last chunk; errors as `{"error": {"message", "type",
+"param", "code"}}` with 400 (bad request, template error, over the context), 401, 413 or 503 —
+a bad request never disturbs the requests being decoded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from edgespec.runtime.chat import ChatError, ChatReply, Prompt
+from edgespec.runtime.chat_template import ChatTemplateError
+from edgespec.runtime.model import Model
+from edgespec.runtime.registry import MODES
+from edgespec.serve.auth import client_address
+from edgespec.serve.chat_engine import ChatEngine, Job
+from edgespec.serve.http import BodyError, busy, disconnected, read_body
+from edgespec.serve.openai_requests import (
+    RequestError,
+    parse_chat,
+    parse_completion,
+    parse_json,
+)
+
+LOCAL_MODES = tuple(m for m in MODES if m != "split")
+
+
+def fastest_mode(bundle: str) -> str:
+    """The server's default: the draft model if the bundle has one, else early exit, else
+    prompt lookup (the `auto` policy then speculates only while it wins)."""
+    from edgespec.bundle import load_manifest
+
+    m = load_manifest(bundle)
+    if "draft" in m.roles:
+        return "spec"
+    if m.exit_layers:
+        return "self-spec"
+    return "lookup"
+
+
+def load_engine(config: Any, max_context: int | None = None) -> ChatEngine:
+    """The OpenAI endpoints' decoder for a `ServerConfig` (mode, draft_policy, conversations,
+    threads, device)."""
+    mode = config.mode or fastest_mode(config.bundle)
+    if mode not in LOCAL_MODES:
+        raise ValueError(f"--mode {mode!r}: the OpenAI endpoints decode with one of {LOCAL_MODES}")
+    if mode == "ar" and config.draft_policy:
+        raise ValueError("--draft-policy: mode ar drafts nothing")
+    policy = None if mode == "ar" else (config.draft_policy or "auto")
+    model = Model.load(
+        config.bundle,
+        mode=mode,
+        draft_policy=policy,
+        threads=config.threads,
+        device=config.device,
+    )
+    return ChatEngine(model, config.conversations, max_context)
+
+
+def error(message: str, status: int = 400, param: str | None = None, code: str | None = None):
+    kind = {401: "authentication_error", 503: "server_error", 413: "invalid_request_error"}
+    body = {
+        "message": message,
+        "type": kind.get(status, "invalid_request_error"),
+        "param": param,
+        "code": code,
+    }
+    return JSONResponse({"error": body}, status_code=status)
+
+
+async def _admit(request: Request) -> tuple[Any, dict[str, Any] | Response]:
+    """(server state, the parsed body) or (state, an error response)."""
+    state = request.app.state.edgespec
+    if not state.gate.allows(request.headers):
+        await state.gate.refuse(client_address(request.client))
+        return state, error("missing or wrong bearer token (Authorization: Bearer ...)", 401)
+    try:  # bounded in size (by Content-Length first) and in time (`serve.http`)
+        body = await read_body(request, state.config.max_request_bytes, state.config.body_timeout)
+    except BodyError as e:
+        return state, e.response or Response(status_code=400)  # None: the client left
+    try:
+        return state, parse_json(body)
+    except RequestError as e:
+        return state, error(str(e), param=e.param)
+
+
+def _busy(state: Any) -> Response | None:
+    if state.closing:
+        return busy("the server is shutting down: try again later")
+    if state.chat.load + state.pool.held >= state.config.max_sessions:
+        return busy("the server is full: try again later")
+    return None
+
+
+def _usage(reply: ChatReply) -> dict[str, Any]:
+    n = len(reply.tokens)
+    return {
+        "prompt_tokens": reply.prompt_tokens,
+        "completion_tokens": n,
+        "total_tokens": reply.prompt_tokens + n,
+        "prompt_tokens_details": {"cached_tokens": reply.cached_tokens},
+    }
+
+
+def _bad_prompt(e: Exception) -> Response:
+    code = "context_length_exceeded" if "context" in str(e) else None
+    return error(str(e), 400, code=code)
+
+
+async def chat_completions(request: Request) -> Response:
+    state, req = await _admit(request)
+    if isinstance(req, Response):
+        return req
+    engine: ChatEngine = state.chat
+    try:
+        parsed = parse_chat(req, state.max_context)
+        prompt = engine.sessions[0].prepare(parsed.messages, parsed.options)  # no cache touched
+    except RequestError as e:
+        return error(str(e), param=e.param)
+    except (ChatError, ChatTemplateError) as e:
+        return _bad_prompt(e)
+    busy = _busy(state)
+    if busy is not None:
+        return busy
+    return await _respond(
+        request,
+        engine,
+        prompt,
+        "chat",
+        parsed.model or _name(state),
+        parsed.stream,
+        parsed.include_usage,
+    )
+
+
+async def completions(request: Request) -> Response:
+    state, req = await _admit(request)
+    if isinstance(req, Response):
+        return req
+    engine: ChatEngine = state.chat
+    try:
+        parsed = parse_completion(req, state.max_context)
+        p = parsed.prompt
+        ids = engine.model.tokenizer.encode(p) if isinstance(p, str) else list(p)
+        prompt = engine.sessions[0].prepare_ids(ids, parsed.options)
+    except RequestError as e:
+        return error(str(e), param=e.param)
+    except ChatError as e:
+        return _bad_prompt(e)
+    busy = _busy(state)
+    if busy is not None:
+        return busy
+    return await _respond(
+        request,
+        engine,
+        prompt,
+        "text",
+        parsed.model or _name(state),
+        parsed.stream,
+        parsed.include_usage,
+    )
+
+
+async def models(request: Request) -> Response:
+    state = request.app.state.edgespec
+    if not state.gate.allows(request.headers):
+        await state.gate.refuse(client_address(request.client))
+        return error("missing or wrong bearer token (Authorization: Bearer ...)", 401)
+    card = {"id": _name(state), "object": "model", "created": 0, "owned_by": "edgespec"}
+    return JSONResponse({"object": "list", "data": [card]})
+
+
+def _name(state: Any) -> str:
+    return str(state.manifest.source.get("model") or "edgespec")
+
+
+# -- answering ------------------------------------------------------------------------------
+class _Shape:
+    """The OpenAI objects of one reply, chat or text completion."""
+
+    def __init__(self, kind: str, model: str) -> None:
+        self.kind, self.model, self.created = kind, model, int(time.time())
+        prefix = "chatcmpl" if kind == "chat" else "cmpl"
+        self.id = f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+    def _base(self, obj: str) -> dict[str, Any]:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+
+    def whole(self, reply: ChatReply) -> dict[str, Any]:
+        if self.kind == "chat":
+            choice = {
+                "index": 0,
+                "message": {"role": "assistant", "content": reply.text},
+                "finish_reason": reply.finish_reason,
+                "logprobs": None,
+            }
+            return {**self._base("chat.completion"), "choices": [choice], "usage": _usage(reply)}
+        choice = {"index": 0, "text": reply.text, "finish_reason": reply.finish_reason}
+        choice["logprobs"] = None
+        return {**self._base("text_completion"), "choices": [choice], "usage": _usage(reply)}
+
+    def chunk(self, text: str | None, finish: str | None, role: bool = False) -> dict[str, Any]:
+        if self.kind == "chat":
+            delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else {}
+            if text:
+                delta["content"] = text
+            choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
+            return {**self._base("chat.completion.chunk"), "choices": [choice]}
+        choice = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}
+        return {**self._base("text_completion"), "choices": [choice]}
+
+    def usage_chunk(self, reply: ChatReply) -> dict[str, Any]:
+        obj = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
+        return {**self._base(obj), "choices": [], "usage": _usage(reply)}
+
+
+def _sse(obj: dict[str, Any] | str) -> bytes:
+    data = obj if isinstance(obj, str) else json.dumps(obj, ensure_ascii=False)
+    return f"data: {data}\n\n".encode()
+
+
+def _failure(e: BaseException) -> tuple[str, int, str | None]:
+    if isinstance(e, ChatError | ChatTemplateError | ValueError):
+        return str(e), 400, None
+    return f"decoding failed: {e}", 500, None
+
+
+async def _respond(
+    request: Request,
+    engine: ChatEngine,
+    prompt: Prompt,
+    kind: str,
+    model: str,
+    stream: bool,
+    usage: bool,
+) -> Response:
+    shape = _Shape(kind, model)
+    job = engine.submit(prompt)
+    if stream:
+        return StreamingResponse(
+            _stream(engine, job, shape, usage),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache"},
+        )
+    gone = asyncio.ensure_future(disconnected(request))  # a client that left stops its decode
+    try:
+        while True:
+            answer = asyncio.ensure_future(job.queue.get())
+            await asyncio.wait({answer, gone}, return_when=asyncio.FIRST_COMPLETED)
+            if not answer.done():
+                answer.cancel()
+                return Response(status_code=499)  # nobody is there to read it
+            what, payload = answer.result()
+            if what == "done":
+                return JSONResponse(shape.whole(payload))
+            if what == "error":
+                message, status, code = _failure(payload)
+                return error(message, status, code=code)
+    finally:
+        gone.cancel()
+        engine.cancel(job)  # a no-op once done; frees the session if the client left
+
+
+async def _stream(engine: ChatEngine, job: Job, shape: _Shape, usage: bool) -> AsyncIterator[bytes]:
+    try:
+        if shape.kind == "chat":
+            yield _sse(shape.chunk(None, None, role=True) | ({"usage": None} if usage else {}))
+        while True:
+            what, payload = await job.queue.get()
+            if what == "chunk":
+                if payload.text:
+                    yield _sse(shape.chunk(payload.text, None) | ({"usage": None} if usage else {}))
+                continue
+            if what == "done":
+                finish = shape.chunk(None, payload.finish_reason)
+                yield _sse(finish | ({"usage": None} if usage else {}))
+                if usage:
+                    yield _sse(shape.usage_chunk(payload))
+            else:
+                message, status, code = _failure(payload)
+                err = {"message": message, "type": "invalid_request_error", "code": code}
+                yield _sse({"error": err | {"param": None, "status": status}})
+            yield _sse("[DONE]")
+            return
+    finally:
+        engine.cancel(job)
+
+
+ROUTES = [
+    Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+    Route("/v1/completions", completions, methods=["POST"]),
+    Route("/v1/models", models, methods=["GET"]),
+]
