@@ -78,8 +78,10 @@ from typing import Any
 
 import numpy as np
 from common import REPO, loadavg
+from llamacpp_engine import BYTES_PER_WEIGHT
 
-ENGINES = ("edgespec", "transformers", "genai")
+ENGINES = ("edgespec", "transformers", "genai", "llamacpp")
+PRECISIONS = ("fp32", "fp16", "int8", "int4")  # edgespec's names; llama.cpp: F32 F16 Q8_0 Q4_0
 QUIET_CORES = 0.25  # other processes' CPU use (cores) above which the machine counts as busy
 TOKENIZER_VOCAB = 8192  # trained BPE vocab; prompt ids are drawn below it
 EOS_TOKEN = "<|endoftext|>"  # id 0 of the trained tokenizer; also the models' bos/eos/pad
@@ -183,11 +185,13 @@ class Run:
 @dataclass
 class EngineResult:
     engine: str
+    precision: str = "fp32"
     status: str = "ok"  # "ok" | "skipped" | "error"
     message: str = ""
     prefill_tps: float = 0.0
     decode_tps: float = 0.0
-    same_tokens: int | None = None  # leading new tokens equal to transformers'
+    same_tokens: int | None = None  # leading new tokens equal to the reference's
+    same_as: str = ""  # the reference: transformers at fp32, else the other engine (same precision)
     tokens: list[int] = field(default_factory=list)
     runs: list[dict[str, Any]] = field(default_factory=list)
     elapsed_s: float = 0.0  # export (if not cached) + load + warm-up + repeats
@@ -468,11 +472,15 @@ def transformers_engine(
     yield once  # the model is freed with this generator's frame; run_engine then collects
 
 
-def export_edgespec(folder: Path, bundle: Path) -> None:
+def export_edgespec(folder: Path, bundle: Path, precision: str = "fp32") -> None:
+    """fp32 / fp16 weights, or fp32 with block-32 int8 / int4 MatMulNBits weights."""
     from edgespec.export import export_bundle
 
     shutil.rmtree(bundle, ignore_errors=True)
-    export_bundle(model=str(folder), out=str(bundle), dtype="fp32")
+    options: dict[str, Any] = {"dtype": "fp16" if precision == "fp16" else "fp32"}
+    if precision in ("int8", "int4"):
+        options.update(quantize=precision, block_size=32)
+    export_bundle(model=str(folder), out=str(bundle), **options)
 
 
 def edgespec_exporter_digest() -> str:
@@ -608,6 +616,7 @@ def genai_in_subprocess(
 
 
 GENAI_INFO: dict[str, str] = {}  # versions seen by whichever interpreter ran genai
+LLAMACPP_INFO: dict[str, str] = {}  # the llama.cpp build's version line
 
 
 def genai_info() -> dict[str, str]:
@@ -650,31 +659,34 @@ def bench_shape(shape: str, args: argparse.Namespace) -> dict[str, Any]:
     n_new: int = args.new_tokens
     results: dict[str, EngineResult] = {}
 
-    for engine in [e for e in ("transformers", "edgespec", "genai") if e in args.engines]:
-        result = results[engine] = EngineResult(engine)
+    jobs = [
+        (engine, precision)
+        for precision in args.precisions
+        for engine in ("transformers", "edgespec", "genai", "llamacpp")
+        if engine in args.engines and (precision == "fp32" or engine in ("edgespec", "llamacpp"))
+    ]
+    for engine, precision in jobs:
+        key = f"{engine} {precision}"
+        result = results[key] = EngineResult(engine, precision)
         start = time.perf_counter()
         try:
-            runs = run_engine(engine, folder, prompt, args, rebuild)
+            runs = run_engine(engine, precision, folder, prompt, args, rebuild)
         except EngineSkipped as e:
             result.status, result.message = "skipped", str(e)
-            log(f"[{shape}] {engine}: skipped: {e}")
+            log(f"[{shape}] {key}: skipped: {e}")
             continue
         except Exception as e:  # noqa: BLE001 - report the row, keep benchmarking
             result.status, result.message = "error", f"{type(e).__name__}: {e}"
-            log(f"[{shape}] {engine}: error\n{traceback.format_exc()}")
+            log(f"[{shape}] {key}: error\n{traceback.format_exc()}")
             continue
         result.elapsed_s = time.perf_counter() - start
         summarize(result, runs, args.stat, n_new)
         log(
-            f"[{shape}] {engine}: prefill {result.prefill_tps:.1f} tok/s, "
+            f"[{shape}] {key}: prefill {result.prefill_tps:.1f} tok/s, "
             f"decode {result.decode_tps:.2f} tok/s"
         )
 
-    reference = results.get("transformers")
-    if reference is not None and reference.status == "ok":
-        for r in results.values():
-            if r.status == "ok":
-                r.same_tokens = leading_match(r.tokens, reference.tokens)
+    compare_tokens(results)
     return {
         "shape": shape,
         "title": SHAPE_TITLES[shape],
@@ -682,10 +694,25 @@ def bench_shape(shape: str, args: argparse.Namespace) -> dict[str, Any]:
         "checkpoint": str(folder),
         "parameters": params,
         "weight_bytes_per_token": read_bytes,
-        "bound_decode_tps": 0.0,  # set once the bandwidth is known
+        "weights_read_per_token": read_bytes // 4,  # the checkpoint is fp32
+        "bound_decode_tps": {},  # precision -> tok/s, set once the bandwidth is known
         "prompt": prompt,
         "engines": [asdict(r) for r in results.values()],
     }
+
+
+def compare_tokens(results: dict[str, EngineResult]) -> None:
+    """Greedy tokens: llama.cpp against edgespec at the same precision, the other fp32 rows
+    against transformers."""
+    hf = results.get("transformers fp32")
+    for r in results.values():
+        if r.status != "ok":
+            continue
+        peer = results.get(f"edgespec {r.precision}")
+        if r.engine == "llamacpp" and peer is not None and peer.status == "ok":
+            r.same_tokens, r.same_as = leading_match(r.tokens, peer.tokens), "edgespec"
+        elif hf is not None and hf.status == "ok" and r.precision == "fp32" and r is not hf:
+            r.same_tokens, r.same_as = leading_match(r.tokens, hf.tokens), "transformers"
 
 
 class EngineSkipped(Exception):
@@ -693,7 +720,12 @@ class EngineSkipped(Exception):
 
 
 def run_engine(
-    engine: str, folder: Path, prompt: list[int], args: argparse.Namespace, rebuild: set[str]
+    engine: str,
+    precision: str,
+    folder: Path,
+    prompt: list[int],
+    args: argparse.Namespace,
+    rebuild: set[str],
 ) -> list[Run]:
     n_new, threads = args.new_tokens, args.threads
     if engine == "transformers":
@@ -706,7 +738,7 @@ def run_engine(
         why = edgespec_importable()
         if why is not None:
             raise EngineSkipped(f"edgespec not importable yet ({why})")
-        bundle = folder.parent / "edgespec-fp32"
+        bundle = folder.parent / f"edgespec-{precision}"
         stamp = bundle / ".complete"
         exporter = edgespec_exporter_digest()
         stale = not stamp.exists() or stamp.read_text() != exporter
@@ -716,7 +748,7 @@ def run_engine(
                 "  exporting the edgespec bundle"
                 + (" (exporter changed)" if stamp.exists() else "")
             )
-            export_edgespec(folder, bundle)
+            export_edgespec(folder, bundle, precision)
             stamp.write_text(exporter)
         try:
             model = load_edgespec(bundle, threads)
@@ -724,7 +756,7 @@ def run_engine(
             if fresh:
                 raise
             log("  the cached edgespec bundle does not load; re-exporting it")
-            export_edgespec(folder, bundle)
+            export_edgespec(folder, bundle, precision)
             stamp.write_text(exporter)
             model = load_edgespec(bundle, threads)
         try:
@@ -738,6 +770,16 @@ def run_engine(
         finally:
             del model
             gc.collect()
+    if engine == "llamacpp":
+        from llamacpp_engine import LlamaCppEnv, gguf_for, llamacpp_runs
+
+        try:
+            env = LlamaCppEnv.from_venv(args.llamacpp_venv)
+        except FileNotFoundError as e:
+            raise EngineSkipped(str(e)) from None
+        gguf = gguf_for(folder, precision, env, rebuild="llamacpp" in rebuild)
+        LLAMACPP_INFO.setdefault("version", env.version())
+        return llamacpp_runs(env, gguf, prompt, args)
     # genai
     python = args.genai_python or (sys.executable if genai_in_process() else None)
     if python is None:
@@ -762,40 +804,48 @@ def run_engine(
 
 # --------------------------------------------------------------------------- report
 def format_table(shape: dict[str, Any], n_new: int) -> str:
-    rows = {r["engine"]: r for r in shape["engines"]}
-    base_hf = rows.get("transformers", {}).get("decode_tps") or 0.0
-    base_genai = rows.get("genai", {}).get("decode_tps") or 0.0
-    bound = shape["bound_decode_tps"]
+    """One row per (engine, precision); ratios against transformers / genai (fp32) and against
+    llama.cpp at the row's precision; % of that precision's bandwidth bound."""
+    rows = {f"{r['engine']} {r['precision']}": r for r in shape["engines"]}
+
+    def tps(key: str) -> float:
+        r = rows.get(key)
+        return r["decode_tps"] if r and r["status"] == "ok" else 0.0
+
     head = (
-        f"{'engine':<13}{'prefill tok/s':>14}{'decode tok/s':>14}{'x HF':>7}{'x genai':>9}"
-        f"{'% bound':>9}{'same tokens':>13}  note"
+        f"{'engine':<22}{'prefill tok/s':>14}{'decode tok/s':>14}{'x HF':>7}{'x genai':>9}"
+        f"{'x llama.cpp':>12}{'% bound':>9}{'same tokens':>24}  note"
     )
     lines = [
         f"{shape['title']} ({shape['parameters'] / 1e6:.1f}M params, "
-        f"{shape['weight_bytes_per_token'] / 2**20:.0f} MiB of fp32 weights read per token)",
+        f"{shape['weights_read_per_token'] / 1e6:.0f}M weights read per token)",
         head,
         "-" * len(head),
     ]
-    for name in ("edgespec", "transformers", "genai"):
-        r = rows.get(name)
-        if r is None:
-            continue
+    from llamacpp_engine import PRECISIONS as GGUF
+
+    for r in rows.values():
+        name = f"{'llama.cpp' if r['engine'] == 'llamacpp' else r['engine']} "
+        name += GGUF[r["precision"]][0] if r["engine"] == "llamacpp" else r["precision"]
         if r["status"] != "ok":
-            lines.append(f"{name:<13}{'-':>14}{'-':>14}{'':>7}{'':>9}{'':>9}{'':>13}  "
-                         f"{r['status']}: {r['message'][:160]}")  # fmt: skip
+            lines.append(f"{name:<22}{'-':>14}{'-':>14}  {r['status']}: {r['message'][:160]}")
             continue
-        d = r["decode_tps"]
-        x_hf = f"{d / base_hf:.2f}" if base_hf else "-"
-        x_genai = f"{d / base_genai:.2f}" if base_genai else "-"
-        same = f"{r['same_tokens']}/{n_new}" if r["same_tokens"] is not None else "n/a"
+        d, bound = r["decode_tps"], shape["bound_decode_tps"][r["precision"]]
+        base_hf, base_genai = tps("transformers fp32"), tps("genai fp32")
+        base_llama = tps(f"llamacpp {r['precision']}")
+        x_hf = f"{d / base_hf:.2f}" if base_hf and r["precision"] == "fp32" else "-"
+        x_genai = f"{d / base_genai:.2f}" if base_genai and r["precision"] == "fp32" else "-"
+        x_llama = f"{d / base_llama:.2f}" if base_llama else "-"
+        same = f"{r['same_tokens']}/{n_new} vs {r['same_as']}" if r["same_as"] else "n/a"
         lines.append(
-            f"{name:<13}{r['prefill_tps']:>14.1f}{d:>14.2f}{x_hf:>7}{x_genai:>9}"
-            f"{100 * d / bound:>8.0f}%{same:>13}  {r['message']}"
+            f"{name:<22}{r['prefill_tps']:>14.1f}{d:>14.2f}{x_hf:>7}{x_genai:>9}{x_llama:>12}"
+            f"{100 * d / bound:>8.0f}%{same:>24}  {r['message']}"
         )
-    lines.append(
-        f"{'bound':<13}{'':>14}{bound:>14.2f}{'':>7}{'':>9}{'100%':>9}{'':>13}  "
-        f"weights read per token / max(copy, read) bandwidth"
-    )
+    for precision, bound in shape["bound_decode_tps"].items():
+        lines.append(
+            f"{'bound ' + precision:<22}{'':>14}{bound:>14.2f}{'':>28}{'100%':>9}{'':>24}  "
+            f"weights read per token x {BYTES_PER_WEIGHT[precision]:.3g} B / bandwidth"
+        )
     return "\n".join(lines)
 
 
@@ -888,6 +938,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--engines", default=",".join(ENGINES), help="comma list of: " + ", ".join(ENGINES)
     )
+    p.add_argument(
+        "--precisions",
+        default="fp32",
+        help="comma list of: " + ", ".join(PRECISIONS) + " (edgespec and llama.cpp rows; "
+        "transformers and genai run fp32 only)",
+    )
+    p.add_argument(
+        "--llamacpp-venv",
+        type=Path,
+        default=Path("/work/venv-llamacpp"),
+        help="venv made by benchmarks/setup_llamacpp.sh (llama.cpp built from source there)",
+    )
     p.add_argument("--threads", type=int, default=2, help="intra-op threads for every engine")
     p.add_argument("--new-tokens", type=int, default=64, help="N new tokens per generation")
     p.add_argument("--prompt-len", type=int, default=64, help="prompt length in tokens")
@@ -936,6 +998,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.shapes = [s for s in args.shapes.split(",") if s]
     args.engines = [e for e in args.engines.split(",") if e]
     args.rebuild = [r for r in args.rebuild.split(",") if r]
+    args.precisions = [x for x in args.precisions.split(",") if x]
+    for x in args.precisions:
+        if x not in PRECISIONS:
+            p.error(f"unknown precision {x!r}; choose from {', '.join(PRECISIONS)}")
     for s in args.shapes:
         if s not in SHAPES:
             p.error(f"unknown shape {s!r}; choose from {', '.join(SHAPES)}")
@@ -943,8 +1009,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         if e not in ENGINES:
             p.error(f"unknown engine {e!r}; choose from {', '.join(ENGINES)}")
     for r in args.rebuild:
-        if r not in ("checkpoint", "edgespec", "genai"):
-            p.error(f"unknown --rebuild item {r!r}; choose from checkpoint, edgespec, genai")
+        if r not in ("checkpoint", "edgespec", "genai", "llamacpp"):
+            p.error(
+                f"unknown --rebuild item {r!r}; choose from checkpoint, edgespec, genai, llamacpp"
+            )
     if args.new_tokens < 2:
         p.error("--new-tokens must be at least 2 (one prefill token + decode)")
     if args.repeats < 1:
@@ -987,6 +1055,8 @@ def main(argv: list[str] | None = None) -> int:
         "versions": versions(),
         "edgespec_git": git_state(),
         "genai": GENAI_INFO,
+        "llamacpp": LLAMACPP_INFO,
+        "precisions": args.precisions,
         "genai_mode": (
             f"subprocess: {args.genai_python}"
             if args.genai_python
@@ -1003,9 +1073,13 @@ def main(argv: list[str] | None = None) -> int:
     meta["read_bandwidth_bytes_per_s"] = bw["read"]
     meta["bound_bandwidth_bytes_per_s"] = bw["bound"]
     for shape in shapes:
-        shape["bound_decode_tps"] = bw["bound"] / shape["weight_bytes_per_token"]
+        shape["bound_decode_tps"] = {
+            p: bw["bound"] / (shape["weights_read_per_token"] * BYTES_PER_WEIGHT[p])
+            for p in args.precisions
+        }
     print(
-        f"\ngreedy fp32 CPU, {args.threads} threads, prompt {args.prompt_len} tokens, "
+        f"\ngreedy CPU ({', '.join(args.precisions)}), {args.threads} threads, "
+        f"prompt {args.prompt_len} tokens, "
         f"{args.new_tokens} new tokens, {args.stat} of {args.repeats} (+{args.warmup} warm-up); "
         f"memory bandwidth ({args.threads} threads): copy {bw['copy'] / 1e9:.1f} GB/s "
         f"(read+write), read {bw['read'] / 1e9:.1f} GB/s; {meta['cpu']}; "
@@ -1018,6 +1092,9 @@ def main(argv: list[str] | None = None) -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"meta": meta, "shapes": shapes}, indent=2))
         print(f"\nwrote {args.json}")
+        from plots import try_plot
+
+        try_plot("ar", args.json)
     return 0
 
 

@@ -59,6 +59,7 @@ FIXED = [1, 2, 3, 4, 6, 8]
 EXITS = [2, 4]
 PAUSE = 0.02  # seconds between two timed generations
 GENAI_K = 4  # genai's default max_draft_tokens
+LLAMACPP_CONFIGS = ("plain", "draft", "ngram-simple", "ngram-map-k", "ngram-mod")
 # label -> (genai model, speculative options). n-gram runs on the plain model.
 GENAI_CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
     "plain": ("plain", {}),
@@ -74,6 +75,7 @@ class PromptSet:
     name: str
     ids: list[list[int]]
     temperature: float  # 0: greedy
+    texts: list[str] = field(default_factory=list)  # the prompts as text (llama.cpp's CLI)
     other_cores: float = 0.0  # mean CPU other processes used while this set was timed
 
     def seed(self, i: int) -> int | None:
@@ -105,6 +107,12 @@ class Sample:
     drafted: int
     accepted: int
     gammas: Counter = field(default_factory=Counter)  # draft length per round (edgespec)
+    count: int = -1  # tokens produced when `tokens` is not known (llama.cpp's CLI: text only)
+    text: str | None = None  # llama.cpp's CLI: its printed prompt + output
+
+    @property
+    def n(self) -> int:
+        return self.count if self.count >= 0 else len(self.tokens)
 
 
 def run_edgespec(model: Any, ids: list[int], n_new: int, temperature: float, seed: int | None):
@@ -296,6 +304,9 @@ def edgespec_configs(blind: Path, calibrated: Path) -> list[tuple[str, Path, dic
     for g in FIXED:
         rows.append((f"spec fixed:{g}", blind, {"mode": "spec", "draft_policy": f"fixed:{g}"}))
     rows.append(("lookup auto", blind, {"mode": "lookup", "draft_policy": "auto"}))
+    for k in EXITS:  # the target's own early exits (self-speculation)
+        options = {"mode": "self-spec", "exit_layer": k, "draft_policy": "auto"}
+        rows.append((f"self-spec@{k} auto", blind, options))
     # prompt lookup first, the draft model where lookup finds nothing (edgespec's n-gram
     # drafter combined with its draft model, the pair genai's two modes each use alone)
     rows.append(
@@ -338,7 +349,7 @@ class Tally:
     def total(self, passes: list[int] | None = None) -> tuple[int, float]:
         rows = [r for p, r in enumerate(self.samples) if passes is None or p in passes]
         picked = [s for r in rows for s in r]
-        return sum(len(s.tokens) for s in picked), sum(s.seconds for s in picked)
+        return sum(s.n for s in picked), sum(s.seconds for s in picked)
 
     def rate(self, passes: list[int] | None = None) -> float:
         tokens, seconds = self.total(passes)
@@ -369,10 +380,13 @@ def bench_set(
     genai_labels: list[str],
     n_new: int,
     passes: int,
+    llamacpp: Any = None,
 ) -> dict[str, Tally]:
     """Every row on every prompt, `passes` times, interleaved: for each (pass, prompt) each row
     runs once, in a shuffled order."""
     labels = [*models, *(f"genai {g}" for g in genai_labels)]
+    if llamacpp is not None and pset.temperature == 0:  # its CLI rows run greedy only
+        labels += [f"llama.cpp {c}" for c in LLAMACPP_CONFIGS]
     for model in models.values():  # warm-up (auto then starts each set blind, as a new user)
         run_edgespec(model, pset.ids[0], 8, pset.temperature, pset.seed(0))
     tallies = {label: Tally() for label in labels}
@@ -388,6 +402,8 @@ def bench_set(
                 time.sleep(PAUSE)  # let the last engine's spinning threads go idle
                 if label in models:
                     s = run_edgespec(models[label], ids, n_new, pset.temperature, pset.seed(i))
+                elif label.startswith("llama.cpp "):
+                    s = run_llamacpp(llamacpp, label[10:], ids, pset.texts[i], n_new)
                 else:
                     assert genai is not None
                     s = genai.run(label[6:], ids, n_new, pset.temperature, pset.seed(i))
@@ -402,7 +418,22 @@ def bench_set(
     return tallies
 
 
-def rows_for(pset: PromptSet, tallies: dict[str, Tally], notes: dict[str, str]) -> list[Row]:
+def run_llamacpp(runner: Any, config: str, ids: list[int], text: str, n_new: int) -> Sample:
+    a = runner.run(config, ids, text, n_new)
+    verifications = a.n_tokens - 1 - a.accepted  # one target call per round after the prompt
+    return Sample(a.seconds, a.tokens, verifications, a.drafted, a.accepted, count=a.n_tokens,
+                  text=a.text)  # fmt: skip
+
+
+def same_text(sample: Sample, prompt: str, reference: str) -> bool:
+    """llama.cpp's CLI prints the prompt, then the new text: does it continue like ar?"""
+    printed = (sample.text or "").lstrip("\n")
+    return printed.startswith(prompt) and printed[len(prompt) :].startswith(reference)
+
+
+def rows_for(
+    pset: PromptSet, tallies: dict[str, Tally], notes: dict[str, str], decode: Any = None
+) -> list[Row]:
     ar = tallies["ar"]
     reference = [s.tokens for s in ar.samples[0]]
     passes = range(len(ar.samples))
@@ -410,12 +441,18 @@ def rows_for(pset: PromptSet, tallies: dict[str, Tally], notes: dict[str, str]) 
     for label, t in tallies.items():
         samples = t.flat()
         verifications = sum(s.verifications for s in samples)
-        produced = sum(len(s.tokens) - 1 for s in samples)  # after the prefill's token
+        produced = sum(s.n - 1 for s in samples)  # after the prefill's token
         drafted, accepted = sum(s.drafted for s in samples), sum(s.accepted for s in samples)
         same = "-"
         if pset.temperature == 0:
             hits = sum(s.tokens == reference[i] for row in t.samples for i, s in enumerate(row))
-            if label.startswith("genai"):
+            if label.startswith("llama.cpp") and samples[0].text is not None and decode:
+                hits = sum(
+                    same_text(s, pset.texts[i], decode(reference[i]))
+                    for row in t.samples
+                    for i, s in enumerate(row)
+                )
+            if label.startswith(("genai", "llama.cpp")):
                 same = f"{hits}/{len(samples)}"
             else:
                 same = "yes" if hits == len(samples) else "NO"
@@ -425,7 +462,7 @@ def rows_for(pset: PromptSet, tallies: dict[str, Tally], notes: dict[str, str]) 
         rows.append(
             Row(
                 pset.name,
-                label if label.startswith("genai") else f"edgespec {label}",
+                label if label.startswith(("genai", "llama.cpp")) else f"edgespec {label}",
                 t.rate(),
                 t.rate() / ar.rate(),
                 [t.rate([p]) / ar.rate([p]) for p in passes],
@@ -510,6 +547,13 @@ def main() -> None:
     ap.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (text)")
     ap.add_argument("--sets", default="code,words,text", help="of: " + ", ".join(SETS))
     ap.add_argument("--genai-python", default=None, help="interpreter of the genai venv")
+    ap.add_argument(
+        "--llamacpp-venv",
+        type=Path,
+        default=None,
+        help="venv of benchmarks/setup_llamacpp.sh: adds llama.cpp plain, draft-model and n-gram "
+        "speculative rows (greedy sets) on F32 GGUFs of the same pair",
+    )
     ap.add_argument("--json", type=Path)
     ap.add_argument("--genai-worker", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -545,6 +589,15 @@ def main() -> None:
             for k, v in genai.ready["errors"].items():
                 print(f"genai {k}: cannot run: {v}", flush=True)
 
+        llamacpp = None
+        if args.llamacpp_venv:
+            from llamacpp_engine import LlamaCppEnv, SpeculativeRunner, gguf_for
+
+            env = LlamaCppEnv.from_venv(args.llamacpp_venv)
+            target, draft = (gguf_for(args.models / m, "fp32", env) for m in ("target", "draft"))
+            llamacpp = SpeculativeRunner(env, target, draft, args.threads)
+            print(f"llama.cpp: {env.version()}", flush=True)
+
         all_rows: list[Row] = []
         summary: list[str] = []
         for name in args.sets.split(","):
@@ -554,9 +607,11 @@ def main() -> None:
                 for label, folder, options in edgespec_configs(blind, calibrated)
             }
             ids = [models["ar"].encode(t) for t in texts]
-            pset = PromptSet(name, ids, args.temperature if SETS[name][2] else 0.0)
-            tallies = bench_set(pset, models, genai, genai_labels, args.max_new_tokens, args.passes)
-            rows = rows_for(pset, tallies, notes)
+            pset = PromptSet(name, ids, args.temperature if SETS[name][2] else 0.0, texts)
+            tallies = bench_set(
+                pset, models, genai, genai_labels, args.max_new_tokens, args.passes, llamacpp
+            )
+            rows = rows_for(pset, tallies, notes, models["ar"].tokenizer.decode)
             print_table(pset, rows, args.max_new_tokens, args.threads)
             summary += check_targets(pset, rows)
             all_rows += rows
@@ -565,6 +620,9 @@ def main() -> None:
             genai.close()
         if args.json:
             args.json.write_text(json.dumps([asdict(r) for r in all_rows], indent=2))
+            from plots import try_plot
+
+            try_plot("auto", args.json)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

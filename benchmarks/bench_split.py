@@ -492,6 +492,10 @@ def main() -> None:
         args.json.write_text(
             json.dumps({"rows": [asdict(r) for r in rows], "load": load}, indent=1)
         )
+        if rows:
+            from plots import try_plot
+
+            try_plot("split", args.json)
 
 
 if __name__ == "__main__":

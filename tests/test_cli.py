@@ -1,4 +1,4 @@
-"""The command line: export, generate, inspect, devices and the built-in demo."""
+"""The command line: export, generate, inspect and devices (the demo: tests/test_demo.py)."""
 
 from __future__ import annotations
 
@@ -59,12 +59,6 @@ def test_devices_lists_cpu(bundles):
     assert r.exit_code == 0 and "CPUExecutionProvider" in r.output
     cpu_row = next(line for line in r.output.splitlines() if line.startswith("cpu "))
     assert cpu_row.split()[1] == "yes"
-
-
-def test_demo_runs_offline_on_the_builtin_model():
-    r = CliRunner().invoke(main, ["demo", "-n", "6"])
-    assert r.exit_code == 0, r.output
-    assert "decode: 5 tokens" in r.stderr
 
 
 def test_generate_speculative_mode_prints_speculation_stats(spec_bundles):

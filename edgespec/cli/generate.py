@@ -8,14 +8,11 @@ from typing import Any
 import click
 
 from edgespec.cli.common import (
-    ExportProgress,
     _friendly,
     decoding_options,
     format_stats,
     load_config,
 )
-
-DEMO_MODEL = "builtin:tiny-llama"
 
 
 @click.command()
@@ -67,26 +64,38 @@ def _generate(
 
 
 @click.command()
-@click.option("--prompt", "-p", default="def fibonacci(n):", show_default=True)
-@click.option("--max-new-tokens", "-n", default=48, show_default=True, type=int)
+@click.option("--prompt", "-p", default=None, help="Code to continue (default: a def line).")
+@click.option("--max-new-tokens", "-n", default=128, show_default=True, type=int)
 @click.option("--threads", default=None, type=int)
 @_friendly
-def demo(prompt: str, max_new_tokens: int, threads: int | None) -> None:
-    """Export the built-in tiny model (random weights, no download) and generate from it."""
-    from edgespec.export import export_bundle
-    from edgespec.export.builtin import cache_dir
+def demo(prompt: str | None, max_new_tokens: int, threads: int | None) -> None:
+    """Run the built-in trained code model: plain vs speculative decoding, side by side."""
+    from edgespec.demo import DemoConfig, run_demo
 
-    bundle = cache_dir() / "bundles" / DEMO_MODEL.split(":")[1]
-    if not (bundle / "manifest.json").exists():
-        progress = ExportProgress()
-        try:
-            export_bundle(DEMO_MODEL, bundle, exit_layers=[2], overwrite=True, on_progress=progress)
-        finally:
-            progress.close()
-    click.echo(f"bundle: {bundle}  (random weights: the text is gibberish)", err=True)
-    import edgespec
+    given = {"prompt": prompt} if prompt is not None else {}
+    config = DemoConfig(max_new_tokens=max_new_tokens, threads=threads, **given)
+    rows = run_demo(config, progress=lambda m: click.echo(f"decoding with {m} ...", err=True))
+    click.echo(format_demo(config.prompt, rows))
 
-    _generate(edgespec.load(bundle, threads=threads), prompt, max_new_tokens, {}, True, True)
+
+def format_demo(prompt: str, rows: list[Any]) -> str:
+    """The prompt and ar's output, then one line per mode: tok/s, speed-up, same text."""
+    best = max(rows[1:], key=lambda r: r.tokens_per_s, default=rows[0])
+    lines = [
+        "built-in model: 11M-parameter Llama trained on Python's stdlib (int8), greedy",
+        "",
+        click.style(prompt, bold=True) + rows[0].text,
+        "",
+        f"{'mode':<13}{'tokens/s':>10}{'speed-up':>10}{'tokens/call':>13}  same text as ar",
+    ]
+    for r in rows:
+        mark = " <- best" if r is best and r is not rows[0] else ""
+        same = "yes" if r.same_as_ar else "NO (a bug: please report it)"
+        lines.append(
+            f"{r.mode:<13}{r.tokens_per_s:>10.0f}{r.speedup:>9.2f}x{r.tokens_per_round:>13.2f}"
+            f"  {same}{mark}"
+        )
+    return "\n".join(lines)
 
 
 @click.command()

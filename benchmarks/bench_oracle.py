@@ -1,0 +1,289 @@
+"""Speculative decoding at a known acceptance on real shapes: tok/s vs α and γ beside the ideal.
+
+The trained benchmark pair is tiny (a 2.4 ms target step), so its speed-ups say little about the
+runtime's own overhead on the models people run. This benchmark takes real shapes with random
+weights — a SmolLM2-360M-shaped target (Llama, 32 layers, hidden 960) with a SmolLM2-135M-shaped
+draft, and the 360M target's own early exits (self-spec at layers 8 and 16) — and an **oracle
+drafter**: it proposes the target's own greedy continuation (computed once by `ar`), each drafted
+token right with a controlled probability α (seeded; a wrong token is the right one + 1), while
+paying the real drafter's time: every drafted token runs the real draft graph (or head@k) on the
+token it proposes, whose logits are thrown away. So the accepted length per round follows
+N(γ) = (1 − α^(γ+1)) / (1 − α) in expectation, and the time is the real one.
+
+For each setup, α ∈ `--alphas` and γ ∈ `--gammas` (fixed draft length), greedy, `--new-tokens`
+tokens after a `--prompt-len` prompt, it records decode tok/s (the prefill left out), the
+realized tokens per round, and from the same run's stats the step times t_draft (per drafted
+token), t_verify(γ) (per round) and t_target (per `ar` token, measured first), and compares with
+
+    ideal speed-up = N(γ) · t_target / (γ · t_draft + t_verify(γ))
+
+(N(γ) from α) — the speed-up if a round cost nothing but its draft steps and its verify call.
+Where measured < 90% of ideal, the row's `where the time goes` says how each round's time
+splits: drafting, verifying, and everything else (the decode loop: acceptance, cache
+bookkeeping, policy), and how far the realized tokens per round fell from N(γ) (luck, not
+overhead). Every run's tokens are checked against `ar` (the oracle drafts never change them).
+
+    python benchmarks/bench_oracle.py --json benchmarks/results/oracle.json   # writes a PNG too
+
+Checkpoints and the bundle are cached under `--cache` (~/.cache/edgespec-bench).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from bench_ar import SHAPES, build_checkpoint, loadavg, prompt_ids
+
+SHAPES.setdefault(
+    "smollm2-360m",
+    (
+        "LlamaConfig",
+        dict(
+            hidden_size=960,
+            num_hidden_layers=32,
+            num_attention_heads=15,
+            num_key_value_heads=5,
+            intermediate_size=2560,
+            vocab_size=49152,
+            tie_word_embeddings=True,
+            max_position_embeddings=2048,
+            rope_theta=100000.0,
+        ),
+    ),
+)
+EXITS = [8, 16]
+
+
+class Oracle:
+    """The target's greedy continuation; each drafted token right with probability α."""
+
+    def __init__(self, reference: list[int], alpha: float, seed: int, vocab: int) -> None:
+        self.reference, self.alpha, self.vocab = reference, alpha, vocab
+        self.rng = np.random.default_rng(seed)
+
+    def token(self, position: int) -> int:
+        truth = self.reference[position]
+        return truth if self.rng.random() < self.alpha else (truth + 1) % self.vocab
+
+
+def oracle_drafter(model: Any, oracle: Oracle) -> Any:
+    """`model.drafter` with the oracle's tokens in place of its own, its graph calls kept: each
+    drafted token runs the real draft step on the token proposed before it."""
+    from edgespec.runtime.drafters import EarlyExitDrafter, ModelDrafter
+    from edgespec.runtime.round import Proposal, TailInput
+
+    inner = model.drafter
+    if isinstance(inner, ModelDrafter):
+
+        class OracleDraft(ModelDrafter):
+            def propose(self, seq, plan, params, rng):  # type: ignore[override]
+                start = time.perf_counter()
+                plan = plan.capped(self.model.max_positions - len(seq))
+                feed, tokens = seq[self.model.length :], []
+                for i in range(plan.length):
+                    self.model.forward(np.asarray(feed, np.int64), keep=1)  # real draft step
+                    tokens.append(oracle.token(len(seq) + i))
+                    feed = [tokens[-1]]
+                return Proposal(tokens, "greedy", None, time.perf_counter() - start)
+
+        return OracleDraft(inner.model)
+    assert isinstance(inner, EarlyExitDrafter), type(inner)
+
+    class OracleExit(EarlyExitDrafter):
+        def propose(self, seq, plan, params, rng):  # type: ignore[override]
+            start = time.perf_counter()
+            k = plan.exit_layer or self.exit_layer
+            head, cache, past = self.heads[k], self.target.cache, self.target.length
+            hidden: list[np.ndarray] = []
+
+            def run_head(ids: list[int], keep: int) -> None:
+                nonlocal past
+                out = head.run(cache, past, input_ids=np.asarray([ids], np.int64), keep=keep)
+                hidden.append(out["hidden"][0])
+                past += len(ids)
+
+            feed, tokens = seq[past:], []
+            for i in range(plan.length):
+                run_head(feed, 1)  # real head@k step on the token it proposes
+                tokens.append(oracle.token(len(seq) + i))
+                feed = [tokens[-1]]
+            run_head(feed, 0)  # the tail verifies the last draft's hidden state too
+            tail = TailInput(np.concatenate(hidden), self.tails[k], k)
+            return Proposal(tokens, "greedy", None, time.perf_counter() - start, tail=tail)
+
+    return OracleExit(inner.target, inner.heads, inner.tails, inner.exit_layer)
+
+
+@dataclass
+class Row:
+    setup: str
+    alpha: float
+    gamma: int
+    tokens_per_s: float  # decode only
+    speedup: float  # vs ar's decode tok/s
+    ideal_speedup: float
+    ideal_tps: float
+    of_ideal: float  # speedup / ideal_speedup
+    tokens_per_round: float  # realized
+    expected_per_round: float  # N(γ) from α
+    t_draft_ms: float  # per drafted token
+    t_verify_ms: float  # per round
+    other_ms: float  # per round: decode time not spent drafting or verifying
+    same_as_ar: bool
+    where: str = ""
+
+
+def expected_tokens(alpha: float, gamma: int) -> float:
+    return (1 - alpha ** (gamma + 1)) / (1 - alpha)
+
+
+def bundle_for(args: argparse.Namespace) -> Path:
+    target = build_checkpoint("smollm2-360m", args.seed, args.cache, False)
+    draft = build_checkpoint("smollm2-135m", args.seed, args.cache, False)
+    bundle = target.parent / "edgespec-oracle-bundle"
+    if not (bundle / "manifest.json").exists():
+        from edgespec.export import export_bundle
+
+        print("exporting the 360M target + 135M draft + exits 8, 16 ...", file=sys.stderr)
+        export_bundle(target, bundle, draft=draft, exit_layers=EXITS, overwrite=True)
+    return bundle
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--alphas", default="0.5,0.7,0.8,0.9")
+    ap.add_argument("--gammas", default="1,2,4,6,8")
+    ap.add_argument("--setups", default="spec,self-spec@8,self-spec@16")
+    ap.add_argument("--new-tokens", type=int, default=48)
+    ap.add_argument("--prompt-len", type=int, default=32)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--cache",
+        type=Path,
+        default=Path(os.environ.get("EDGESPEC_BENCH_CACHE", "~/.cache/edgespec-bench")),
+    )
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args(argv)
+    args.cache = args.cache.expanduser()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import edgespec
+
+    load_start = loadavg()
+    bundle = bundle_for(args)
+    prompt = prompt_ids(args.seed, args.prompt_len)
+    n = args.new_tokens
+    opts = {"max_new_tokens": n, "ignore_eos": True}
+    ar = edgespec.load(bundle, threads=args.threads)
+    ar.generate(prompt, max_new_tokens=4, ignore_eos=True)  # warm-up
+    res = ar.generate(prompt, **opts)
+    ar_tps = res.stats.decode_tokens / res.stats.decode_seconds
+    reference = prompt + list(ar.generate(prompt, max_new_tokens=n + 16, ignore_eos=True).tokens)
+    vocab = ar.manifest.target.vocab_size
+    print(f"ar: {ar_tps:.2f} tok/s decode (load {loadavg():.1f})", file=sys.stderr, flush=True)
+    del ar
+    rows: list[Row] = []
+    for setup in args.setups.split(","):
+        mode, _, exit_layer = setup.partition("@")
+        extra = {"exit_layer": int(exit_layer)} if exit_layer else {}
+        for gamma in [int(g) for g in args.gammas.split(",")]:
+            model = edgespec.load(
+                bundle, mode=mode, draft_policy=f"fixed:{gamma}", threads=args.threads, **extra
+            )
+            for alpha in [float(a) for a in args.alphas.split(",")]:
+                model.drafter = oracle_drafter(model, Oracle(reference, alpha, args.seed, vocab))
+                out = model.generate(prompt, **opts)
+                rows.append(row_for(setup, alpha, gamma, out, res.tokens, ar_tps))
+                r = rows[-1]
+                print(
+                    f"{setup} α={alpha} γ={gamma}: {r.tokens_per_s:.2f} tok/s, "
+                    f"{r.speedup:.2f}x (ideal {r.ideal_speedup:.2f}x, {r.of_ideal:.0%}) "
+                    f"{r.where}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            del model
+    print_table(rows, ar_tps, args, load_start)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        meta = {"threads": args.threads, "new_tokens": n, "load_start_end": [load_start, loadavg()]}
+        ar_by_setup = {s: ar_tps for s in args.setups.split(",")}
+        args.json.write_text(
+            json.dumps(
+                {"meta": meta, "ar_tps": ar_by_setup, "rows": [asdict(r) for r in rows]}, indent=1
+            )
+        )
+        from plots import try_plot
+
+        try_plot("oracle", args.json)
+    return 0
+
+
+def row_for(
+    setup: str, alpha: float, gamma: int, out: Any, ar_tokens: list[int], ar_tps: float
+) -> Row:
+    s = out.stats
+    rounds = max(s.rounds, 1)
+    tps = s.decode_tokens / s.decode_seconds
+    t_target = 1 / ar_tps
+    t_draft = s.draft_seconds / max(s.drafted, 1)
+    t_verify = s.verify_seconds / rounds
+    expected = expected_tokens(alpha, gamma)
+    ideal = expected * t_target / (gamma * t_draft + t_verify)
+    other = (s.decode_seconds - s.draft_seconds - s.verify_seconds) / rounds
+    per_round = s.decode_tokens / rounds
+    row = Row(
+        setup,
+        alpha,
+        gamma,
+        tps,
+        tps / ar_tps,
+        ideal,
+        ideal / t_target,
+        (tps / ar_tps) / ideal,
+        per_round,
+        expected,
+        1e3 * t_draft,
+        1e3 * t_verify,
+        1e3 * other,
+        list(out.tokens) == list(ar_tokens),
+    )
+    if row.of_ideal < 0.9:
+        round_ms = 1e3 * s.decode_seconds / rounds
+        row.where = (
+            f"per round {round_ms:.1f} ms: draft {gamma * row.t_draft_ms:.1f}, verify "
+            f"{row.t_verify_ms:.1f}, other {row.other_ms:.1f}; tokens/round "
+            f"{per_round:.2f} vs N(γ) {expected:.2f}"
+        )
+    return row
+
+
+def print_table(rows: list[Row], ar_tps: float, args: argparse.Namespace, load: float) -> None:
+    print(
+        f"\nar {ar_tps:.2f} tok/s decode; {args.threads} threads; {args.new_tokens} new tokens; "
+        f"load average {load:.1f} at start, {loadavg():.1f} at end\n"
+    )
+    print(
+        "| setup | α | γ | tok/s | speed-up | ideal | of ideal | tokens/round (N(γ)) | "
+        "t_draft ms | t_verify(γ) ms | other ms/round | = ar | where the time goes |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|")
+    for r in rows:
+        print(
+            f"| {r.setup} | {r.alpha:g} | {r.gamma} | {r.tokens_per_s:.2f} | {r.speedup:.2f}x | "
+            f"{r.ideal_speedup:.2f}x | {r.of_ideal:.0%} | {r.tokens_per_round:.2f} "
+            f"({r.expected_per_round:.2f}) | {r.t_draft_ms:.1f} | {r.t_verify_ms:.1f} | "
+            f"{r.other_ms:.1f} | {'yes' if r.same_as_ar else 'NO'} | {r.where} |"
+        )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

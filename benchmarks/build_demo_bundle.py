@@ -1,0 +1,66 @@
+"""Build the bundle `edgespec demo` ships: the trained pair of train_models.py, exported small.
+
+Takes the trained target + draft (`--models`, default ~/.cache/edgespec-bench/trained, made by
+`python benchmarks/train_models.py`). Guarantees: `--out` (default edgespec/demo_bundle, package
+data) holds an edgespec bundle of the target with early exits at layers 2 and 4 and the draft,
+weights quantized to `--quantize` (default int8: block-32 MatMulNBits, ~4x smaller than fp32;
+greedy speculative decoding on it still equals its own `ar` token for token), checked by the
+exporter against transformers, plus `provenance.json` (training steps, held-out losses, the
+command). The runtime loads it with numpy + onnxruntime only, so `edgespec demo` needs no torch.
+
+    python benchmarks/train_models.py          # once (~35 min on 2 cores, cached)
+    python benchmarks/build_demo_bundle.py     # ~1 min; then: edgespec demo
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+EXITS = [2, 4]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", type=Path, default=Path.home() / ".cache/edgespec-bench/trained")
+    ap.add_argument("--out", type=Path, default=REPO / "edgespec" / "demo_bundle")
+    ap.add_argument("--quantize", choices=("int8", "int4", "none"), default="int8")
+    args = ap.parse_args(argv)
+    models: Path = args.models.expanduser()
+    for part in ("target", "draft"):
+        if not (models / part / "train_info.json").exists():
+            sys.exit(f"{models / part} is not trained yet: run python benchmarks/train_models.py")
+    from edgespec.export import export_bundle
+
+    if args.out.exists():
+        shutil.rmtree(args.out)
+    export_bundle(
+        models / "target",
+        args.out,
+        draft=models / "draft",
+        exit_layers=EXITS,
+        quantize=None if args.quantize == "none" else args.quantize,
+        overwrite=True,
+    )
+    info = {
+        part: {
+            k: json.loads((models / part / "train_info.json").read_text())[k]
+            for k in ("parameters", "steps_done", "tokens_seen", "heldout")
+        }
+        for part in ("target", "draft")
+    }
+    info["built_by"] = "python benchmarks/train_models.py && python benchmarks/build_demo_bundle.py"
+    info["quantize"] = args.quantize
+    info["exit_layers"] = EXITS
+    (args.out / "provenance.json").write_text(json.dumps(info, indent=2) + "\n")
+    size = sum(p.stat().st_size for p in args.out.rglob("*") if p.is_file())
+    print(f"wrote {args.out} ({size / 2**20:.1f} MiB)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
