@@ -84,7 +84,8 @@ def export_bundle(
         c = ExportConfig(**options)
     else:
         c = dataclasses.replace(config, **options) if options else config
-    out = _prepare_out(Path(out), c.overwrite)
+    out = Path(out)
+    _check_out(out, c.overwrite)  # refused before the (slow) load; written only after it
     steps = c.on_progress or _quiet
     steps("loading " + str(model))
     target, tokenizer = load_checkpoint(model, c.revision)
@@ -109,6 +110,7 @@ def export_bundle(
             raise ExportError(
                 f"--coreml needs coremltools ({e}): pip install 'edgespec[coreml]'"
             ) from None
+    _prepare_out(out, c.overwrite)  # a refused checkpoint leaves no folder behind
     widths = sorted({c.verify_width} if isinstance(c.verify_width, int) else set(c.verify_width))
     shapes = []
     if c.static or c.coreml:
@@ -219,7 +221,7 @@ def _quiet(what: str) -> None:
     """No progress callback given: the steps go unreported."""
 
 
-def _prepare_out(out: Path, overwrite: bool) -> Path:
+def _check_out(out: Path, overwrite: bool) -> None:
     if out.exists() and not out.is_dir():
         raise ExportError(f"--out {out} is a file; give a folder path")
     if out.exists() and any(out.iterdir()):
@@ -229,6 +231,11 @@ def _prepare_out(out: Path, overwrite: bool) -> Path:
             raise ExportError(
                 f"--out {out} is not empty and is not a bundle; refusing to overwrite it"
             )
+
+
+def _prepare_out(out: Path, overwrite: bool) -> Path:
+    _check_out(out, overwrite)
+    if out.exists() and any(out.iterdir()):
         shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
     return out
