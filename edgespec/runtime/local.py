@@ -63,12 +63,9 @@ class LocalVerifier:
     def catch_up(self, seq: list[int], capacity: int, synced: int) -> int:
         """Bring the cache to hold seq[:-1] from its first `synced` tokens (-1: a new cache);
         used when verification moves here mid-generation. Returns the tokens it now holds."""
-        if synced < 0:
-            self.target.reset(capacity)
-            synced = 0
-        self.target.truncate(synced)
-        if synced < len(seq) - 1:
-            self.target.forward(np.asarray(seq[synced : len(seq) - 1], np.int64), keep=0)
+        kept = self.target.resume(capacity, synced)  # synced <= 0: a fresh cache
+        if kept < len(seq) - 1:
+            self.target.forward(np.asarray(seq[kept : len(seq) - 1], np.int64), keep=0)
         return len(seq) - 1
 
     def truncate(self, length: int) -> None:

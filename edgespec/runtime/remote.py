@@ -331,8 +331,8 @@ class FallbackVerifier:
                 if room >= 0:
                     return room
                 self.give_up(None)  # the server's context is full
-        if self.local is None:
-            return -1 if self.server_done else self.capacity - len(seq)
+        if self.local is None and self.server_done:
+            return -1  # nothing can verify past here: the generation ends
         return self.capacity - len(seq)
 
     def submit(
