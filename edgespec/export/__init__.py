@@ -4,7 +4,7 @@
 (config.py) asks; loading checkpoints and reading what a bundle records about them is hf.py,
 the check against transformers verify.py; every user mistake is an `ExportError`
 (errors.py). Graph building: decoder.py (one decoder graph per role) on builder.py, the
-family modules (llama.py, gemma.py, phi3.py, granite.py, olmo2.py, gpt2.py on family.py)
+family modules (llama.py, gemma.py, granite.py, olmo2.py, gpt2.py on family.py)
 extract weights; static.py, coreml.py, quantize.py,
 exit_adapter.py and shared_backbone.py add the variants.
 """

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from edgespec.bundle import ModelInfo
-from edgespec.export import gemma, gpt2, granite, llama, olmo2, phi3
+from edgespec.export import gemma, gpt2, granite, llama, olmo2
 from edgespec.export.decoder import DecoderWeights
 from edgespec.export.errors import ExportError
 
@@ -35,7 +35,7 @@ FAMILIES: dict[str, ModuleType] = {
     "gemma": gemma,
     "gemma2": gemma,
     "gemma3_text": gemma,
-    "phi3": phi3,
+    "phi3": llama,
     "granite": granite,
     "olmo2": olmo2,
     "gpt2": gpt2,
