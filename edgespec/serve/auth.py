@@ -58,6 +58,14 @@ class Gate:
             self.failures.popitem(last=False)
         return min(self.step * (count - 1), self.max_delay)
 
+    async def admit(self, headers: Any, client: Any) -> bool:
+        """`allows(headers)`; a refusal is first slowed and counted (`refuse`), so every
+        endpoint answers its 401 the same way."""
+        if self.allows(headers):
+            return True
+        await self.refuse(client_address(client))
+        return False
+
     async def refuse(self, address: str) -> None:
         self.rejected += 1
         self.unlogged += 1

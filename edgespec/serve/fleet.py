@@ -39,6 +39,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from edgespec.serve.http import sessions_in_use
 from edgespec.serve.server import ServerConfig, State, create_app, drain, load_state
 
 log = logging.getLogger("edgespec.serve")
@@ -163,7 +164,7 @@ def replica_report(state: State) -> dict:
     return {
         "pid": os.getpid(),
         "status": "closing" if state.closing else "ok",
-        "sessions": state.pool.held,
+        "sessions": sessions_in_use(state),
         "connections": len(state.connections),
         "max_sessions": state.config.max_sessions,
         "rounds_served": state.rounds,

@@ -65,6 +65,12 @@ async def read_body(request: Request, limit: int, timeout: float) -> bytes:
     return b"".join(chunks)
 
 
+def sessions_in_use(state: State) -> int:
+    """KV caches really in use: split sessions' pool slots and OpenAI requests running (what
+    /health reports and what `max_sessions` bounds)."""
+    return state.pool.held + (state.chat.load if state.chat else 0)
+
+
 async def health(request: Request) -> JSONResponse:
     state: State = request.app.state.edgespec
     status = "closing" if state.closing else "ok"
@@ -76,8 +82,7 @@ async def health(request: Request) -> JSONResponse:
             "status": status,
             "model": m.source.get("model"),
             "backbone_fingerprint": m.backbone_fingerprint,
-            # KV caches really in use: split sessions' pool slots and OpenAI requests running
-            "sessions": state.pool.held + (state.chat.load if state.chat else 0),
+            "sessions": sessions_in_use(state),
             "connections": len(state.connections),
             "max_sessions": state.config.max_sessions,
             "max_context": state.max_context,

@@ -20,7 +20,7 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from starlette.requests import Request
@@ -31,9 +31,8 @@ from edgespec.runtime.chat import ChatError, ChatReply, Prompt
 from edgespec.runtime.chat_template import ChatTemplateError
 from edgespec.runtime.model import Model
 from edgespec.runtime.registry import MODES
-from edgespec.serve.auth import client_address
 from edgespec.serve.chat_engine import ChatEngine, Job
-from edgespec.serve.http import BodyError, busy, disconnected, read_body
+from edgespec.serve.http import BodyError, busy, disconnected, read_body, sessions_in_use
 from edgespec.serve.openai_requests import (
     RequestError,
     parse_chat,
@@ -76,6 +75,9 @@ def load_engine(config: Any, max_context: int | None = None) -> ChatEngine:
     return ChatEngine(model, config.conversations, max_context)
 
 
+NO_TOKEN = "missing or wrong bearer token (Authorization: Bearer ...)"
+
+
 def error(message: str, status: int = 400, param: str | None = None, code: str | None = None):
     kind = {401: "authentication_error", 503: "server_error", 413: "invalid_request_error"}
     body = {
@@ -90,9 +92,8 @@ def error(message: str, status: int = 400, param: str | None = None, code: str |
 async def _admit(request: Request) -> tuple[Any, dict[str, Any] | Response]:
     """(server state, the parsed body) or (state, an error response)."""
     state = request.app.state.edgespec
-    if not state.gate.allows(request.headers):
-        await state.gate.refuse(client_address(request.client))
-        return state, error("missing or wrong bearer token (Authorization: Bearer ...)", 401)
+    if not await state.gate.admit(request.headers, request.client):
+        return state, error(NO_TOKEN, 401)
     try:  # bounded in size (by Content-Length first) and in time (`serve.http`)
         body = await read_body(request, state.config.max_request_bytes, state.config.body_timeout)
     except BodyError as e:
@@ -106,7 +107,7 @@ async def _admit(request: Request) -> tuple[Any, dict[str, Any] | Response]:
 def _busy(state: Any) -> Response | None:
     if state.closing:
         return busy("the server is shutting down: try again later")
-    if state.chat.load + state.pool.held >= state.config.max_sessions:
+    if sessions_in_use(state) >= state.config.max_sessions:
         return busy("the server is full: try again later")
     return None
 
@@ -126,65 +127,50 @@ def _bad_prompt(e: Exception) -> Response:
     return error(str(e), 400, code=code)
 
 
-async def chat_completions(request: Request) -> Response:
+async def _serve(request: Request, kind: str, build: Callable[..., Any]) -> Response:
+    """Admit, parse (`build`: the body -> (parsed request, prompt)), check load, decode."""
     state, req = await _admit(request)
     if isinstance(req, Response):
         return req
     engine: ChatEngine = state.chat
     try:
-        parsed = parse_chat(req, state.max_context)
-        prompt = engine.sessions[0].prepare(parsed.messages, parsed.options)  # no cache touched
+        parsed, prompt = build(req, state.max_context, engine)
     except RequestError as e:
         return error(str(e), param=e.param)
     except (ChatError, ChatTemplateError) as e:
         return _bad_prompt(e)
-    busy = _busy(state)
-    if busy is not None:
-        return busy
-    return await _respond(
-        request,
-        engine,
-        prompt,
-        "chat",
-        parsed.model or _name(state),
-        parsed.stream,
-        parsed.include_usage,
-    )
+    full = _busy(state)
+    if full is not None:
+        return full
+    model = parsed.model or _name(state)
+    return await _respond(request, engine, prompt, kind, model, parsed.stream, parsed.include_usage)
+
+
+def _chat_prompt(req: dict[str, Any], context: int, engine: ChatEngine) -> tuple[Any, Prompt]:
+    parsed = parse_chat(req, context)
+    # rendered and checked on a session's template, no cache touched
+    return parsed, engine.sessions[0].prepare(parsed.messages, parsed.options)
+
+
+def _text_prompt(req: dict[str, Any], context: int, engine: ChatEngine) -> tuple[Any, Prompt]:
+    parsed = parse_completion(req, context)
+    p = parsed.prompt
+    ids = engine.model.tokenizer.encode(p) if isinstance(p, str) else list(p)
+    return parsed, engine.sessions[0].prepare_ids(ids, parsed.options)
+
+
+async def chat_completions(request: Request) -> Response:
+    return await _serve(request, "chat", _chat_prompt)
 
 
 async def completions(request: Request) -> Response:
-    state, req = await _admit(request)
-    if isinstance(req, Response):
-        return req
-    engine: ChatEngine = state.chat
-    try:
-        parsed = parse_completion(req, state.max_context)
-        p = parsed.prompt
-        ids = engine.model.tokenizer.encode(p) if isinstance(p, str) else list(p)
-        prompt = engine.sessions[0].prepare_ids(ids, parsed.options)
-    except RequestError as e:
-        return error(str(e), param=e.param)
-    except ChatError as e:
-        return _bad_prompt(e)
-    busy = _busy(state)
-    if busy is not None:
-        return busy
-    return await _respond(
-        request,
-        engine,
-        prompt,
-        "text",
-        parsed.model or _name(state),
-        parsed.stream,
-        parsed.include_usage,
-    )
+    return await _serve(request, "text", _text_prompt)
 
 
 async def models(request: Request) -> Response:
     state = request.app.state.edgespec
-    if not state.gate.allows(request.headers):
-        await state.gate.refuse(client_address(request.client))
-        return error("missing or wrong bearer token (Authorization: Bearer ...)", 401)
+    if not await state.gate.admit(request.headers, request.client):
+        return error(NO_TOKEN, 401)
     card = {"id": _name(state), "object": "model", "created": 0, "owned_by": "edgespec"}
     return JSONResponse({"object": "list", "data": [card]})
 

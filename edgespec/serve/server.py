@@ -43,7 +43,7 @@ from edgespec.runtime.graph import GraphSession
 from edgespec.runtime.opener import GraphOptions, open_bundle
 from edgespec.runtime.stack import Stack
 from edgespec.runtime.tokenizer import Tokenizer
-from edgespec.serve.auth import Gate, client_address
+from edgespec.serve.auth import Gate
 from edgespec.serve.batching import KVPool
 from edgespec.serve.chat_engine import ChatEngine
 from edgespec.serve.http import health
@@ -189,8 +189,7 @@ def load_state(config: ServerConfig) -> State:
 # -- WebSocket sessions ---------------------------------------------------------------------
 async def session_endpoint(ws: WebSocket) -> None:
     state: State = ws.app.state.edgespec
-    if not state.gate.allows(ws.headers):
-        await state.gate.refuse(client_address(ws.client))
+    if not await state.gate.admit(ws.headers, ws.client):
         await ws.send_denial_response(
             PlainTextResponse(
                 "missing or wrong bearer token: pass the server's token (--token-file)\n", 401
