@@ -67,7 +67,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -77,7 +76,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from common import REPO, loadavg
+from common import REPO, loadavg, worker_answer
 from llamacpp_engine import BYTES_PER_WEIGHT
 
 ENGINES = ("edgespec", "transformers", "genai", "llamacpp")
@@ -592,27 +591,10 @@ def genai_worker(spec_path: str) -> None:
 def genai_in_subprocess(
     python: str, model_dir: Path, prompt: list[int], args: argparse.Namespace
 ) -> list[Run]:
-    with tempfile.TemporaryDirectory(prefix="bench_ar_") as tmp:
-        spec = {
-            "model_dir": str(model_dir),
-            "prompt": prompt,
-            "n_new": args.new_tokens,
-            "threads": args.threads,
-            "warmup": args.warmup,
-            "repeats": args.repeats,
-            "quiet_wait": args.quiet_wait,
-            "retries": args.retries,
-            "out": str(Path(tmp) / "runs.json"),
-        }
-        spec_path = Path(tmp) / "spec.json"
-        spec_path.write_text(json.dumps(spec))
-        cmd = [python, str(Path(__file__).resolve()), "--genai-worker", str(spec_path)]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise RuntimeError(f"genai worker failed:\n{(proc.stdout + proc.stderr)[-3000:]}")
-        answer = json.loads(Path(spec["out"]).read_text())
-        GENAI_INFO.update(answer["info"], python=python)
-        return [Run(**r) for r in answer["runs"]]
+    cmd = [python, str(Path(__file__).resolve()), "--genai-worker"]
+    answer = worker_answer(cmd, {"model_dir": str(model_dir)}, prompt, args, "genai")
+    GENAI_INFO.update(answer["info"], python=python)
+    return [Run(**r) for r in answer["runs"]]
 
 
 GENAI_INFO: dict[str, str] = {}  # versions seen by whichever interpreter ran genai

@@ -94,3 +94,36 @@ def load_line() -> str:
     except OSError:
         return f"machine: {os.cpu_count()} cores, load average unknown"
     return f"machine: {os.cpu_count()} cores, load average {one:.2f}, {five:.2f}, {fifteen:.2f}"
+
+
+def worker_answer(
+    cmd: list[str],
+    model: dict[str, str],
+    prompt: list[int],
+    args: Any,
+    what: str,
+    env: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """Timed generations of another engine in its own interpreter: `cmd + [SPEC.json]` reads
+    the spec (the model entry, the prompt and the timing options of `args`) and writes its
+    answer (`runs`, and whatever else it reports) to the spec's `out` file."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="bench_worker_") as tmp:
+        spec = {
+            **model,
+            "prompt": prompt,
+            "n_new": args.new_tokens,
+            "threads": args.threads,
+            "warmup": args.warmup,
+            "repeats": args.repeats,
+            "quiet_wait": args.quiet_wait,
+            "retries": args.retries,
+            "out": str(Path(tmp) / "runs.json"),
+        }
+        spec_path = Path(tmp) / "spec.json"
+        spec_path.write_text(json.dumps(spec))
+        proc = subprocess.run([*cmd, str(spec_path)], env=env, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{what} worker failed:\n{(proc.stdout + proc.stderr)[-3000:]}")
+        return json.loads(Path(spec["out"]).read_text())

@@ -34,10 +34,11 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+from common import worker_answer
 
 # precision name (edgespec's) -> (GGUF file type, convert outtype or None when quantized from F32)
 PRECISIONS: dict[str, tuple[str, str | None]] = {
@@ -127,26 +128,10 @@ def llamacpp_runs(env: LlamaCppEnv, gguf: Path, prompt: list[int], args: Any) ->
     """Timed greedy generations of `gguf` in a worker subprocess (see the module docstring)."""
     from bench_ar import Run
 
-    with tempfile.TemporaryDirectory(prefix="bench_llamacpp_") as tmp:
-        spec = {
-            "gguf": str(gguf),
-            "prompt": prompt,
-            "n_new": args.new_tokens,
-            "threads": args.threads,
-            "warmup": args.warmup,
-            "repeats": args.repeats,
-            "quiet_wait": args.quiet_wait,
-            "retries": args.retries,
-            "out": str(Path(tmp) / "runs.json"),
-        }
-        spec_path = Path(tmp) / "spec.json"
-        spec_path.write_text(json.dumps(spec))
-        cmd = [env.python, str(Path(__file__).resolve()), "--worker", str(spec_path)]
-        proc = subprocess.run(cmd, env=env.subprocess_env(), capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise RuntimeError(f"llama.cpp worker failed:\n{(proc.stdout + proc.stderr)[-3000:]}")
-        answer = json.loads(Path(spec["out"]).read_text())
-        return [Run(**r) for r in answer["runs"]]
+    cmd = [env.python, str(Path(__file__).resolve()), "--worker"]
+    model = {"gguf": str(gguf)}
+    answer = worker_answer(cmd, model, prompt, args, "llama.cpp", env.subprocess_env())
+    return [Run(**r) for r in answer["runs"]]
 
 
 SPEC_TYPES = {  # bench_auto row label -> llama-speculative-simple options
