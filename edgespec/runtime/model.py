@@ -16,10 +16,12 @@ from typing import Any
 import numpy as np
 
 from edgespec.bundle import BundleError, Manifest
+from edgespec.devices import get_profile
 from edgespec.runtime.chat import ChatOptions, ChatReply, ChatSession
 from edgespec.runtime.config import LoadConfig
 from edgespec.runtime.costs import seed_from_calibration
 from edgespec.runtime.decode import decode
+from edgespec.runtime.drafters import EarlyExitDrafter
 from edgespec.runtime.errors import InputError
 from edgespec.runtime.link import Remote
 from edgespec.runtime.opener import BundleGraphs, GraphOptions, open_bundle
@@ -105,22 +107,17 @@ class Model:
             raise InputError("split mode does not run static or Core ML graphs yet: drop them")
         if c.static and c.coreml:
             raise InputError("choose static=True (ONNX for NPUs) or coreml=True, not both")
-        graph_options = GraphOptions(c.device, c.threads, c.shared_threads, c.static, c.coreml)
-        graphs = open_bundle(bundle, graph_options)
         # NPU profiles reject dynamic shapes: they run the bundle's static graphs
-        if graphs.profile.static_shapes and not c.coreml and c.mode != "split" and not c.static:
-            graph_options.static = True
-            graphs = BundleGraphs(graphs.folder, graphs.manifest, graphs.profile, graph_options)
-        verifier, drafter, policy = build(graphs, c)
-        members = getattr(drafter, "drafters", [drafter])
-        exit_layer = next(
-            (
-                getattr(d, "exit_layer", 0)
-                for d in members
-                if c.mode == "self-spec" and hasattr(d, "tails")
-            ),
-            0,
+        static = c.static or (
+            get_profile(c.device).static_shapes and not c.coreml and c.mode != "split"
         )
+        options = GraphOptions(c.device, c.threads, c.shared_threads, static, c.coreml)
+        graphs = open_bundle(bundle, options)
+        verifier, drafter, policy = build(graphs, c)
+        # self-spec's exit (chained or not) names its calibration entry
+        members = getattr(drafter, "drafters", [drafter])
+        exits = [d.exit_layer for d in members if isinstance(d, EarlyExitDrafter)]
+        exit_layer = exits[0] if exits else 0
         seed_from_calibration(policy, graphs.folder, c.device, c.threads, c.mode, exit_layer)
         return cls(graphs, c, verifier, drafter, policy)
 
