@@ -126,7 +126,8 @@ def oracle_drafter(model: Any, oracle: Oracle) -> Any:
 class Row:
     setup: str
     alpha: float
-    gamma: int
+    policy: str  # "fixed:γ" or an adaptive policy
+    gamma: float  # drafted tokens per round (γ for fixed:γ, the mean for adaptive ones)
     tokens_per_s: float  # decode only
     speedup: float  # vs ar's decode tok/s
     ideal_speedup: float
@@ -141,7 +142,7 @@ class Row:
     where: str = ""
 
 
-def expected_tokens(alpha: float, gamma: int) -> float:
+def expected_tokens(alpha: float, gamma: float) -> float:
     return (1 - alpha ** (gamma + 1)) / (1 - alpha)
 
 
@@ -160,9 +161,12 @@ def bundle_for(args: argparse.Namespace) -> Path:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--alphas", default="0.5,0.7,0.8,0.9")
-    ap.add_argument("--gammas", default="1,2,4,6,8")
+    ap.add_argument("--gammas", default="1,2,3,4,6,8", help="fixed γ values")
+    ap.add_argument(
+        "--policies", default="auto", help="adaptive policies run beside them ('' for none)"
+    )
     ap.add_argument("--setups", default="spec,self-spec@8,self-spec@16")
-    ap.add_argument("--new-tokens", type=int, default=48)
+    ap.add_argument("--new-tokens", type=int, default=96)
     ap.add_argument("--prompt-len", type=int, default=32)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
@@ -176,6 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     args.cache = args.cache.expanduser()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import edgespec
+    from edgespec.runtime.registry import make_policy
 
     load_start = loadavg()
     bundle = bundle_for(args)
@@ -194,17 +199,26 @@ def main(argv: list[str] | None = None) -> int:
     for setup in args.setups.split(","):
         mode, _, exit_layer = setup.partition("@")
         extra = {"exit_layer": int(exit_layer)} if exit_layer else {}
-        for gamma in [int(g) for g in args.gammas.split(",")]:
+        policies = [f"fixed:{g}" for g in args.gammas.split(",")]
+        policies += [p for p in args.policies.split(",") if p]
+        for policy in policies:
             model = edgespec.load(
-                bundle, mode=mode, draft_policy=f"fixed:{gamma}", threads=args.threads, **extra
+                bundle, mode=mode, draft_policy=policy, threads=args.threads, **extra
             )
             for alpha in [float(a) for a in args.alphas.split(",")]:
+                # a fresh policy per α, warmed up by one generation at that α (another seed):
+                # what an app sees once its model has decoded a little with this drafter
+                model.policy = make_policy(policy)
+                model.drafter = oracle_drafter(
+                    model, Oracle(reference, alpha, args.seed + 1, vocab)
+                )
+                model.generate(prompt, **opts)
                 model.drafter = oracle_drafter(model, Oracle(reference, alpha, args.seed, vocab))
                 out = model.generate(prompt, **opts)
-                rows.append(row_for(setup, alpha, gamma, out, res.tokens, ar_tps))
+                rows.append(row_for(setup, alpha, policy, out, res.tokens, ar_tps))
                 r = rows[-1]
                 print(
-                    f"{setup} α={alpha} γ={gamma}: {r.tokens_per_s:.2f} tok/s, "
+                    f"{setup} α={alpha} {policy}: {r.tokens_per_s:.2f} tok/s, "
                     f"{r.speedup:.2f}x (ideal {r.ideal_speedup:.2f}x, {r.of_ideal:.0%}) "
                     f"{r.where}",
                     file=sys.stderr,
@@ -212,6 +226,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
             del model
     print_table(rows, ar_tps, args, load_start)
+    print_adaptive(rows)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         meta = {"threads": args.threads, "new_tokens": n, "load_start_end": [load_start, loadavg()]}
@@ -228,10 +243,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def row_for(
-    setup: str, alpha: float, gamma: int, out: Any, ar_tokens: list[int], ar_tps: float
+    setup: str, alpha: float, policy: str, out: Any, ar_tokens: list[int], ar_tps: float
 ) -> Row:
     s = out.stats
     rounds = max(s.rounds, 1)
+    fixed = policy.startswith("fixed:")
+    gamma = float(policy.partition(":")[2]) if fixed else s.drafted / rounds
     tps = s.decode_tokens / s.decode_seconds
     t_target = 1 / ar_tps
     t_draft = s.draft_seconds / max(s.drafted, 1)
@@ -243,6 +260,7 @@ def row_for(
     row = Row(
         setup,
         alpha,
+        policy,
         gamma,
         tps,
         tps / ar_tps,
@@ -272,16 +290,35 @@ def print_table(rows: list[Row], ar_tps: float, args: argparse.Namespace, load: 
         f"load average {load:.1f} at start, {loadavg():.1f} at end\n"
     )
     print(
-        "| setup | α | γ | tok/s | speed-up | ideal | of ideal | tokens/round (N(γ)) | "
+        "| setup | α | policy | γ | tok/s | speed-up | ideal | of ideal | tokens/round (N(γ)) | "
         "t_draft ms | t_verify(γ) ms | other ms/round | = ar | where the time goes |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|")
+    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|")
     for r in rows:
         print(
-            f"| {r.setup} | {r.alpha:g} | {r.gamma} | {r.tokens_per_s:.2f} | {r.speedup:.2f}x | "
-            f"{r.ideal_speedup:.2f}x | {r.of_ideal:.0%} | {r.tokens_per_round:.2f} "
-            f"({r.expected_per_round:.2f}) | {r.t_draft_ms:.1f} | {r.t_verify_ms:.1f} | "
-            f"{r.other_ms:.1f} | {'yes' if r.same_as_ar else 'NO'} | {r.where} |"
+            f"| {r.setup} | {r.alpha:g} | {r.policy} | {r.gamma:.2f} | {r.tokens_per_s:.2f} | "
+            f"{r.speedup:.2f}x | {r.ideal_speedup:.2f}x | {r.of_ideal:.0%} | "
+            f"{r.tokens_per_round:.2f} ({r.expected_per_round:.2f}) | {r.t_draft_ms:.1f} | "
+            f"{r.t_verify_ms:.1f} | {r.other_ms:.1f} | {'yes' if r.same_as_ar else 'NO'} | "
+            f"{r.where} |"
+        )
+
+
+def print_adaptive(rows: list[Row]) -> None:
+    """Each adaptive policy against the best fixed γ in hindsight, same setup and α."""
+    adaptive = [r for r in rows if not r.policy.startswith("fixed:")]
+    if not adaptive:
+        return
+    print("\n| setup | α | best fixed | its tok/s | policy | tok/s | vs best fixed | mean γ |")
+    print("|---|---:|---|---:|---|---:|---:|---:|")
+    for r in adaptive:
+        fixed = [f for f in rows if f.setup == r.setup and f.alpha == r.alpha and f is not r]
+        best = max(
+            (f for f in fixed if f.policy.startswith("fixed:")), key=lambda f: f.tokens_per_s
+        )
+        print(
+            f"| {r.setup} | {r.alpha:g} | {best.policy} | {best.tokens_per_s:.2f} | {r.policy} | "
+            f"{r.tokens_per_s:.2f} | {r.tokens_per_s / best.tokens_per_s:.3f} | {r.gamma:.2f} |"
         )
 
 

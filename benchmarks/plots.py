@@ -153,7 +153,7 @@ def plot_oracle(data: dict[str, Any], out: Path) -> None:
     for ax, setup in zip(axes[0], setups, strict=True):
         by_alpha: dict[float, list[dict[str, Any]]] = defaultdict(list)
         for r in data["rows"]:
-            if r["setup"] == setup:
+            if r["setup"] == setup and r.get("policy", "fixed:").startswith("fixed:"):
                 by_alpha[r["alpha"]].append(r)
         for alpha, rows in sorted(by_alpha.items()):
             rows.sort(key=lambda r: r["gamma"])

@@ -151,3 +151,45 @@ def test_alpha_is_fitted_to_the_tokens_rounds_yield():
             RoundStats("decode", n + 1, 5, 0.005, drafted=4, accepted=n, draft_seconds=0.001)
         )
     assert abs(expected_tokens(cost.alpha, 4) - 3.0) < 0.35
+
+
+def test_a_round_tells_exactly_what_every_shorter_draft_would_have_accepted():
+    from edgespec.runtime.policies import CostModel
+
+    cost = CostModel()
+    for _ in range(80):  # every round drafts 6 and the third draft is always wrong
+        cost.observe(RoundStats("decode", 3, 7, 0.01, drafted=6, accepted=2, draft_seconds=0.006))
+    assert abs(cost.expected(1) - 2.0) < 0.05
+    assert abs(cost.expected(2) - 3.0) < 0.05
+    assert abs(cost.expected(6) - 3.0) < 0.1  # drafting past the wrong one buys nothing
+
+
+def test_auto_drafts_long_inside_a_run_of_accepted_drafts_and_short_after_a_miss():
+    # stretches of 12 rounds that accept every draft, then 12 that accept none (code, then
+    # prose): a per-token α fitted over both (~0.5) would draft 1-2 everywhere
+    p = Auto()
+    lengths = []
+    for i in range(240):
+        g = p.plan().length
+        lengths.append(g)
+        n = g if (i // 12) % 2 == 0 else 0
+        t = 0.001 * g + 0.01
+        p.observe(RoundStats("decode", n + 1, g + 1, t, g, n, 0.001 * g, 0.01))
+    inside = [g for i, g in enumerate(lengths) if i > 120 and (i // 12) % 2 == 0 and i % 12 > 1]
+    assert sum(inside) / len(inside) >= 8
+    assert p.plan().length <= 2  # the last stretch missed
+
+
+def test_after_a_round_accepted_whole_auto_expects_the_run_to_go_on():
+    from edgespec.runtime.policies import CostModel
+
+    cost = CostModel()
+    for i in range(120):  # stretches of 10 rounds accepting all 4 drafts, then 10 accepting 0
+        n = 4 if (i // 10) % 2 == 0 else 0
+        cost.observe(
+            RoundStats("decode", n + 1, 5, 0.01, drafted=4, accepted=n, draft_seconds=0.004)
+        )
+    assert cost.acceptance.after_full is False  # the last stretch rejected
+    after_cut = cost.expected(4)
+    cost.observe(RoundStats("decode", 5, 5, 0.01, drafted=4, accepted=4, draft_seconds=0.004))
+    assert cost.expected(4) > after_cut + 2

@@ -7,9 +7,9 @@ drafters never consult the policy. Names such as "fixed:4", "confidence:0.4", "a
 "auto", "dynamic-exit" are parsed by `registry.make_policy`; "channel-aware" (split decoding:
 RTT, bandwidth and an energy budget in the round cost) lives in `channel_policy.py`.
 
-The adaptive ones maximise expected accepted tokens per second. With per-token acceptance
-α, a round drafting γ tokens yields N(γ) = (1 - α^(γ+1)) / (1 - α) tokens on average and
-costs T(γ) = γ·t_draft + t_verify(γ + 1); α, t_draft and t_verify are measured online.
+The adaptive ones maximise expected accepted tokens per second, N(γ) / T(γ): N from
+per-position acceptance measured online (drafts are accepted in runs, not independently),
+T(γ) = γ·t_draft + the verify-plus-overhead line of recent rounds; see `CostModel`.
 """
 
 from __future__ import annotations
@@ -21,6 +21,12 @@ from edgespec.runtime.round import Plan
 from edgespec.runtime.stats import RoundStats
 
 MAX_DRAFT = 12
+# shrinks the round-time line's slope while the γ seen spread less than ~±0.5 around their mean
+RIDGE = 0.25
+# pseudo-rounds of the pooled acceptance in the after-a-full-round / after-a-cut estimates
+STATE_PRIOR = 2.0
+SHRINK = 1.0
+OPTIMISM = 1.0
 
 
 class DraftLengthPolicy(Protocol):
@@ -83,58 +89,114 @@ def alpha_for(tokens: float, gamma: float) -> float:
 
 
 @dataclass
+class AcceptanceModel:
+    """N(γ), the expected tokens of a round drafting γ, from acceptance measured online.
+
+    Per-position acceptance (a discrete hazard): h(k) = P(draft k accepted | drafts 1..k-1
+    accepted), counted over recent rounds (exponentially forgotten per drafting round), so
+    N(γ) = 1 + Σ_{k≤γ} Π_{j≤k} h(j). A round that drafted γ and accepted a tells exactly what
+    every shorter draft would have accepted, so rounds at any γ inform every shorter one,
+    whatever mixture of γ the policy used. Drafts are accepted in runs (a repetitive stretch
+    accepts long drafts whole, a novel one almost none), so h grows with k on real text, and
+    a run tends to go on: h is counted separately after a round accepted whole and after one
+    cut short (shrunk towards the pooled count). One per-token α fitted at the γ being
+    drafted (what edgespec did before) predicts too few tokens for longer drafts and kept
+    `auto` drafting 3-4 where 5-6 paid best. Positions beyond those measured are priced like
+    the last one measured (h(k) shrinks towards h(k - 1) with one pseudo-round)."""
+
+    prior: float = 0.6  # acceptance of a typical decent drafter, before any round
+    decay: float = 0.04  # forgetting per drafting round (~25 rounds)
+    after_full: bool = False  # the last drafting round accepted all its drafts
+    # (drafts reached, drafts accepted) per position 1..MAX_DRAFT: over all rounds, and
+    # after a round accepted whole / cut short
+    _all: tuple[list[float], list[float]] = field(default_factory=lambda: _counts())
+    _after: dict[bool, tuple[list[float], list[float]]] = field(
+        default_factory=lambda: {True: _counts(), False: _counts()}
+    )
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        """One round that drafted `drafted` tokens and had `accepted` of them accepted."""
+        drafted, accepted = min(drafted, MAX_DRAFT), min(accepted, drafted, MAX_DRAFT)
+        if drafted <= 0:
+            return
+        keep = 1 - self.decay
+        tried = min(accepted + 1, drafted)  # drafts the verifier got to judge
+        for table in (self._all, self._after[self.after_full]):
+            reached, passed = table
+            for k in range(1, MAX_DRAFT + 1):
+                reached[k] = reached[k] * keep + (k <= tried)
+                passed[k] = passed[k] * keep + (k <= accepted)
+        self.after_full = accepted == drafted
+
+    def expected(self, gamma: int, pooled: bool = False) -> float:
+        """N(γ): expected tokens of a round drafting γ (accepted drafts + the target's one),
+        given how the last round ended (runs: after a round accepted whole, the next one is
+        likelier to be, too); `pooled`: over all rounds, whatever came before."""
+        reached, passed = self._all
+        reached_s, passed_s = self._all if pooled else self._after[self.after_full]
+        pooled = (sum(passed) + 2 * self.prior) / (sum(reached) + 2)  # all positions
+        survive, tokens = 1.0, 1.0
+        for k in range(1, min(gamma, MAX_DRAFT) + 1):
+            h = (passed[k] + SHRINK * pooled) / (reached[k] + SHRINK)  # shrunk towards pooled
+            h_s = (passed_s[k] + STATE_PRIOR * h) / (reached_s[k] + STATE_PRIOR)
+            survive *= h_s
+            tokens += survive
+        return tokens + survive * max(gamma - MAX_DRAFT, 0)
+
+    @property
+    def alpha(self) -> float:
+        """The per-token acceptance of a geometric model with the same N(4) (for reports)."""
+        return alpha_for(self.expected(4, pooled=True), 4)
+
+
+@dataclass
 class CostModel:
-    """Online estimates for one drafter: per-token acceptance α (EWMA), the cost of one draft
-    token, the wall time of a plain step (γ = 0) and of a speculative round as a line in γ,
-    round(γ) ≈ a + b·γ for γ ≥ 1 (verifying γ + 1 positions, drafting γ tokens and any
-    per-round overhead of the mode), fitted by exponentially weighted least squares over
-    recent speculative rounds. A line rather than a table per γ: every round refines the
-    price of every γ, and one slow round (a scheduler hiccup) cannot leave one γ looking
-    expensive forever because the policy never tries it again.
+    """Online estimates for one drafter: how many tokens a round drafting γ yields, N(γ)
+    (`AcceptanceModel`), and what it costs, T(γ); the policies maximise N(γ) / T(γ).
 
-    A plain step is priced by its own measurements, never by the line's intercept: a
-    speculative round has costs a plain step does not (a draft call, a wider verify), so
-    the line through γ ≥ 1 overprices γ = 0 (by ~50% on a small CPU model) and would make
-    speculation look better than it is. The line forgets per speculative round, so a long
-    stretch of plain steps leaves what speculation costs as it was last seen.
+    T(γ) = γ·t_draft + rest(γ): t_draft is measured per drafted token (weighted like the
+    line, so a few slow rounds do not reprice every γ for the next hundred); rest (verifying
+    γ + 1 positions and the round's own overhead) is a line a + b·γ over speculative rounds,
+    fitted by exponentially weighted least squares with its slope shrunk towards 0 while the
+    γ seen barely vary (an unmeasured slope is noise, and a noisy slope priced every longer γ
+    out). A plain step (γ = 0) is priced by its own measurements, never by the line: a
+    speculative round has costs a plain step does not (a draft call, a wider verify). A line
+    rather than a table per γ: every round refines the price of every γ, and one slow round
+    (a scheduler hiccup) cannot leave one γ looking expensive forever because the policy
+    never tries it again; a round 3x slower than predicted is clipped for the same reason."""
 
-    α is fitted to what rounds yield, not counted per draft: drafts are accepted in runs (a
-    repetitive stretch accepts long drafts whole, a novel one almost none), so the share of
-    drafts accepted (63% at γ = 4 on code) predicts 2.3 tokens per round where 3.5 come, and
-    priced speculation out of rounds it wins. α is the value for which
-    (1 − α^(γ+1)) / (1 − α) equals the EWMA of tokens per round at the EWMA of γ: exact for
-    independent drafts, and it matched the tokens per round measured at γ = 2..8 within 7%."""
-
-    alpha: float = 0.6  # prior: typical acceptance of a decent drafter
-    decay: float = 0.15
+    acceptance: AcceptanceModel = field(default_factory=AcceptanceModel)
+    decay: float = 0.15  # EWMA weight of a new round in the per-γ round times
     t_draft: float | None = None  # seconds per drafted token
     round_time: dict[int, float] = field(default_factory=dict)  # γ -> EWMA seconds, as seen
     rounds: int = 0
     fit_decay: float = 0.03  # forgetting per speculative round of the line (~30 rounds)
-    _sums: list[float] = field(default_factory=lambda: [0.0] * 5)  # Σw, Σwγ, Σwt, Σwγ², Σwγt
+    _sums: list[float] = field(default_factory=lambda: [0.0] * 5)  # Σw, Σwγ, Σwr, Σwγ², Σwγr
     _seen: dict[int, int] = field(default_factory=dict)  # γ -> rounds measured
-    _yield: tuple[float, float] | None = None  # EWMA (tokens per round, drafts per round)
+    # exponentially weighted (seconds drafting, tokens drafted), forgotten like the line
+    _drafting: tuple[float, float] = (0.0, 0.0)
 
     def __post_init__(self) -> None:
+        if self.t_draft is not None:  # calibrated: worth a few rounds of drafts
+            self._drafting = (12 * self.t_draft, 12.0)
         for g, t in self.round_time.items():  # calibrated: worth a few live rounds each
             self._seen[g] = 3
             if g > 0:
-                self._fit(g, t, weight=3.0)
+                self._fit(g, t - g * (self.t_draft or 0.0), weight=3.0)
 
     def observe(self, s: RoundStats) -> None:
         self.rounds += 1
         if s.drafted:
-            if self._yield is None:  # the prior, as if seen at this round's γ
-                self._yield = (expected_tokens(self.alpha, s.drafted), float(s.drafted))
-            tokens, drafts = self._yield
-            tokens = _ewma(tokens, s.accepted + 1.0, self.decay)
-            drafts = _ewma(drafts, float(s.drafted), self.decay)
-            self._yield = (tokens, drafts)
-            self.alpha = alpha_for(tokens, drafts)
-            per_token = s.draft_seconds / s.drafted
-            self.t_draft = (
-                per_token if self.t_draft is None else _ewma(self.t_draft, per_token, self.decay)
+            self.acceptance.observe(s.drafted, s.accepted)
+            draft = s.draft_seconds  # clipped like round times below: a hiccup, not a price
+            if self.t_draft is not None:
+                draft = min(draft, 3 * s.drafted * self.t_draft)
+            keep = 1 - self.fit_decay
+            self._drafting = (
+                self._drafting[0] * keep + draft,
+                self._drafting[1] * keep + s.drafted,
             )
+            self.t_draft = self._drafting[0] / self._drafting[1]
         g = s.drafted
         seconds = s.seconds - s.catchup_seconds  # a one-off, not a cost of this γ
         if self.round_time:  # a round 3x slower than expected is noise, not a price
@@ -145,7 +207,15 @@ class CostModel:
         old = self.round_time.get(g)
         self.round_time[g] = seconds if old is None else _ewma(old, seconds, max(self.decay, 1 / n))
         if g > 0:
-            self._fit(g, seconds)
+            draft = min(s.draft_seconds, seconds)
+            self._fit(g, seconds - draft)
+
+    def expected(self, gamma: int) -> float:
+        return self.acceptance.expected(gamma)
+
+    @property
+    def alpha(self) -> float:
+        return self.acceptance.alpha
 
     def _fit(self, gamma: int, seconds: float, weight: float = 1.0) -> None:
         keep = 1 - self.fit_decay
@@ -155,36 +225,31 @@ class CostModel:
         self._sums += [xx + weight * g * g, xy + weight * g * seconds]
 
     def _line(self) -> tuple[float, float] | None:
-        """(a, b) of round(γ) = a + b·γ for γ ≥ 1, or None while the speculative rounds seen
-        span too few γ."""
+        """(a, b) of rest(γ) = a + b·γ for γ ≥ 1 (the round less its drafting), or None
+        before any speculative round."""
         w, x, y, xx, xy = self._sums
         if w <= 0:
             return None
         mean_g, mean_t = x / w, y / w
-        spread = xx / w - mean_g**2
-        if spread < 0.1:
-            return None
-        slope = max((xy / w - mean_g * mean_t) / spread, 0.0)
+        spread = max(xx / w - mean_g**2, 0.0)
+        slope = max((xy / w - mean_g * mean_t) / (spread + RIDGE), 0.0)
         return mean_t - slope * mean_g, slope
 
     def cost(self, gamma: int) -> float:
         """Estimated seconds of a round drafting γ tokens. γ = 0: measured plain steps (the
-        line's intercept only while none was measured). γ ≥ 1: the fitted line; before there
-        is one, the nearest measured γ ≥ 1 plus (or minus) draft steps, or a plain step plus γ
-        draft steps while no speculative round was measured."""
+        line's intercept only while none was measured). γ ≥ 1: γ draft steps plus the line;
+        a plain step plus γ draft steps while no speculative round was measured."""
         if gamma == 0 and 0 in self.round_time:
             return self.round_time[0]
+        draft = gamma * (self.t_draft or 0.0)
         line = self._line()
         if line is not None:
-            return max(line[0] + line[1] * gamma, 1e-9)
-        spec = [g for g in self.round_time if g > 0] or list(self.round_time)
-        nearest = min(spec, key=lambda g: (abs(g - gamma), -g))
-        estimate = self.round_time[nearest] + (gamma - nearest) * (self.t_draft or 0.0)
-        return max(estimate, 1e-9)
+            return max(draft + line[0] + line[1] * gamma, 1e-9)
+        return max(draft + next(iter(self.round_time.values()), 0.0), 1e-9)
 
     def rate(self, gamma: int) -> float:
         """Expected tokens per second when drafting γ per round."""
-        return expected_tokens(min(self.alpha, 0.999), gamma) / self.cost(gamma)
+        return self.expected(gamma) / self.cost(gamma)
 
     def best_length(self, max_length: int, min_length: int = 1) -> tuple[int, float]:
         """(γ, expected tokens per second) maximising N(γ) / T(γ)."""
@@ -193,6 +258,10 @@ class CostModel:
         return max(
             ((g, self.rate(g)) for g in range(min_length, max_length + 1)), key=lambda pair: pair[1]
         )
+
+
+def _counts() -> tuple[list[float], list[float]]:
+    return [0.0] * (MAX_DRAFT + 1), [0.0] * (MAX_DRAFT + 1)
 
 
 def _ewma(old: float, new: float, decay: float) -> float:
