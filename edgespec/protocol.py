@@ -11,13 +11,13 @@ Every message is a 12-byte header then a type-specific body, all little-endian:
              positions and answers RESULT with the next token (accepted = 0). keep > 0: the
              session this connection holds is resumed (a conversation's next turn): its cache
              keeps its first `keep` positions (the tokens before `ids`; a length change) and
-             prefills only `ids`, with this START's sampling fields and capacity. No session
-             on this connection (never started, ENDed, evicted, a new connection): ERROR 410;
-             `keep` past what its cache holds: ERROR 409; both leave the connection open and
-             the session as it was, and the device STARTs again with keep = 0 and the whole
-             sequence. fingerprint: the bundle's backbone fingerprint, or from a shared-
-             backbone edge bundle `backbone:K:TOKENIZER:LOWER` (`edgespec.backbone`); the
-             server answers a mismatch with ERROR 403
+             prefills only `ids`, with this START's sampling fields and capacity (the context
+             bounds keep + len(ids)). No session on this connection (none started, ENDed, a
+             failed prefill; any new connection): ERROR 410; `keep` past what its cache holds:
+             ERROR 409; both leave the connection open and the session as it was, and the
+             device STARTs again with keep = 0 and the whole sequence. fingerprint: the
+             bundle's backbone fingerprint, or from a shared-backbone edge bundle
+             `backbone:K:TOKENIZER:LOWER` (`edgespec.backbone`); a mismatch: ERROR 403
     VERIFY   c->s  base u32 | q kind u8 | drafts: u32 count + int32[] | q rows
              drafts d_1..d_γ after the `base` committed tokens (γ = 0: the server just
              generates one token). Sampling with a model drafter sends (q kind 1) the

@@ -34,6 +34,7 @@ from edgespec.runtime.sampling import SamplingParams
 from edgespec.runtime.stats import GenerationStats, RoundStats, Step
 
 if TYPE_CHECKING:
+    from edgespec.runtime.link import Remote
     from edgespec.runtime.model import Model
 
 TRUNCATION = ("error", "drop-oldest")
@@ -116,8 +117,9 @@ class ChatSession:
         )
         # caches of its own; in split mode also a server connection (and session) of its own
         self.local = isinstance(model.verifier, LocalVerifier)
-        target, self.drafter, self.policy = fork_decoder(model.target, model.drafter, model.policy)
-        self.remote = None
+        local_target = model.target if self.local else None  # split: the fallback's, its own
+        target, self.drafter, self.policy = fork_decoder(local_target, model.drafter, model.policy)
+        self.remote: Remote | None = None
         if self.local:
             assert target is not None
             self.target, self.verifier = target, LocalVerifier(target)
