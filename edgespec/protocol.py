@@ -4,12 +4,20 @@ Every message is a 12-byte header then a type-specific body, all little-endian:
 
     header   magic b"ES" | version u8 | type u8 | session u32 | round u32
     START    c->s  flags u8 | top_k u32 | temperature f32 | top_p f32 | seed u64 |
-                   capacity u32 | fingerprint: u16 length + utf-8 | ids: u32 count + int32[]
-             a new generation: the server prefills `ids` (a prompt, or on reconnect the whole
-             committed sequence) into a fresh KV cache of `capacity` positions and answers
-             RESULT with the next token (accepted = 0). fingerprint: the bundle's backbone
-             fingerprint, or from a shared-backbone edge bundle `backbone:K:TOKENIZER:LOWER`
-             (`edgespec.backbone`); the server answers a mismatch with ERROR 403
+                   capacity u32 | keep u32 | fingerprint: u16 length + utf-8 |
+                   ids: u32 count + int32[]
+             keep = 0: a new generation; the server prefills `ids` (a prompt, or on
+             reconnect the whole committed sequence) into a fresh KV cache of `capacity`
+             positions and answers RESULT with the next token (accepted = 0). keep > 0: the
+             session this connection holds is resumed (a conversation's next turn): its cache
+             keeps its first `keep` positions (the tokens before `ids`; a length change) and
+             prefills only `ids`, with this START's sampling fields and capacity (the context
+             bounds keep + len(ids)). No session on this connection (none started, ENDed, a
+             failed prefill; any new connection): ERROR 410; `keep` past what its cache holds:
+             ERROR 409; both leave the connection open and the session as it was, and the
+             device STARTs again with keep = 0 and the whole sequence. fingerprint: the
+             bundle's backbone fingerprint, or from a shared-backbone edge bundle
+             `backbone:K:TOKENIZER:LOWER` (`edgespec.backbone`); a mismatch: ERROR 403
     VERIFY   c->s  base u32 | q kind u8 | drafts: u32 count + int32[] | q rows
              drafts d_1..d_γ after the `base` committed tokens (γ = 0: the server just
              generates one token). Sampling with a model drafter sends (q kind 1) the
@@ -26,6 +34,11 @@ Every message is a 12-byte header then a type-specific body, all little-endian:
              knows no limits). The device sizes every round to them (`max_drafts`, `fit`)
     ERROR    s->c  code u16 | text: u16 length + utf-8
     END      c->s  (no body) the generation is over; the server frees its cache
+    PAUSE    c->s  (no body) the generation is over; the server keeps its cache for a START
+             that resumes it. Neither END nor PAUSE is answered. A paused session keeps its KV
+             slot until it is resumed or ENDed, its connection closes, it is idle for the idle
+             timeout, or a new connection finds the server full: then the session paused
+             longest ago is evicted (ERROR 410, connection closed) to make room
 
 `decode()` is strict: a wrong magic/version, an unknown type, a truncated or overlong body,
 counts that exceed the limits and q rows that are not distributions (or miss their draft)
@@ -43,9 +56,9 @@ import numpy as np
 from edgespec.sparse_q import SCALE, SparseQ
 
 MAGIC = b"ES"
-VERSION = 2  # 2: q rows are quantized sparse supports (kind 3)
+VERSION = 3  # 2: q rows are quantized sparse supports (kind 3); 3: START keep, PAUSE
 HEADER = struct.Struct("<2sBBII")
-START_HEAD = struct.Struct("<BIffQI")
+START_HEAD = struct.Struct("<BIffQII")
 VERIFY_HEAD = struct.Struct("<IB")
 RESULT_BODY = struct.Struct("<HiIf")
 LIMITS_BODY = struct.Struct("<II")
@@ -55,8 +68,8 @@ MAX_DRAFTS = 64  # more drafts per round than any policy asks for is a malformed
 MAX_TEXT = 4096
 
 # message types
-START, VERIFY, RESULT, ERROR, END = 1, 2, 3, 4, 5
-NAMES = {START: "START", VERIFY: "VERIFY", RESULT: "RESULT", ERROR: "ERROR", END: "END"}
+START, VERIFY, RESULT, ERROR, END, PAUSE = 1, 2, 3, 4, 5, 6
+NAMES = dict(enumerate(("START", "VERIFY", "RESULT", "ERROR", "END", "PAUSE"), start=1))
 
 # START flags
 SAMPLING, HAS_SEED = 1, 2
@@ -70,6 +83,7 @@ UNAUTHORIZED = 401
 INCOMPATIBLE = 403
 IDLE_TIMEOUT = 408
 OUT_OF_SYNC = 409
+GONE = 410  # no session to resume on this connection: START again with keep = 0
 TOO_LARGE = 413
 BAD_REQUEST = 422
 INTERNAL = 500
@@ -93,6 +107,7 @@ class Start:
     top_k: int = 0
     seed: int | None = None
     fingerprint: str = ""
+    keep: int = 0  # positions of this connection's session cache that stay (0: a new one)
     session: int = 0
     round: int = 0
 
@@ -139,7 +154,13 @@ class End:
     round: int = 0
 
 
-Message = Start | Verify | Result | Error | End
+@dataclass
+class Pause:
+    session: int = 0
+    round: int = 0
+
+
+Message = Start | Verify | Result | Error | End | Pause
 
 
 @dataclass
@@ -169,7 +190,7 @@ def encode(msg: Message) -> bytes:
     if isinstance(msg, Start):
         flags = (SAMPLING if msg.temperature > 0 else 0) | (HAS_SEED if msg.seed is not None else 0)
         head = START_HEAD.pack(
-            flags, msg.top_k, msg.temperature, msg.top_p, msg.seed or 0, msg.capacity
+            flags, msg.top_k, msg.temperature, msg.top_p, msg.seed or 0, msg.capacity, msg.keep
         )
         body = head + _text(msg.fingerprint, 256) + _ids(msg.ids)
         return _header(START, msg.session, msg.round) + body
@@ -191,6 +212,8 @@ def encode(msg: Message) -> bytes:
         )
     if isinstance(msg, End):
         return _header(END, msg.session, msg.round)
+    if isinstance(msg, Pause):
+        return _header(PAUSE, msg.session, msg.round)
     raise TypeError(f"not a protocol message: {msg!r}")
 
 
@@ -271,7 +294,9 @@ def decode(data: bytes | str, limits: Limits | None = None) -> Message:
     r = _Reader(data, HEADER.size, NAMES[kind])
     msg: Message
     if kind == START:
-        flags, top_k, temperature, top_p, seed, capacity = r.unpack(START_HEAD, "START fields")
+        flags, top_k, temperature, top_p, seed, capacity, keep = r.unpack(
+            START_HEAD, "START fields"
+        )
         if flags & ~(SAMPLING | HAS_SEED):
             raise ProtocolError(f"START: unknown flags {flags:#x}")
         if not (np.isfinite(temperature) and temperature >= 0 and 0 < top_p <= 1):
@@ -290,6 +315,7 @@ def decode(data: bytes | str, limits: Limits | None = None) -> Message:
             top_k,
             seed if flags & HAS_SEED else None,
             fingerprint,
+            keep,
         )
     elif kind == VERIFY:
         base, q_kind = r.unpack(VERIFY_HEAD, "VERIFY fields")
@@ -306,8 +332,10 @@ def decode(data: bytes | str, limits: Limits | None = None) -> Message:
     elif kind == ERROR:
         (code,) = r.unpack(struct.Struct("<H"), "ERROR code")
         msg = Error(code, r.text("ERROR text"))
-    else:
+    elif kind == END:
         msg = End()
+    else:
+        msg = Pause()
     r.done()
     msg.session, msg.round = session, round_
     return msg

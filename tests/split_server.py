@@ -50,8 +50,11 @@ class ServerProcess:
         self.proc.wait(timeout=10)
 
 
-def start_server(bundle: Path, tmp: Path, token: str | None = TOKEN, *args: str) -> ServerProcess:
-    port = free_port()
+def start_server(
+    bundle: Path, tmp: Path, token: str | None = TOKEN, *args: str, port: int | None = None
+) -> ServerProcess:
+    """`port`: a given one (a server restarted where its devices connected before)."""
+    port = port or free_port()
     cmd = [sys.executable, "-m", "edgespec.cli", "serve", str(bundle), "--port", str(port)]
     cmd += ["--threads", "1", "--log-level", "warning", *args]
     if token:

@@ -218,27 +218,3 @@ def test_sampled_chat_is_reproducible_with_a_seed(chat_bundle):
     o = ChatOptions(max_new_tokens=10, temperature=0.8, top_p=0.9, seed=3)
     a, b = model.chat_session().reply(m, o), model.chat_session().reply(m, o)
     assert a.tokens == b.tokens and np.all(np.asarray(a.tokens) >= 0)
-
-
-def test_split_mode_chat_equals_transformers_and_resends_the_prompt(chat_bundle, hf_chat, tmp_path):
-    """Split mode renders and stops like local modes; the server session is not resumed
-    across turns yet, so every turn reports nothing cached."""
-    from split_server import TOKEN, start_server
-
-    server = start_server(chat_bundle, tmp_path, TOKEN, "--mode", "ar")
-    try:
-        model = edgespec.load(
-            chat_bundle, mode="split", server=server.url, token=TOKEN, drafter="draft"
-        )
-        session = model.chat_session()
-        messages = [{"role": "user", "content": USERS[0]}]
-        for follow in USERS[1:]:
-            reply = session.reply(messages, ChatOptions(max_new_tokens=8, temperature=0))
-            assert reply.tokens == hf_reply(hf_chat, messages, 8)[1]
-            assert reply.cached_tokens == 0
-            messages += [
-                {"role": "assistant", "content": reply.text},
-                {"role": "user", "content": follow},
-            ]
-    finally:
-        server.stop()

@@ -41,7 +41,8 @@ def server(long_bundle, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def frames(long_bundle, server, monkeypatch_module) -> list[bytes]:
-    """Every frame the real split client sends in a greedy and a sampled generation."""
+    """Every frame the real split client sends in a greedy and a sampled generation, and a
+    conversation's PAUSE and resuming START."""
     sent: list[bytes] = []
     encode = P.encode
 
@@ -55,8 +56,9 @@ def frames(long_bundle, server, monkeypatch_module) -> list[bytes]:
         model = edgespec.load(long_bundle, mode="split", server=server.url, token=TOKEN, threads=1)
         model.generate("def f(x):", max_new_tokens=12, ignore_eos=True, **sampling)
     monkeypatch_module.undo()
+    sent += [P.encode(P.Pause()), P.encode(P.Start([7, 8], 40, keep=5))]
     kinds = {P.HEADER.unpack_from(f)[2] for f in sent}
-    assert {P.START, P.VERIFY} <= kinds, kinds
+    assert {P.START, P.VERIFY, P.PAUSE} <= kinds, kinds
     return sent
 
 
@@ -120,7 +122,7 @@ def test_mutated_frames_on_a_live_server_are_answered_and_leak_nothing(long_bund
                 P.decode(conn.recv(timeout=10))
             data = mutate(rng, frame)
             if _is_end(data):
-                continue  # END is never answered: the generation is over
+                continue  # END and PAUSE are never answered: the generation is over
             conn.send(data)
             try:
                 answer = P.decode(conn.recv(timeout=10))  # TimeoutError here: a hang
@@ -146,7 +148,7 @@ def test_mutated_frames_on_a_live_server_are_answered_and_leak_nothing(long_bund
 
 def _is_end(data: bytes) -> bool:
     try:
-        return isinstance(P.decode(data, P.Limits(vocab_size=2048)), P.End)
+        return isinstance(P.decode(data, P.Limits(vocab_size=2048)), P.End | P.Pause)
     except P.ProtocolError:
         return False
 

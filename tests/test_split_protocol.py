@@ -18,12 +18,14 @@ def test_every_message_round_trips():
     msgs = [
         P.Start([1, 2, 3], 40, 0.7, 0.9, 5, 1234, "sha256:abc", session=3, round=1),
         P.Start([5], 8),
+        P.Start([7, 8], 64, keep=31, session=3, round=2),  # a resumed session
         P.Verify(12, [4, 5], q, round=9),
         P.Verify(12, []),
         P.Result(2, 17, 15, 0.25, 3, 9),
         P.Result(0, 17, 4, 0.5, 3, 1, limits=P.ServerLimits(128, 1 << 20)),
         P.Error(P.TOO_LARGE, "too big é", 3, 9),
         P.End(3, 10),
+        P.Pause(3, 11),
     ]
     for msg in msgs:
         back = P.decode(P.encode(msg), LIMITS)

@@ -9,37 +9,32 @@ index (the early-exit head shares the target's cache), and only the rest is pref
 kept is exact by construction — a token prefix, never text — so greedy replies equal
 transformers' `apply_chat_template` + `generate` token for token, turn after turn.
 
-Each session owns its caches (`fork_decoder`): several conversations (the OpenAI server's)
+Each session owns its caches (`runtime.fork`): several conversations (the OpenAI server's)
 never share or clobber each other's state, and plain `Model.generate` never touches them. A
 conversation that outgrows the context is refused with a `ChatError` naming the turn, unless
-`truncation="drop-oldest"` was asked for. Split mode (a remote verifier) renders and stops
-the same way but re-sends the whole prompt each turn (the server session is not resumed).
+`truncation="drop-oldest"` was asked for. In split mode the session owns a server connection
+whose server session is paused after each turn and resumed by the next: the server keeps the
+longest prefix its cache shares with the new prompt and prefills only the rest (a session it
+no longer holds is rebuilt from the whole prompt). `close()` — or `reset()`, or the session
+being garbage collected — ENDs it.
 """
 
 from __future__ import annotations
 
-import copy
+import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from edgespec.runtime.chat_template import ChatTemplate, ChatTemplateError
 from edgespec.runtime.decode import decode
-from edgespec.runtime.drafters import (
-    Chain,
-    EarlyExitDrafter,
-    LookupDrafter,
-    ModelDrafter,
-    NoDrafter,
-)
+from edgespec.runtime.fork import fork_decoder, fork_split, hang_up
 from edgespec.runtime.local import LocalVerifier
-from edgespec.runtime.policies import DraftLengthPolicy
-from edgespec.runtime.round import Drafter
 from edgespec.runtime.sampling import SamplingParams
-from edgespec.runtime.stack import Stack
 from edgespec.runtime.stats import GenerationStats, RoundStats, Step
 
 if TYPE_CHECKING:
+    from edgespec.runtime.link import Remote
     from edgespec.runtime.model import Model
 
 TRUNCATION = ("error", "drop-oldest")
@@ -99,28 +94,6 @@ class ChatReply:
     dropped_messages: int = 0  # truncation="drop-oldest": how many were left out
 
 
-def fork_decoder(
-    target: Stack, drafter: Drafter, policy: DraftLengthPolicy
-) -> tuple[Stack, Drafter, DraftLengthPolicy]:
-    """The same graph sessions with caches of their own (allocated on first use)."""
-    fresh = Stack(target.stages, target.logits)
-
-    def fork(d: Drafter) -> Drafter:
-        if isinstance(d, NoDrafter):
-            return NoDrafter()
-        if isinstance(d, ModelDrafter):
-            return ModelDrafter(Stack(d.model.stages, d.model.logits), d.support)
-        if isinstance(d, EarlyExitDrafter):  # drafts into the target's own cache
-            return EarlyExitDrafter(fresh, d.heads, d.tails, d.exit_layer, d.support)
-        if isinstance(d, LookupDrafter):
-            return LookupDrafter(d.max_ngram, d.min_ngram)
-        if isinstance(d, Chain):
-            return Chain([fork(member) for member in d.drafters])
-        raise TypeError(f"cannot give a {type(d).__name__} a cache of its own")
-
-    return fresh, fork(drafter), copy.deepcopy(policy)
-
-
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     n = min(len(a), len(b))
     i = 0
@@ -142,15 +115,18 @@ class ChatSession:
         self.template = (
             ChatTemplate.from_bundle(model.folder, model.manifest) if model.manifest.chat else None
         )
-        # local modes get caches of their own; split mode uses the model's (its server
-        # session starts afresh every turn, so nothing is kept across turns there)
+        # caches of its own; in split mode also a server connection (and session) of its own
         self.local = isinstance(model.verifier, LocalVerifier)
+        local_target = model.target if self.local else None  # split: the fallback's, its own
+        target, self.drafter, self.policy = fork_decoder(local_target, model.drafter, model.policy)
+        self.remote: Remote | None = None
         if self.local:
-            assert model.target is not None
-            self.target, self.drafter, self.policy = fork_decoder(
-                model.target, model.drafter, model.policy
-            )
-            self.verifier = LocalVerifier(self.target)
+            assert target is not None
+            self.target, self.verifier = target, LocalVerifier(target)
+        else:
+            self.verifier, self.remote = fork_split(model.verifier)
+            # on garbage collection too: a server must not hold a forgotten conversation
+            self._hang_up = weakref.finalize(self, hang_up, self.remote)
         self.system = system
         self.messages: list[dict[str, Any]] = []
         self.seq: list[int] = []  # the tokens whose positions the caches hold (a prefix of)
@@ -158,10 +134,18 @@ class ChatSession:
         self.reset()
 
     def reset(self) -> None:
-        """Forget the conversation (the caches are overwritten by the next turn)."""
+        """Forget the conversation (the caches are overwritten by the next turn; a server
+        session is ENDed, the connection kept)."""
         self.messages = [{"role": "system", "content": self.system}] if self.system else []
         self.seq = []
         self.last = None
+        if self.remote is not None:
+            self.remote.end()
+
+    def close(self) -> None:
+        """Split mode: END the server session and close the connection (local: nothing)."""
+        if self.remote is not None:
+            self._hang_up()
 
     # -- turns ------------------------------------------------------------------------------
     def say(self, text: str, options: ChatOptions | None = None) -> Iterator[ChatChunk]:
@@ -215,7 +199,7 @@ class ChatSession:
 
     def shared_prefix(self, ids: Sequence[int]) -> int:
         """How many leading prompt tokens this session's caches may already hold."""
-        return common_prefix(self.seq, ids) if self.local else 0
+        return common_prefix(self.seq, ids)
 
     def stream_prompt(self, prompt: Prompt) -> Iterator[ChatChunk]:
         """Decode a prepared prompt, keeping the cached prefix; see `stream`."""
@@ -332,12 +316,9 @@ class ChatSession:
         stop_ids: frozenset[int],
         cached: int,
     ) -> Iterator[Step]:
-        if self.local:
-            return decode(
-                self.verifier, self.drafter, self.policy, ids, params, max_new, stop_ids, cached
-            )
-        m = self.model
-        return decode(m.verifier, m.drafter, m.policy, ids, params, max_new, stop_ids)
+        return decode(
+            self.verifier, self.drafter, self.policy, ids, params, max_new, stop_ids, cached
+        )
 
 
 class StopStrings:

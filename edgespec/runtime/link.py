@@ -4,7 +4,11 @@
 it) with a reader thread that timestamps every answer as it arrives, so the decode loop can
 keep drafting while a round is in flight and still measure the round trip exactly.
 `Remote` is the server session on top of it: START (with retries and exponential backoff,
-re-sending the committed sequence after a reconnect), VERIFY, END.
+re-sending the committed sequence after a reconnect), VERIFY, END, and PAUSE: the server keeps
+the session for the next START to resume (a conversation's next turn: keep what its cache
+shares with the new sequence, send the rest). `held`, the session's committed tokens as the
+answers built them, is known only while every answer was read on a link still open: else, on
+a link the server closed meanwhile, or when it refuses the resume, all the ids are sent.
 
 Failures come in two kinds. `LinkError`: the connection failed, closed, or an answer did not
 come within the timeout: retry, reconnect, or fall back to the local verifier. `SplitError`:
@@ -33,6 +37,11 @@ from edgespec.runtime.errors import LinkError, RoundLate, ServerLimit, SplitErro
 from edgespec.runtime.sampling import SamplingParams
 
 ANSWER_TIMEOUT = 10.0  # seconds a device waits for one answer (the one default, CLI included)
+
+
+class ResumeRefused(LinkError):
+    """The server holds no session to resume on this link, or less of it than the device
+    thought: START again with the whole sequence (the link itself is fine)."""
 
 
 def _connect_fn():
@@ -161,6 +170,7 @@ class Exchange:
     arrived_at: float
     bytes_up: int
     bytes_down: int
+    kept: int = 0  # a resumed START: positions of the server's cache that stayed
 
     @property
     def network_seconds(self) -> float:
@@ -185,6 +195,9 @@ class Remote:
     early: Arrival | None = None  # an answer `answered()` already took off the link
     limits: P.ServerLimits | None = None  # what the server announced at START (or None)
     sent_drafts: list[int] = field(default_factory=list)  # of the VERIFY in flight
+    sent_base: int | None = None  # of the VERIFY in flight (None: a START)
+    resuming: bool = False  # the START in flight resumes a session
+    held: list[int] | None = None  # the server session's committed tokens (None: unknown)
     round_seconds: float | None = None  # EWMA of VERIFY round trips
     late_factor: float = 4.0
     late_floor: float = 0.5  # seconds: never late sooner (scheduling jitter, GC pauses)
@@ -207,15 +220,20 @@ class Remote:
         params: SamplingParams,
         attempts: int | None = None,
         wait: float | None = None,
+        resume: bool = False,
     ) -> Exchange:
         """(Re)connect and START a session holding `ids`; returns the first answer.
         Tries `attempts` times (default 1 + retries), waiting backoff, 2x backoff, ...;
-        `wait` bounds the connect and the answer (a probe of a server that went quiet)."""
+        `wait` bounds the connect and the answer (a probe of a server that went quiet).
+        `resume`: keep what the session the last generation paused shares with `ids` and
+        send only the rest (all of them when nothing is known or the server refuses)."""
         if self.limits is not None and len(ids) >= self.limits.max_context:
             raise ServerLimit(
                 f"the sequence is {len(ids)} tokens: beyond the server's context "
                 f"({self.limits.max_context})"
             )
+        if self.link is not None and self.pending is None:
+            self._check_kept_link()
         delay, error = self.backoff, None
         for attempt in range(attempts or self.retries + 1):
             if attempt:
@@ -224,18 +242,13 @@ class Remote:
             try:
                 if self.link is None:
                     self.link = Link(self.url, self.token, min(self.connect_timeout, wait or 1e9))
-                msg = P.Start(
-                    ids,
-                    capacity,
-                    params.temperature,
-                    params.top_p,
-                    params.top_k,
-                    params.seed,
-                    self.fingerprint,
-                )
-                self.send(msg)
-                x = self.receive(wait)
+                keep = self._keep(ids) if resume else 0
+                try:
+                    x = self._start(ids, keep, capacity, params, wait)
+                except ResumeRefused:  # evicted, or out of step: all of ids, on the same link
+                    x = self._start(ids, 0, capacity, params, wait)
                 self.limits = x.result.limits or self.limits
+                self.held = [*ids, x.result.token]
                 return x
             except LinkError as e:
                 self.drop()
@@ -243,11 +256,47 @@ class Remote:
         assert error is not None
         raise error
 
+    def _start(
+        self, ids: list[int], keep: int, capacity: int, params: SamplingParams, wait: float | None
+    ) -> Exchange:
+        p = params
+        msg = P.Start(
+            ids[keep:], capacity, p.temperature, p.top_p, p.top_k, p.seed, self.fingerprint, keep
+        )
+        self.send(msg)
+        x = self.receive(wait)
+        x.kept = keep
+        return x
+
+    def _keep(self, ids: list[int]) -> int:
+        """How many of `ids` the server's cache holds (it holds `held` but its last token),
+        leaving at least one to prefill; 0 when nothing is known."""
+        if self.held is None or self.link is None:
+            return 0
+        cached, n, i = self.held[:-1], min(len(self.held) - 1, len(ids) - 1), 0
+        while i < n and cached[i] == ids[i]:
+            i += 1
+        return i
+
+    def _check_kept_link(self) -> None:
+        """Drop a link kept since the last generation if the server has closed it meanwhile:
+        anything that came with no round in flight is its ERROR before closing (the idle
+        timeout, an eviction, a shutdown)."""
+        assert self.link is not None
+        try:
+            stale = self.link.poll(0)
+        except LinkError:
+            stale = True
+        if stale is not None:
+            self.drop()
+
     def send(self, msg: P.Start | P.Verify) -> None:
         assert self.link is not None
         self.round += 1
         msg.round = self.round
         self.sent_drafts = list(msg.drafts) if isinstance(msg, P.Verify) else []
+        self.sent_base = msg.base if isinstance(msg, P.Verify) else None
+        self.resuming = isinstance(msg, P.Start) and msg.keep > 0
         self.pending = self.link.send(msg)
 
     def answered(self) -> bool:
@@ -275,9 +324,13 @@ class Remote:
             self.drop()
             raise LinkError(f"no answer from {self.url} within {wait or self.timeout:g}s")
         msg = arrival.message
+        resume_refused = self.resuming and msg.round == self.round
+        if isinstance(msg, P.Error) and resume_refused and msg.code in (P.GONE, P.OUT_OF_SYNC):
+            self.pending = None  # the answer to this START: the link stays usable
+            raise ResumeRefused(f"server: {msg.text}")
         if isinstance(msg, P.Error):
             self.drop()
-            if msg.code in (P.UNAVAILABLE, P.IDLE_TIMEOUT):
+            if msg.code in (P.UNAVAILABLE, P.IDLE_TIMEOUT, P.GONE):
                 raise LinkError(f"server: {msg.text}")
             if msg.code in (P.TOO_LARGE, P.BAD_REQUEST) and "context" in msg.text:
                 raise ServerLimit(f"the server's limit ({msg.code}): {msg.text}")
@@ -289,6 +342,7 @@ class Remote:
             raise LinkError(f"unexpected answer from the server: {msg!r}")
         sent_at, up = self.pending
         self.pending = None
+        self._advance(msg)
         seconds = arrival.at - sent_at
         if self.round_seconds is None:
             self.round_seconds = seconds
@@ -296,15 +350,45 @@ class Remote:
             self.round_seconds += 0.2 * (seconds - self.round_seconds)
         return Exchange(msg, sent_at, arrival.at, up, arrival.size)
 
+    def _advance(self, r: P.Result) -> None:
+        """`held` after a VERIFY's answer: it plus the accepted drafts and the server's token
+        (unknown if the answer does not fit what was sent)."""
+        base, held, n = self.sent_base, self.held, r.accepted
+        if base is None:
+            return  # a START's answer: `start` sets it
+        if held is None or not len(held) == base == r.length - n - 1 or n > len(self.sent_drafts):
+            self.held = None
+        else:
+            self.held = [*held, *self.sent_drafts[:n], r.token]
+
     def end(self) -> None:
         """Tell the server the generation is over (frees its cache), keep the link."""
+        self.held = None
         if self.link is not None:
             try:
                 self.link.send(P.End())
             except LinkError:
                 self.drop()
 
+    def pause(self) -> None:
+        """The generation is over; the server keeps its session for the next `start` to
+        resume. END instead while an answer is outstanding (what it holds is not known)."""
+        if self.pending is not None or self.held is None:
+            self.end()
+        elif self.link is not None:
+            try:
+                self.link.send(P.Pause())
+            except LinkError:
+                self.drop()
+
+    def fork(self) -> Remote:
+        """The same server and settings, with a connection and session of its own."""
+        fresh = Remote(self.url, self.token, self.fingerprint, self.timeout, self.connect_timeout)
+        fresh.retries, fresh.backoff = self.retries, self.backoff
+        fresh.late_factor, fresh.late_floor = self.late_factor, self.late_floor
+        return fresh
+
     def drop(self) -> None:
         if self.link is not None:
             self.link.close()
-        self.link, self.pending, self.early = None, None, None
+        self.link, self.pending, self.early, self.held = None, None, None, None

@@ -4,7 +4,9 @@
 the sparse distributions they were drawn from) and answers with a `Pending` that the decode
 loop polls while it drafts ahead. The server applies the acceptance rule and keeps its own
 cache in step, so `truncate` has nothing to do here. A START (re)builds the server's
-session from the committed tokens: on the first round, and after a reconnect (resync).
+session from the committed tokens: on the first round, and after a reconnect (resync). With
+`hold` (a conversation), a generation ends with PAUSE instead of END and the next prefill
+resumes the server's session: only the prompt past what its cache shares is sent.
 
 `FallbackVerifier` holds both: rounds go to the server while it answers. When a round is not
 answered within the timeout, the connection drops or the server went away (`LinkError`
@@ -91,6 +93,7 @@ class RemoteVerifier:
         self.q_ids = q_ids
         self.row_ids: int | None = None  # q_ids while the generation samples, else None
         self.server_capacity = 0  # positions the server's session holds (its limit applied)
+        self.hold = False  # between generations, keep the server's session to resume it
 
     @property
     def connected(self) -> bool:
@@ -108,14 +111,15 @@ class RemoteVerifier:
         rng: np.random.Generator,
         cached: int = 0,
     ) -> tuple[int, RoundStats]:
-        # a server session starts afresh (`cached` is not used: resuming one is not in the
-        # protocol yet), so the whole prompt is sent
+        # the server's cache is resumed from what the link knows it holds, not `cached`
         start = perf_counter()
         self.capacity = capacity
         self.row_ids = None if params.greedy else self.q_ids
-        x = self.remote.start(prompt, capacity, params)
+        x = self.remote.start(prompt, capacity, params, resume=self.hold)
         self._started(len(prompt))
-        stats = RoundStats("prefill", 1, len(prompt), perf_counter() - start)
+        stats = RoundStats(
+            "prefill", 1, len(prompt) - x.kept, perf_counter() - start, cached_tokens=x.kept
+        )
         return x.result.token, _verdict(x).fill(stats)
 
     def resync(
@@ -152,7 +156,10 @@ class RemoteVerifier:
         pass  # the server truncates its own cache to what it accepted
 
     def close(self) -> None:
-        self.remote.end()
+        if self.hold:
+            self.remote.pause()
+        else:
+            self.remote.end()
 
 
 @dataclass

@@ -88,6 +88,8 @@ async def health(request: Request) -> JSONResponse:
             "max_context": state.max_context,
             "max_request_bytes": state.config.max_request_bytes,
             "rounds_served": state.rounds,
+            # prompt positions STARTs prefilled, positions resumed sessions kept instead
+            **state.counters.report(state.connections),
             # tokens the OpenAI endpoints produced (a cancelled request stops adding to it)
             "completion_tokens": state.chat.stats.tokens if state.chat else 0,
             "prefill_chunks": state.worker.steps_run,

@@ -1,6 +1,7 @@
 """`edgespec serve BUNDLE`: the cloud side of split decoding, on starlette + uvicorn.
 
-    WS   /v1/session      one generation session per connection (binary `protocol` messages)
+    WS   /v1/session      one generation session per connection (binary `protocol` messages;
+                          paused between a conversation's turns and resumed: `connection`)
     GET  /health          liveness; with the token: load, limits, the backbone fingerprint
     POST /v1/chat/completions, /v1/completions, GET /v1/models: the OpenAI API, decoded with
                           the local speculative mode of `--mode` (`edgespec.serve.openai`)
@@ -9,7 +10,8 @@ Guarantees: a bearer token is required when configured (HTTP 401 otherwise); at 
 `max_sessions` sessions hold a KV cache at once, each at most `max_context` positions;
 requests larger than `max_request_bytes`, malformed messages, bad ids and out-of-step rounds
 get an ERROR naming the problem and close only that session; a session idle for
-`idle_timeout` seconds is closed and its cache freed. On shutdown new rounds are refused
+`idle_timeout` seconds is closed and its cache freed, and a full server evicts the session
+paused longest ago to admit a new one. On shutdown new rounds are refused
 (ERROR 503) while rounds already running are answered, then connections close and the
 process exits 0 within drain_seconds + body_timeout + 2 s whatever its clients do
 (`transport` bounds headers, handshakes and shutdown; `serve.http` bodies).
@@ -24,20 +26,15 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import logging
 import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from starlette.applications import Starlette
-from starlette.responses import PlainTextResponse
 from starlette.routing import Route, WebSocketRoute
-from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from edgespec import protocol as P
-from edgespec.backbone import HELLO_PREFIX, BackboneMismatch, parse_hello
-from edgespec.backbone import check as check_backbone
 from edgespec.bundle import Manifest
 from edgespec.runtime.graph import GraphSession
 from edgespec.runtime.opener import GraphOptions, open_bundle
@@ -46,15 +43,12 @@ from edgespec.runtime.tokenizer import Tokenizer
 from edgespec.serve.auth import Gate
 from edgespec.serve.batching import KVPool
 from edgespec.serve.chat_engine import ChatEngine
+from edgespec.serve.connection import Conn, Counters, session_endpoint
 from edgespec.serve.http import health
 from edgespec.serve.openai import ROUTES, load_engine
-from edgespec.serve.requests import FieldError
-from edgespec.serve.requests import check_start as check_sampling
-from edgespec.serve.session import BatchStats, ServerSession, prefill, release_all, verify_rounds
+from edgespec.serve.session import BatchStats, verify_rounds
 from edgespec.serve.transport import uvicorn_config
 from edgespec.serve.worker import Worker
-
-log = logging.getLogger("edgespec.serve")
 
 
 @dataclass
@@ -139,7 +133,8 @@ class State:
     pool: KVPool
     stats: BatchStats
     gate: Gate
-    connections: set[int] = field(default_factory=set)  # open /v1/session connections
+    connections: dict[int, Conn] = field(default_factory=dict)  # open /v1/session ones
+    counters: Counters = field(default_factory=Counters)  # what STARTs prefilled and kept
     ids: itertools.count = field(default_factory=lambda: itertools.count(1))
     closing: bool = False
     rounds: int = 0
@@ -184,148 +179,6 @@ def load_state(config: ServerConfig) -> State:
         gate,
         chat=chat,
     )
-
-
-# -- WebSocket sessions ---------------------------------------------------------------------
-async def session_endpoint(ws: WebSocket) -> None:
-    state: State = ws.app.state.edgespec
-    if not await state.gate.admit(ws.headers, ws.client):
-        await ws.send_denial_response(
-            PlainTextResponse(
-                "missing or wrong bearer token: pass the server's token (--token-file)\n", 401
-            )
-        )
-        return
-    # a device that offers the subprotocol learns the limits in its START's RESULT
-    limits = P.SUBPROTOCOL in ws.scope.get("subprotocols", [])
-    await ws.accept(subprotocol=P.SUBPROTOCOL if limits else None)
-    sid = next(state.ids)
-    if state.closing or len(state.connections) >= state.config.max_sessions:
-        reason = (
-            "the server is shutting down"
-            if state.closing
-            else f"the server is full ({state.config.max_sessions} sessions): try again later"
-        )
-        await _refuse(ws, P.Error(P.UNAVAILABLE, reason, sid), 1013)
-        return
-    state.connections.add(sid)
-    try:
-        await _serve_session(ws, state, sid, limits)
-    except WebSocketDisconnect:
-        pass  # the device went away; its cache goes with this frame
-    finally:
-        state.connections.discard(sid)
-
-
-async def _serve_session(ws: WebSocket, state: State, sid: int, limits: bool) -> None:
-    held: list[ServerSession] = []  # the session's slot, freed however the connection ends
-    try:
-        await _session_rounds(ws, state, sid, held, limits)
-    finally:  # on the worker, after any job of this session still queued there
-        state.worker.submit(release_all, state.pool, held)
-
-
-async def _session_rounds(
-    ws: WebSocket, state: State, sid: int, held: list[ServerSession], limits: bool
-) -> None:
-    session: ServerSession | None = None
-    while True:
-        try:
-            event = await asyncio.wait_for(ws.receive(), state.config.idle_timeout)
-        except TimeoutError:
-            text = (
-                f"idle for {state.config.idle_timeout:g}s: the session's KV cache was freed; "
-                "reconnect and START again to continue"
-            )
-            await _refuse(ws, P.Error(P.IDLE_TIMEOUT, text, sid), 1000)
-            return
-        if event["type"] == "websocket.disconnect":
-            return
-        data = event.get("bytes") if event.get("bytes") is not None else event.get("text", "")
-        round_id = 0
-        try:
-            msg = P.decode(data, state.limits)
-            round_id = msg.round
-            if state.closing:
-                raise P.ProtocolError("the server is shutting down: reconnect later", P.UNAVAILABLE)
-            if isinstance(msg, P.Start):
-                check_start(state, msg)
-                session = None  # free the old slot before taking a new one
-                state.worker.submit(release_all, state.pool, held)
-                session, reply = await state.worker.steps(
-                    prefill,
-                    state.pool,
-                    state.stages,
-                    msg,
-                    state.max_context,
-                    held,
-                    state.config.prefill_chunk,
-                    state.config.prefill_budget_ms / 1000,
-                )
-                if limits:
-                    reply.limits = P.ServerLimits(state.max_context, state.config.max_request_bytes)
-            elif isinstance(msg, P.Verify):
-                if session is None:
-                    raise P.ProtocolError("VERIFY before START: start the session first")
-                reply = await state.worker.round((session, msg))
-            elif isinstance(msg, P.End):
-                session = None
-                state.worker.submit(release_all, state.pool, held)
-                continue
-            else:
-                raise P.ProtocolError(
-                    f"{P.NAMES[P.HEADER.unpack_from(data)[2]]} is a server message: devices "
-                    "send START, VERIFY and END"
-                )
-        except P.ProtocolError as e:
-            await _refuse(ws, P.Error(e.code, str(e), sid, round_id), 1008)
-            return
-        except Exception as e:
-            log.exception("session %d: round failed", sid)
-            text = f"internal error ({type(e).__name__}: {e})"
-            await _refuse(ws, P.Error(P.INTERNAL, text, sid, round_id), 1011)
-            return
-        state.rounds += 1
-        reply.session, reply.round = sid, round_id
-        try:
-            await ws.send_bytes(P.encode(reply))
-        except (WebSocketDisconnect, RuntimeError, OSError):
-            return  # the device left while its round ran
-
-
-async def _refuse(ws: WebSocket, error: P.Error, close_code: int) -> None:
-    """Send an ERROR, then close this session only; a device already gone is fine."""
-    log.info("session %d: %d %s", error.session, error.code, error.text)
-    try:
-        await ws.send_bytes(P.encode(error))
-        await ws.close(close_code, reason=error.text[:120])
-    except (WebSocketDisconnect, RuntimeError, OSError):
-        pass
-
-
-def check_start(state: State, msg: P.Start) -> None:
-    """A START's sampling fields and backbone fingerprint; raises ProtocolError naming them."""
-    try:
-        check_sampling(msg.temperature, msg.top_p, msg.top_k, state.limits.vocab_size)
-    except FieldError as e:
-        raise P.ProtocolError(f"START: {e}", P.BAD_REQUEST) from None
-    fingerprint = state.manifest.backbone_fingerprint
-    if msg.fingerprint.startswith(HELLO_PREFIX):
-        try:
-            hello = parse_hello(msg.fingerprint)
-        except BackboneMismatch as e:  # not a fingerprint at all: a bad message
-            raise P.ProtocolError(f"START: {e}", P.BAD_MESSAGE) from None
-        try:  # a shared-backbone edge bundle: same tokenizer and lower layers?
-            check_backbone(state.manifest.backbone, *hello)  # type: ignore[misc]
-        except BackboneMismatch as e:
-            raise P.ProtocolError(str(e), P.INCOMPATIBLE) from None
-    elif msg.fingerprint and msg.fingerprint != fingerprint:
-        raise P.ProtocolError(
-            "the device's bundle does not share this server's backbone "
-            f"(device {msg.fingerprint[:19]}..., server {fingerprint[:19]}...): "
-            "export both from the same base model",
-            P.INCOMPATIBLE,
-        )
 
 
 # -- app and process ------------------------------------------------------------------------

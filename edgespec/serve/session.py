@@ -2,7 +2,9 @@
 
 `prefill()` checks a START, then takes a free slot and prefills the prompt (or, after a
 reconnect, the client's whole committed sequence) into it alone, in chunks the worker
-interleaves with other sessions' rounds, then samples the next token; `verify_rounds()` runs the
+interleaves with other sessions' rounds, then samples the next token; a START with keep > 0
+resumes the connection's session instead: its row is truncated to `keep` positions (a length
+change) and only the new ids are prefilled; `verify_rounds()` runs the
 rounds of several sessions that arrived together: each is checked, the target scores every
 [last, d_1..d_γ] in shared forwards (`batching.forward_rounds`), each row's drafts are
 accepted with the same rule the device's local verifier uses (`runtime/accept.py`), and
@@ -22,6 +24,7 @@ import numpy as np
 
 from edgespec.protocol import (
     BAD_REQUEST,
+    GONE,
     OUT_OF_SYNC,
     UNAVAILABLE,
     ProtocolError,
@@ -35,6 +38,12 @@ from edgespec.runtime.sampling import SamplingParams, next_token
 from edgespec.serve.batching import KVPool, forward_alone, forward_rounds
 
 MIN_CHUNK = 16  # positions: smaller prefill chunks cost more in per-forward overhead
+
+
+class ResumeRefused(ProtocolError):
+    """A START that resumes a session the connection does not hold (410), or keeps more
+    positions than its cache holds (409): answered, the connection stays open and the session
+    as it was, and the device starts afresh."""
 
 
 @dataclass
@@ -79,22 +88,26 @@ def prefill(
     held: list[ServerSession] | None = None,
     chunk: int = 0,
     budget: float = 0.0,
+    resume: ServerSession | None = None,
 ) -> Generator[int, None, tuple[ServerSession, Result]]:
     """A new session for msg.ids, with the first token after them, as steps: each `next()`
     prefills at most `chunk` positions (0: all at once) and yields how many it did, so the
     worker can run other sessions' rounds between chunks; with a `budget` (seconds), each
     chunk is sized from the last one's speed to take about that long (at least MIN_CHUNK
     positions): a round waiting behind a chunk waits about `budget`, whatever the model.
+    With msg.keep > 0 the session is `resume` (the connection's), cut to its first keep
+    positions and continued with msg.ids; ResumeRefused if it cannot be.
     The generator returns (session, first Result). Everything that can refuse the request
     is built before the slot is taken; the session is appended to `held` as soon as it owns
     one (so a handler that is gone by the time it ends can free it), and the slot is freed
     if any step fails or the generator is closed early."""
     t0 = perf_counter()
+    total = msg.keep + len(msg.ids)
     if not msg.ids:
         raise ProtocolError("START carries no token ids: send the prompt's ids", BAD_REQUEST)
-    if len(msg.ids) >= max_context:
+    if total >= max_context:
         raise ProtocolError(
-            f"the sequence is {len(msg.ids)} tokens but this server's context is {max_context}: "
+            f"the sequence is {total} tokens but this server's context is {max_context}: "
             f"send at most {max_context - 1}",
             BAD_REQUEST,
         )
@@ -106,14 +119,24 @@ def prefill(
     except (ValueError, TypeError) as e:
         raise ProtocolError(f"START: {e}", BAD_REQUEST) from None
     # room for the prompt and the requested new tokens, within what the server allows
-    capacity = max(min(msg.capacity, max_context), len(msg.ids) + 1)
+    capacity = max(min(msg.capacity, max_context), total + 1)
     ids = np.asarray(msg.ids, np.int64)
-    slot = pool.acquire()
-    if slot is None:
-        raise ProtocolError("the server is full (no free KV slot): try again later", UNAVAILABLE)
-    session = ServerSession(slot, params, rng, [*msg.ids], capacity)
-    if held is not None:
-        held.append(session)
+    if msg.keep:
+        session = _resumable(pool, resume, msg.keep)
+        slot = session.slot
+        assert slot is not None
+        pool.truncate(slot, msg.keep)
+        session.seq = [*session.seq[: msg.keep], *msg.ids]
+        session.params, session.rng, session.capacity = params, rng, capacity
+    else:
+        slot = pool.acquire()
+        if slot is None:
+            raise ProtocolError(
+                "the server is full (no free KV slot): try again later", UNAVAILABLE
+            )
+        session = ServerSession(slot, params, rng, [*msg.ids], capacity)
+        if held is not None:
+            held.append(session)
     step = chunk if chunk > 0 else len(ids)
     if budget > 0 and chunk > 0:
         step = min(step, MIN_CHUNK)  # the first chunk measures this model's speed
@@ -136,6 +159,24 @@ def prefill(
         raise
     seconds = perf_counter() - t0
     return session, Result(0, session.seq[-1], len(session.seq), seconds)
+
+
+def _resumable(pool: KVPool, s: ServerSession | None, keep: int) -> ServerSession:
+    """The connection's session, if its cache holds at least `keep` positions."""
+    if s is None or s.slot is None:
+        raise ResumeRefused(
+            f"START keep={keep}: this connection holds no session to resume (none started "
+            "on it, ended, evicted or timed out): START with keep 0 and the whole sequence",
+            GONE,
+        )
+    cached = int(pool.lengths[s.slot])
+    if keep > cached:
+        raise ResumeRefused(
+            f"START keep={keep}: this session's cache holds {cached} positions: START with "
+            "keep 0 and the whole sequence",
+            OUT_OF_SYNC,
+        )
+    return s
 
 
 def start(

@@ -1,0 +1,259 @@
+"""The split verifier's WebSocket, `/v1/session`: one connection, one session at a time.
+
+A connection is admitted past the bearer token and `max_sessions` open connections (a full
+server first evicts the connection whose session was paused longest ago, if there is one: a
+paused conversation never keeps a new session out). Its messages are served in order:
+
+    START   keep = 0: a new session (the old slot, if any, is freed first); keep > 0: the
+            session this connection holds, resumed: cut to `keep` positions, only the new
+            ids prefilled (`session.prefill`)
+    VERIFY  a round, batched on the worker with the rounds of other sessions
+    PAUSE   the generation is over; the slot and cache stay for the next START
+    END     the generation is over; the slot is freed
+
+A bad message gets an ERROR naming the problem and closes this connection only; a refused
+resume (ERROR 410: nothing to resume, 409: keep past the cache) leaves it open for the full
+START that follows. A connection idle for `idle_timeout` seconds, paused or not, gets ERROR
+408 and is closed. Every way out frees the slot, on the worker, after the jobs this session
+queued there. `Counters` count what STARTs prefilled and what resumes kept, for /health.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from starlette.responses import PlainTextResponse
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from edgespec import protocol as P
+from edgespec.backbone import HELLO_PREFIX, BackboneMismatch, parse_hello
+from edgespec.backbone import check as check_backbone
+from edgespec.serve.requests import FieldError
+from edgespec.serve.requests import check_start as check_sampling
+from edgespec.serve.session import ResumeRefused, ServerSession, prefill, release_all
+
+if TYPE_CHECKING:
+    from edgespec.serve.server import State
+
+log = logging.getLogger("edgespec.serve")
+
+
+@dataclass
+class Conn:
+    """One open connection, as admission and eviction see it."""
+
+    ws: WebSocket
+    sid: int
+    held: list[ServerSession] = field(default_factory=list)  # its slot, freed however it ends
+    paused_at: float | None = None  # monotonic time of its PAUSE (None: not paused)
+    evicted: bool = False
+
+
+@dataclass
+class Counters:
+    """Prompt positions STARTs prefilled, positions resumes kept instead, and how resumes
+    and paused sessions fared."""
+
+    positions_prefilled: int = 0
+    positions_kept: int = 0
+    resumes: int = 0
+    resumes_refused: int = 0
+    evictions: int = 0
+
+    def report(self, connections: dict[int, Conn]) -> dict[str, int]:
+        paused = sum(c.paused_at is not None for c in connections.values())
+        return {**self.__dict__, "sessions_paused": paused}
+
+
+async def session_endpoint(ws: WebSocket) -> None:
+    state: State = ws.app.state.edgespec
+    if not await state.gate.admit(ws.headers, ws.client):
+        await ws.send_denial_response(
+            PlainTextResponse(
+                "missing or wrong bearer token: pass the server's token (--token-file)\n", 401
+            )
+        )
+        return
+    # a device that offers the subprotocol learns the limits in its START's RESULT
+    limits = P.SUBPROTOCOL in ws.scope.get("subprotocols", [])
+    await ws.accept(subprotocol=P.SUBPROTOCOL if limits else None)
+    sid = next(state.ids)
+    full = len(state.connections) >= state.config.max_sessions
+    victim = _evictable(state) if full and not state.closing else None
+    if state.closing or len(state.connections) >= state.config.max_sessions:
+        reason = (
+            "the server is shutting down"
+            if state.closing
+            else f"the server is full ({state.config.max_sessions} sessions): try again later"
+        )
+        await _refuse(ws, P.Error(P.UNAVAILABLE, reason, sid), 1013)
+        return
+    conn = state.connections[sid] = Conn(ws, sid)
+    try:
+        if victim is not None:
+            await _evict(state, victim)
+        await _serve_session(conn, state, limits)
+    except WebSocketDisconnect:
+        pass  # the device went away; its cache goes with this frame
+    finally:
+        state.connections.pop(sid, None)
+
+
+def _evictable(state: State) -> Conn | None:
+    """The connection paused longest ago, taken out of the count (None: none is paused)."""
+    paused = [c for c in state.connections.values() if c.paused_at is not None]
+    if not paused:
+        return None
+    victim = min(paused, key=lambda c: c.paused_at or 0.0)
+    del state.connections[victim.sid]
+    victim.evicted = True
+    return victim
+
+
+async def _evict(state: State, victim: Conn) -> None:
+    """Free a paused session's slot (queued before any START of the newcomer) and close it;
+    its device STARTs afresh next time (its link sees the close)."""
+    state.counters.evictions += 1
+    state.worker.submit(release_all, state.pool, victim.held)
+    text = (
+        "evicted: the server was full and this session was paused the longest; its cache "
+        "was freed: reconnect and START with keep 0 and the whole sequence"
+    )
+    await _refuse(victim.ws, P.Error(P.GONE, text, victim.sid), 1000)
+
+
+async def _serve_session(conn: Conn, state: State, limits: bool) -> None:
+    try:
+        await _session_rounds(conn, state, limits)
+    finally:  # on the worker, after any job of this session still queued there
+        state.worker.submit(release_all, state.pool, conn.held)
+
+
+async def _session_rounds(conn: Conn, state: State, limits: bool) -> None:
+    ws, sid = conn.ws, conn.sid
+    session: ServerSession | None = None
+    while True:
+        try:
+            event = await asyncio.wait_for(ws.receive(), state.config.idle_timeout)
+        except TimeoutError:
+            text = (
+                f"idle for {state.config.idle_timeout:g}s: the session's KV cache was freed; "
+                "reconnect and START again to continue"
+            )
+            await _refuse(ws, P.Error(P.IDLE_TIMEOUT, text, sid), 1000)
+            return
+        if event["type"] == "websocket.disconnect" or conn.evicted:
+            return  # evicted: its slot is gone and it was told so
+        conn.paused_at = None
+        data = event.get("bytes") if event.get("bytes") is not None else event.get("text", "")
+        round_id = 0
+        try:
+            msg = P.decode(data, state.limits)
+            round_id = msg.round
+            if state.closing:
+                raise P.ProtocolError("the server is shutting down: reconnect later", P.UNAVAILABLE)
+            if isinstance(msg, P.Start):
+                check_start(state, msg)
+                if not msg.keep:  # a new session: free the old slot before taking one
+                    session = None
+                    state.worker.submit(release_all, state.pool, conn.held)
+                session, reply = await state.worker.steps(
+                    prefill,
+                    state.pool,
+                    state.stages,
+                    msg,
+                    state.max_context,
+                    conn.held,
+                    state.config.prefill_chunk,
+                    state.config.prefill_budget_ms / 1000,
+                    session,
+                )
+                count = state.counters
+                count.positions_prefilled += len(msg.ids)
+                count.positions_kept += msg.keep
+                count.resumes += msg.keep > 0
+                if limits:
+                    reply.limits = P.ServerLimits(state.max_context, state.config.max_request_bytes)
+            elif isinstance(msg, P.Verify):
+                if session is None:
+                    raise P.ProtocolError("VERIFY before START: start the session first")
+                reply = await state.worker.round((session, msg))
+            elif isinstance(msg, P.Pause):
+                if session is not None and session.slot is not None:
+                    conn.paused_at = time.monotonic()
+                continue
+            elif isinstance(msg, P.End):
+                session = None
+                state.worker.submit(release_all, state.pool, conn.held)
+                continue
+            else:
+                raise P.ProtocolError(
+                    f"{P.NAMES[P.HEADER.unpack_from(data)[2]]} is a server message: devices "
+                    "send START, VERIFY, PAUSE and END"
+                )
+        except ResumeRefused as e:  # nothing changed: the device STARTs afresh on this link
+            state.counters.resumes_refused += 1
+            log.info("session %d: %d %s", sid, e.code, e)
+            if not await _send(ws, P.Error(e.code, str(e), sid, round_id)):
+                return
+            continue
+        except P.ProtocolError as e:
+            await _refuse(ws, P.Error(e.code, str(e), sid, round_id), 1008)
+            return
+        except Exception as e:
+            log.exception("session %d: round failed", sid)
+            text = f"internal error ({type(e).__name__}: {e})"
+            await _refuse(ws, P.Error(P.INTERNAL, text, sid, round_id), 1011)
+            return
+        state.rounds += 1
+        reply.session, reply.round = sid, round_id
+        if not await _send(ws, reply):
+            return  # the device left while its round ran
+
+
+async def _send(ws: WebSocket, msg: P.Message) -> bool:
+    """Send one answer; False if the device is gone."""
+    try:
+        await ws.send_bytes(P.encode(msg))
+        return True
+    except (WebSocketDisconnect, RuntimeError, OSError):
+        return False
+
+
+async def _refuse(ws: WebSocket, error: P.Error, close_code: int) -> None:
+    """Send an ERROR, then close this session only; a device already gone is fine."""
+    log.info("session %d: %d %s", error.session, error.code, error.text)
+    try:
+        await ws.send_bytes(P.encode(error))
+        await ws.close(close_code, reason=error.text[:120])
+    except (WebSocketDisconnect, RuntimeError, OSError):
+        pass
+
+
+def check_start(state: State, msg: P.Start) -> None:
+    """A START's sampling fields and backbone fingerprint; raises ProtocolError naming them."""
+    try:
+        check_sampling(msg.temperature, msg.top_p, msg.top_k, state.limits.vocab_size)
+    except FieldError as e:
+        raise P.ProtocolError(f"START: {e}", P.BAD_REQUEST) from None
+    fingerprint = state.manifest.backbone_fingerprint
+    if msg.fingerprint.startswith(HELLO_PREFIX):
+        try:
+            hello = parse_hello(msg.fingerprint)
+        except BackboneMismatch as e:  # not a fingerprint at all: a bad message
+            raise P.ProtocolError(f"START: {e}", P.BAD_MESSAGE) from None
+        try:  # a shared-backbone edge bundle: same tokenizer and lower layers?
+            check_backbone(state.manifest.backbone, *hello)  # type: ignore[misc]
+        except BackboneMismatch as e:
+            raise P.ProtocolError(str(e), P.INCOMPATIBLE) from None
+    elif msg.fingerprint and msg.fingerprint != fingerprint:
+        raise P.ProtocolError(
+            "the device's bundle does not share this server's backbone "
+            f"(device {msg.fingerprint[:19]}..., server {fingerprint[:19]}...): "
+            "export both from the same base model",
+            P.INCOMPATIBLE,
+        )
