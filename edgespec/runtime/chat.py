@@ -10,7 +10,9 @@ kept is exact by construction — a token prefix, never text — so greedy repli
 transformers' `apply_chat_template` + `generate` token for token, turn after turn.
 
 Each session owns its caches (`fork_decoder`): several conversations (the OpenAI server's)
-never share or clobber each other's state, and plain `Model.generate` never touches them. A
+never share or clobber each other's state, and plain `Model.generate` never touches them; a
+session may be given a `verifier` of its own instead of a local target cache (the server's:
+a row of its KV pool, verified in batches with other sessions' rounds). A
 conversation that outgrows the context is refused with a `ChatError` naming the turn, unless
 `truncation="drop-oldest"` was asked for. Split mode (a remote verifier) renders and stops
 the same way but re-sends the whole prompt each turn (the server session is not resumed).
@@ -34,7 +36,7 @@ from edgespec.runtime.drafters import (
 )
 from edgespec.runtime.local import LocalVerifier
 from edgespec.runtime.policies import DraftLengthPolicy
-from edgespec.runtime.round import Drafter
+from edgespec.runtime.round import Drafter, Verifier
 from edgespec.runtime.sampling import SamplingParams
 from edgespec.runtime.stack import Stack
 from edgespec.runtime.stats import GenerationStats, RoundStats, Step
@@ -134,7 +136,11 @@ class ChatSession:
     whole conversation each turn (OpenAI style); `say(text)` keeps the messages here."""
 
     def __init__(
-        self, model: Model, system: str | None = None, max_context: int | None = None
+        self,
+        model: Model,
+        system: str | None = None,
+        max_context: int | None = None,
+        verifier: Verifier | None = None,
     ) -> None:
         self.model = model
         self.max_context = max_context  # a server's cap on prompt + reply, below the model's
@@ -150,7 +156,8 @@ class ChatSession:
             self.target, self.drafter, self.policy = fork_decoder(
                 model.target, model.drafter, model.policy
             )
-            self.verifier = LocalVerifier(self.target)
+            # `verifier`: the conversation's cache is elsewhere (its drafter's stays here)
+            self.verifier: Verifier = verifier or LocalVerifier(self.target)
         self.system = system
         self.messages: list[dict[str, Any]] = []
         self.seq: list[int] = []  # the tokens whose positions the caches hold (a prefix of)
@@ -280,7 +287,7 @@ class ChatSession:
     def context(self) -> int:
         """Positions a prompt and its reply may fill together."""
         if self.local:
-            limit = self.target.max_positions
+            limit = self.verifier.max_positions
         else:
             limit = self.model.manifest.target.max_position_embeddings
         return min(limit, self.max_context or limit)
