@@ -14,7 +14,9 @@ get an ERROR naming the problem and close only that session; a session idle for
 process exits 0 within drain_seconds + body_timeout + 2 s whatever its clients do
 (`transport` bounds headers, handshakes and shutdown; `serve.http` bodies).
 All model work runs on one `Worker` thread; each session owns a slot of one `KVPool`, and
-verify rounds that arrive together share forwards (`batching`; `max_batch = 1`: each alone);
+verify rounds that arrive together share forwards (`batching`; `max_batch = 1`: each alone),
+the OpenAI conversations' rounds included: each conversation holds a row of the same pool
+and its target graphs are the same objects (`pool_verifier`; the target is loaded once);
 prefills run in chunks (at most `prefill_chunk` positions, sized to take about
 `prefill_budget_ms`) between other sessions' rounds. A slot
 is taken only once a START has passed every check, and freed on every path out.
@@ -41,13 +43,13 @@ from edgespec.backbone import check as check_backbone
 from edgespec.bundle import Manifest
 from edgespec.runtime.graph import GraphSession
 from edgespec.runtime.opener import GraphOptions, open_bundle
-from edgespec.runtime.stack import Stack
 from edgespec.runtime.tokenizer import Tokenizer
 from edgespec.serve.auth import Gate
 from edgespec.serve.batching import KVPool
-from edgespec.serve.chat_engine import ChatEngine
+from edgespec.serve.chat_engine import ChatEngine, load_model
 from edgespec.serve.http import health
-from edgespec.serve.openai import ROUTES, load_engine
+from edgespec.serve.openai import ROUTES
+from edgespec.serve.pool_verifier import PoolVerifier
 from edgespec.serve.requests import FieldError
 from edgespec.serve.requests import check_start as check_sampling
 from edgespec.serve.session import BatchStats, ServerSession, prefill, release_all, verify_rounds
@@ -148,7 +150,11 @@ class State:
 
 def load_state(config: ServerConfig) -> State:
     graphs = open_bundle(config.bundle, GraphOptions(config.device, config.threads))
-    target = Stack([graphs.open("full")])
+    # one copy of the target: the OpenAI engine's model is opened first, on the same graphs,
+    # and its target (full, or head@k + tail@k for self-spec) is what split rounds run on
+    model = load_model(graphs, config.mode, config.draft_policy, config.threads)
+    target = model.target
+    assert target is not None
     context = target.max_positions
     if config.max_context is not None:
         context = min(context, config.max_context)
@@ -159,7 +165,7 @@ def load_state(config: ServerConfig) -> State:
         m.num_kv_heads,
         m.head_dim,
         context,
-        config.max_sessions,
+        config.max_sessions + config.conversations,  # a row reserved per conversation
         stages[0].kv_dtype,
     )
     stats = BatchStats()
@@ -170,7 +176,12 @@ def load_state(config: ServerConfig) -> State:
     )
     tokenizer = graphs.tokenizer()
     gate = Gate(config.token)
-    chat = load_engine(config, context)
+    budget = config.prefill_budget_ms / 1000
+    rows = [
+        PoolVerifier(worker, pool, stages, config.prefill_chunk, budget)
+        for _ in range(config.conversations)
+    ]
+    chat = ChatEngine(model, rows, context)
     return State(
         config,
         graphs.manifest,
@@ -367,6 +378,11 @@ def run(config: ServerConfig, host: str = "127.0.0.1", port: int = 8700, log_lev
     try:
         server.run()
     finally:
-        state.worker.stop()
-        if state.chat is not None:
-            state.chat.stop()
+        stop(state)
+
+
+def stop(state: State) -> None:
+    """Stop the OpenAI requests' threads, then the worker that answers their rounds."""
+    if state.chat is not None:
+        state.chat.stop()
+    state.worker.stop()
