@@ -94,6 +94,8 @@ def load_model(
             raise ValueError(
                 "--mode self-spec needs early-exit graphs: re-export with --exit-layers K"
             )
+        if draft_policy == "dynamic-exit":  # a pool row is verified whole: one exit drafts
+            raise ValueError("--draft-policy dynamic-exit: the server drafts from its deepest exit")
         exit_layer = f"exit:{m.exit_layers[-1]}"
         config.mode, config.drafter, config.verifier = "spec", exit_layer, exit_layer
     model = Model.from_graphs(graphs, config)
@@ -125,18 +127,18 @@ class ChatEngine:
         self.active: list[Job] = []
         self.threads: list[threading.Thread] = []
         self.stats = EngineStats()
-        self.cv = threading.Condition()
+        self.lock = threading.Lock()
         self.stopping = False
 
     # -- event-loop side --------------------------------------------------------------------
     @property
     def load(self) -> int:
-        with self.cv:
+        with self.lock:
             return len(self.active) + len(self.waiting)
 
     def submit(self, prompt: Prompt) -> Job:
         job = Job(prompt, asyncio.get_running_loop(), asyncio.Queue())
-        with self.cv:
+        with self.lock:
             if self.stopping:
                 self._deliver(job, "error", RuntimeError("the server is shutting down"))
                 return job
@@ -146,7 +148,7 @@ class ChatEngine:
         return job
 
     def cancel(self, job: Job) -> None:
-        with self.cv:
+        with self.lock:
             job.cancelled = True  # a running one stops after the round it is in
             if job in self.waiting:
                 self.waiting.remove(job)
@@ -154,7 +156,7 @@ class ChatEngine:
     def stop(self) -> None:
         """Cancel every request (those running end after their current round) and wait for
         their threads: the worker must outlive them, it answers their rounds."""
-        with self.cv:
+        with self.lock:
             self.stopping = True
             for job in self.waiting:
                 self._deliver(job, "error", RuntimeError("the server is shutting down"))
@@ -184,7 +186,7 @@ class ChatEngine:
     # -- request threads --------------------------------------------------------------------
     def _admit(self) -> None:
         """Give waiting requests idle sessions (the longest shared prefix first), each on a
-        thread of its own (the caller holds `cv`)."""
+        thread of its own (the caller holds `lock`)."""
         while self.waiting and len(self.busy) < len(self.sessions):
             job = self.waiting.popleft()
             if job.cancelled:
@@ -226,7 +228,7 @@ class ChatEngine:
             self._deliver(job, "error", e)
         finally:
             steps.close()
-            with self.cv:
+            with self.lock:
                 self.active.remove(job)
                 self.busy.discard(self.sessions.index(job.session))
                 self.threads.remove(threading.current_thread())
@@ -235,7 +237,7 @@ class ChatEngine:
 
     def _count(self, chunk: ChatChunk) -> None:
         s = chunk.stats
-        with self.cv:
+        with self.lock:
             if s.phase == "prefill":
                 self.stats.prompt_positions += s.input_tokens + s.cached_tokens
                 self.stats.cached_positions += s.cached_tokens
