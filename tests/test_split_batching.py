@@ -94,8 +94,8 @@ def test_rounds_together_in_one_forward_and_wide_or_full_rows_alone(bundle):
     work = [(0, np.asarray([9, 10])), (1, np.asarray([13, 2, 3, 4, 5]))]
     work += [(2, np.asarray([14, 15, 16])), (3, np.asarray([17] * 20)), (4, np.asarray([18]))]
     # width 5 for rounds 1, 2, 4 (and 0); row 0 (36 + 5 > 40) and round 3 (20 wide) alone
-    logits, per_forward = forward_rounds(stages, pool, work)
-    assert sorted(per_forward) == [1, 1, 3]
+    logits, forwards = forward_rounds(stages, pool, work)
+    assert sorted(forwards) == [[0], [1, 2, 4], [3]]
     for (slot, ids), got in zip(work, logits, strict=True):
         want = alone(stages, seqs[slot] + list(ids), len(ids), context=40)
         np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)

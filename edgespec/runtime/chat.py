@@ -10,7 +10,9 @@ kept is exact by construction — a token prefix, never text — so greedy repli
 transformers' `apply_chat_template` + `generate` token for token, turn after turn.
 
 Each session owns its caches (`runtime.fork`): several conversations (the OpenAI server's)
-never share or clobber each other's state, and plain `Model.generate` never touches them. A
+never share or clobber each other's state, and plain `Model.generate` never touches them; a
+session may be given a `verifier` of its own instead of a local target cache (the server's:
+a row of its KV pool, verified in batches with other sessions' rounds). A
 conversation that outgrows the context is refused with a `ChatError` naming the turn, unless
 `truncation="drop-oldest"` was asked for. In split mode the session owns a server connection
 whose server session is paused after each turn and resumed by the next: the server keeps the
@@ -30,6 +32,7 @@ from edgespec.runtime.chat_template import ChatTemplate, ChatTemplateError
 from edgespec.runtime.decode import decode
 from edgespec.runtime.fork import fork_decoder, fork_split, hang_up
 from edgespec.runtime.local import LocalVerifier
+from edgespec.runtime.round import Verifier
 from edgespec.runtime.sampling import SamplingParams
 from edgespec.runtime.stats import GenerationStats, RoundStats, Step
 
@@ -107,7 +110,11 @@ class ChatSession:
     whole conversation each turn (OpenAI style); `say(text)` keeps the messages here."""
 
     def __init__(
-        self, model: Model, system: str | None = None, max_context: int | None = None
+        self,
+        model: Model,
+        system: str | None = None,
+        max_context: int | None = None,
+        verifier: Verifier | None = None,
     ) -> None:
         self.model = model
         self.max_context = max_context  # a server's cap on prompt + reply, below the model's
@@ -122,7 +129,9 @@ class ChatSession:
         self.remote: Remote | None = None
         if self.local:
             assert target is not None
-            self.target, self.verifier = target, LocalVerifier(target)
+            self.target = target
+            # `verifier`: the conversation's cache is elsewhere (its drafter's stays here)
+            self.verifier: Verifier = verifier or LocalVerifier(target)
         else:
             self.verifier, self.remote = fork_split(model.verifier)
             # on garbage collection too: a server must not hold a forgotten conversation
@@ -264,7 +273,7 @@ class ChatSession:
     def context(self) -> int:
         """Positions a prompt and its reply may fill together."""
         if self.local:
-            limit = self.target.max_positions
+            limit = self.verifier.max_positions
         else:
             limit = self.model.manifest.target.max_position_embeddings
         return min(limit, self.max_context or limit)

@@ -9,6 +9,7 @@ layer index): head@k and tail@k, or several exits, each bind the layers they own
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -86,6 +87,9 @@ class GraphSession:
         # changes, and the scalar inputs are OrtValues over numpy arrays updated in place.
         # Rebuilding all of that per call cost ~40% of a small draft model's step.
         self._io = self.session.io_binding()
+        # the bindings are shared state: one call at a time (a draft graph shared by the
+        # server's conversations, each decoding on a thread of its own)
+        self._lock = threading.Lock()
         self._bound_cache: KVCache | None = None
         self._batch_io = self.session.io_binding()  # run_batch's own (see there)
         self._batch_cache: KVCache | None = None
@@ -113,32 +117,35 @@ class GraphSession:
         """Process S new positions ([1, S] ids, or [1, S, H] hidden states) after `past`
         cached ones, writing their keys/values into `cache` in place; return the outputs
         (logits for the last `keep` positions). The caller owns the cache length."""
-        new = input_ids if input_ids is not None else hidden
-        assert new is not None
-        total = past + new.shape[1]
-        if total > cache.capacity:
-            raise ValueError(f"KV cache full: {total} positions > capacity {cache.capacity}")
-        if not 0 <= keep <= new.shape[1]:
-            raise ValueError(f"keep={keep} must be between 0 and the {new.shape[1]} new positions")
-        io = self._io
-        if self.takes_hidden:
-            io.bind_cpu_input("hidden", np.ascontiguousarray(hidden, dtype=self.kv_dtype))
-        else:
-            io.bind_cpu_input("input_ids", np.ascontiguousarray(input_ids, dtype=np.int64))
-        self._seqlens[0], self._total[()], self._keep[()] = total - 1, total, keep
-        self._query[0] = new.shape[1]
-        for name in self.output_names:  # bound first: get_outputs() keeps binding order
-            io.bind_output(name, "cpu")
-        if cache is not self._bound_cache:
-            for i in self.graph.kv_layers:
-                for kind in ("key", "value"):
-                    buffer = cache.bound[f"{kind}.{i}"]
-                    io.bind_ortvalue_input(f"past_{kind}.{i}", buffer)
-                    io.bind_ortvalue_output(f"present_{kind}.{i}", buffer)
-            self._bound_cache = cache
-        self.session.run_with_iobinding(io)
-        outputs = io.get_outputs()
-        return {name: outputs[j].numpy() for j, name in enumerate(self.output_names)}
+        with self._lock:
+            new = input_ids if input_ids is not None else hidden
+            assert new is not None
+            total = past + new.shape[1]
+            if total > cache.capacity:
+                raise ValueError(f"KV cache full: {total} positions > capacity {cache.capacity}")
+            if not 0 <= keep <= new.shape[1]:
+                raise ValueError(
+                    f"keep={keep} must be between 0 and the {new.shape[1]} new positions"
+                )
+            io = self._io
+            if self.takes_hidden:
+                io.bind_cpu_input("hidden", np.ascontiguousarray(hidden, dtype=self.kv_dtype))
+            else:
+                io.bind_cpu_input("input_ids", np.ascontiguousarray(input_ids, dtype=np.int64))
+            self._seqlens[0], self._total[()], self._keep[()] = total - 1, total, keep
+            self._query[0] = new.shape[1]
+            for name in self.output_names:  # bound first: get_outputs() keeps binding order
+                io.bind_output(name, "cpu")
+            if cache is not self._bound_cache:
+                for i in self.graph.kv_layers:
+                    for kind in ("key", "value"):
+                        buffer = cache.bound[f"{kind}.{i}"]
+                        io.bind_ortvalue_input(f"past_{kind}.{i}", buffer)
+                        io.bind_ortvalue_output(f"present_{kind}.{i}", buffer)
+                self._bound_cache = cache
+            self.session.run_with_iobinding(io)
+            outputs = io.get_outputs()
+            return {name: outputs[j].numpy() for j, name in enumerate(self.output_names)}
 
     def run_batch(
         self,
@@ -158,41 +165,46 @@ class GraphSession:
         unspecified. Needs a graph with `query_seqlens` (`self.batched`; bundles exported
         before it run rows alone). A separate binding from `run()`'s, so alternating the
         two rebinds nothing."""
-        new = input_ids if input_ids is not None else hidden
-        assert new is not None and new.shape[0] == cache.keys[0].shape[0] == len(widths)
-        if not self.batched:
-            raise ValueError(f"{self.graph.file} has no query_seqlens input: re-export the bundle")
-        width = new.shape[1]
-        pasts, widths = np.asarray(pasts, np.int64), np.asarray(widths, np.int32)
-        # the kernel needs room for the whole padded chunk after each active row's past
-        if int(np.max(np.where(widths > 0, pasts, 0))) + width > cache.capacity:
-            raise ValueError(
-                f"KV cache full: a row of {int(pasts.max())} positions has no room for "
-                f"{width} more (capacity {cache.capacity})"
+        with self._lock:
+            new = input_ids if input_ids is not None else hidden
+            assert new is not None and new.shape[0] == cache.keys[0].shape[0] == len(widths)
+            if not self.batched:
+                raise ValueError(
+                    f"{self.graph.file} has no query_seqlens input: re-export the bundle"
+                )
+            width = new.shape[1]
+            pasts, widths = np.asarray(pasts, np.int64), np.asarray(widths, np.int32)
+            # the kernel needs room for the whole padded chunk after each active row's past
+            if int(np.max(np.where(widths > 0, pasts, 0))) + width > cache.capacity:
+                raise ValueError(
+                    f"KV cache full: a row of {int(pasts.max())} positions has no room for "
+                    f"{width} more (capacity {cache.capacity})"
+                )
+            # an idle row claims one cached position (the kernel needs T >= 1) and adds none
+            seqlens = np.where(widths > 0, pasts + widths - 1, 0).astype(np.int32)
+            io = self._batch_io
+            if self.takes_hidden:
+                io.bind_cpu_input("hidden", np.ascontiguousarray(hidden, dtype=self.kv_dtype))
+            else:
+                io.bind_cpu_input("input_ids", np.ascontiguousarray(input_ids, dtype=np.int64))
+            io.bind_cpu_input("seqlens_k", seqlens)
+            io.bind_cpu_input(
+                "total_seq_len", np.array(max(int(seqlens.max()) + 1, width), np.int32)
             )
-        # an idle row claims one cached position (the kernel needs T >= 1) and adds none
-        seqlens = np.where(widths > 0, pasts + widths - 1, 0).astype(np.int32)
-        io = self._batch_io
-        if self.takes_hidden:
-            io.bind_cpu_input("hidden", np.ascontiguousarray(hidden, dtype=self.kv_dtype))
-        else:
-            io.bind_cpu_input("input_ids", np.ascontiguousarray(input_ids, dtype=np.int64))
-        io.bind_cpu_input("seqlens_k", seqlens)
-        io.bind_cpu_input("total_seq_len", np.array(max(int(seqlens.max()) + 1, width), np.int32))
-        io.bind_cpu_input("num_logits_to_keep", np.array(width if logits else 0, np.int64))
-        io.bind_cpu_input("query_seqlens", widths)
-        for name in self.output_names:
-            io.bind_output(name, "cpu")
-        if cache is not self._batch_cache:
-            for i in self.graph.kv_layers:
-                for kind in ("key", "value"):
-                    buffer = cache.bound[f"{kind}.{i}"]
-                    io.bind_ortvalue_input(f"past_{kind}.{i}", buffer)
-                    io.bind_ortvalue_output(f"present_{kind}.{i}", buffer)
-            self._batch_cache = cache
-        self.session.run_with_iobinding(io)
-        outputs = io.get_outputs()
-        return {name: outputs[j].numpy() for j, name in enumerate(self.output_names)}
+            io.bind_cpu_input("num_logits_to_keep", np.array(width if logits else 0, np.int64))
+            io.bind_cpu_input("query_seqlens", widths)
+            for name in self.output_names:
+                io.bind_output(name, "cpu")
+            if cache is not self._batch_cache:
+                for i in self.graph.kv_layers:
+                    for kind in ("key", "value"):
+                        buffer = cache.bound[f"{kind}.{i}"]
+                        io.bind_ortvalue_input(f"past_{kind}.{i}", buffer)
+                        io.bind_ortvalue_output(f"present_{kind}.{i}", buffer)
+                self._batch_cache = cache
+            self.session.run_with_iobinding(io)
+            outputs = io.get_outputs()
+            return {name: outputs[j].numpy() for j, name in enumerate(self.output_names)}
 
 
 def check_io(session: ort.InferenceSession, graph: GraphInfo, path: Path) -> None:

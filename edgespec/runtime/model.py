@@ -112,7 +112,13 @@ class Model:
             get_profile(c.device).static_shapes and not c.coreml and c.mode != "split"
         )
         options = GraphOptions(c.device, c.threads, c.shared_threads, static, c.coreml)
-        graphs = open_bundle(bundle, options)
+        return cls.from_graphs(open_bundle(bundle, options), c)
+
+    @classmethod
+    def from_graphs(cls, graphs: BundleGraphs, config: LoadConfig) -> Model:
+        """A model over a bundle already opened: the graphs it needs come from `graphs`, so
+        those someone opened there before (the server's target) are shared, not loaded again."""
+        c = config
         verifier, drafter, policy = build(graphs, c)
         # self-spec's exit (chained or not) names its calibration entry
         members = getattr(drafter, "drafters", [drafter])

@@ -3,7 +3,9 @@
 `open_bundle(folder, ...)` validates the manifest and returns `BundleGraphs`: the manifest,
 the folder, and `open(role)` -> a graph session of that role on the chosen device profile
 and threads — an onnxruntime `GraphSession`, a `StaticGraphSession` (fixed shapes, NPUs) or
-a `CoreMLSession`, all with the same call interface.
+a `CoreMLSession`, all with the same call interface. Each role is opened once per
+`BundleGraphs`: whoever asks for it again gets the same session (the server's split verifier
+and its OpenAI engine hold one copy of the target's weights, not two).
 """
 
 from __future__ import annotations
@@ -52,9 +54,16 @@ class BundleGraphs:
         self._session_options = session_options(options.threads, options.shared_threads)
         profile.apply_session_options(self._session_options)
         self.kv_dtype = np.dtype(np.float16 if manifest.dtype == "fp16" else np.float32)
+        self.opened: dict[str, GraphSession] = {}
 
     def open(self, role: str) -> GraphSession:
-        """role -> a session (GraphSession, or StaticGraphSession / CoreMLSession)."""
+        """role -> a session (GraphSession, or StaticGraphSession / CoreMLSession); the same
+        one each time the role is asked for."""
+        if role not in self.opened:
+            self.opened[role] = self._open(role)
+        return self.opened[role]
+
+    def _open(self, role: str) -> GraphSession:
         m = self.manifest
         if self.options.coreml:
             variants = m.coreml

@@ -7,7 +7,7 @@ range of rows of a C-order buffer is contiguous memory, so a `KVCache` over rows
 
 `forward_rounds(stages, pool, work)` takes the new token ids of several rows, appends them to
 their rows and returns each row's logits for all its ids (the caller truncates rejected
-positions). Two ways to run a round:
+positions), and which rows each forward ran. Two ways to run a round:
 
   alone     a row on its one-row view, one forward of its W_r positions (what an unbatched
             server does; also every prefill)
@@ -48,6 +48,7 @@ class KVPool:
     lengths: np.ndarray  # [max_sessions] positions valid in each row
     free: list[int]  # free slots, lowest first (keeps busy rows together)
     views: dict[tuple[int, int], KVCache] = field(default_factory=dict)
+    reserved: list[int] = field(default_factory=list)  # rows held for good: see `reserve`
 
     @classmethod
     def allocate(
@@ -69,8 +70,18 @@ class KVPool:
 
     @property
     def held(self) -> int:
-        """Slots owned by sessions now (what /health reports: it cannot drift from the pool)."""
-        return self.keys[0].shape[0] - len(self.free)
+        """Slots owned by sessions now (what /health reports: it cannot drift from the pool);
+        reserved rows are not sessions."""
+        return self.keys[0].shape[0] - len(self.free) - len(self.reserved)
+
+    def reserve(self) -> int:
+        """A row taken for as long as the pool lives: an OpenAI conversation's cache, kept
+        between its requests so that the next turn prefills only what is new."""
+        slot = self.acquire()
+        if slot is None:
+            raise ValueError("the KV pool has no free row to reserve")
+        self.reserved.append(slot)
+        return slot
 
     @property
     def capacity(self) -> int:
@@ -134,9 +145,9 @@ def plan(widths: list[int]) -> int:
 
 def forward_rounds(
     stages: list[GraphSession], pool: KVPool, work: list[tuple[int, np.ndarray]]
-) -> tuple[list[np.ndarray], list[int]]:
+) -> tuple[list[np.ndarray], list[list[int]]]:
     """Logits [len(ids), vocab] per (slot, ids) in `work` (distinct slots), the ids appended
-    to their rows (lengths advanced); also how many of the rounds each forward served."""
+    to their rows (lengths advanced); also the slots each forward served."""
     width = plan([len(ids) for _, ids in work]) if batchable(stages) else 0
     # the kernel needs room for the whole padded chunk after each row's length
     together = [
@@ -145,16 +156,16 @@ def forward_rounds(
         if len(ids) <= width and pool.lengths[slot] + width <= pool.capacity
     ]
     by_slot: dict[int, np.ndarray] = {}
-    per_forward: list[int] = []
+    forwards: list[list[int]] = []
     if len(together) > 1:
         logits = forward_batch(stages, pool, together)
         by_slot = dict(zip([s for s, _ in together], logits, strict=True))
-        per_forward.append(len(together))
+        forwards.append([s for s, _ in together])
     for slot, ids in work:
         if slot not in by_slot:
             by_slot[slot] = forward_alone(stages, pool, slot, ids)
-            per_forward.append(1)
-    return [by_slot[slot] for slot, _ in work], per_forward
+            forwards.append([slot])
+    return [by_slot[slot] for slot, _ in work], forwards
 
 
 def forward_alone(

@@ -1,13 +1,17 @@
-"""The OpenAI endpoints' decoder: requests on a pool of conversations, one round each in turn.
+"""The OpenAI endpoints' decoder: requests on a pool of conversations, each on a thread.
 
-Takes a `Model` loaded with a local decoding mode (ar, spec, self-spec, lookup) and keeps
-`conversations` `ChatSession`s, each with KV caches of its own. A request goes to the idle
-session whose caches share the longest token prefix with its prompt, so the next turn of a
-conversation lands where its last turn left the cache and prefills only the new messages;
-requests beyond the pool wait in arrival order. One thread runs all decoding and advances
-every active request by one decode round in turn (round-robin): a long reply never stalls a
-short one, and no two requests ever touch the same caches. Chunks are handed to the
-requesting event loop; a request whose client went away is closed at its next turn.
+Takes a `Model` opened on the server's own bundle graphs with a local decoding mode (ar, spec,
+self-spec, lookup) and one `Verifier` per conversation slot: the server's `PoolVerifier`, a
+row of its KV pool whose rounds the server's worker verifies in the same batched forwards as
+the split sessions' rounds. So the target's weights are in the process once, and each slot's
+`ChatSession` keeps only its drafter's state here. A request goes to the idle slot whose
+cache shares the longest token prefix with its prompt, so the next turn of a conversation
+lands where its last turn left the cache and prefills only the new messages; requests
+beyond the slots wait in arrival order. Each running request decodes on a thread of its
+own with the one decode loop: their rounds reach the worker together and share forwards,
+and the worker serves what is queued in arrival order, so a long reply never stalls a short
+one, and no two requests ever touch the same caches. Chunks are handed to the requesting
+event loop; a request whose client went away is closed after its current round.
 """
 
 from __future__ import annotations
@@ -17,12 +21,18 @@ import contextlib
 import logging
 import threading
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from edgespec.bundle import Manifest
 from edgespec.runtime.chat import ChatChunk, ChatReply, ChatSession, Prompt
+from edgespec.runtime.config import LoadConfig
+from edgespec.runtime.drafters import EarlyExitDrafter
 from edgespec.runtime.model import Model
+from edgespec.runtime.opener import BundleGraphs
+from edgespec.runtime.registry import MODES
+from edgespec.runtime.round import Verifier
 
 log = logging.getLogger("edgespec.serve")
 
@@ -34,7 +44,6 @@ class Job:
     queue: asyncio.Queue  # ("chunk", ChatChunk) ... then ("done", ChatReply) | ("error", exc)
     cancelled: bool = False
     session: ChatSession | None = None
-    steps: Iterator[ChatChunk] | None = None
 
 
 @dataclass
@@ -50,51 +59,113 @@ class EngineStats:
     sessions_used: dict[int, int] = field(default_factory=dict)
 
 
+LOCAL_MODES = tuple(m for m in MODES if m != "split")
+
+
+def fastest_mode(manifest: Manifest) -> str:
+    """The server's default: the draft model if the bundle has one, else early exit, else
+    prompt lookup (the `auto` policy then speculates only while it wins)."""
+    if "draft" in manifest.roles:
+        return "spec"
+    if manifest.exit_layers:
+        return "self-spec"
+    return "lookup"
+
+
+def load_model(
+    graphs: BundleGraphs, mode: str | None, draft_policy: str | None, threads: int | None
+) -> Model:
+    """The OpenAI endpoints' model on the server's opened graphs: `model.target.stages` are
+    the server's verifier stages. Self-spec drafts with head@k alone on the conversation's
+    own small cache and is verified by head@k + tail@k over the pool row (one forward that
+    can share a batch; LayerSkip's reuse of the head's KV needs a target cache of its own)."""
+    m = graphs.manifest
+    mode = mode or fastest_mode(m)
+    if mode not in LOCAL_MODES:
+        raise ValueError(f"--mode {mode!r}: the OpenAI endpoints decode with one of {LOCAL_MODES}")
+    if mode == "ar" and draft_policy:
+        raise ValueError("--draft-policy: mode ar drafts nothing")
+    policy = None if mode == "ar" else (draft_policy or "auto")
+    config = LoadConfig(
+        mode=mode, draft_policy=policy, threads=threads, device=graphs.options.device
+    )
+    if mode == "self-spec":
+        if not m.exit_layers:
+            raise ValueError(
+                "--mode self-spec needs early-exit graphs: re-export with --exit-layers K"
+            )
+        if draft_policy == "dynamic-exit":  # a pool row is verified whole: one exit drafts
+            raise ValueError("--draft-policy dynamic-exit: the server drafts from its deepest exit")
+        exit_layer = f"exit:{m.exit_layers[-1]}"
+        config.mode, config.drafter, config.verifier = "spec", exit_layer, exit_layer
+    model = Model.from_graphs(graphs, config)
+    model.mode = mode
+    return model
+
+
 class ChatEngine:
     def __init__(
-        self, model: Model, conversations: int = 4, max_context: int | None = None
+        self, model: Model, verifiers: Sequence[Verifier], max_context: int | None = None
     ) -> None:
-        if conversations < 1:
-            raise ValueError(f"conversations={conversations}: at least 1")
+        if not verifiers:
+            raise ValueError("the chat engine needs at least one conversation (a verifier each)")
         if model.remote is not None:
             raise ValueError("the OpenAI endpoints decode locally: load a local mode")
+        if any(
+            isinstance(d, EarlyExitDrafter)
+            for d in getattr(model.drafter, "drafters", [model.drafter])
+        ):
+            raise ValueError(
+                "the early-exit drafter writes into a local target cache: see load_model"
+            )
         self.model = model
-        self.sessions = [ChatSession(model, max_context=max_context) for _ in range(conversations)]
+        self.sessions = [ChatSession(model, max_context=max_context, verifier=v) for v in verifiers]
         self.busy: set[int] = set()
-        self.last_used = [0] * conversations
+        self.last_used = [0] * len(verifiers)
         self.clock = 0
         self.waiting: deque[Job] = deque()
         self.active: list[Job] = []
+        self.threads: list[threading.Thread] = []
         self.stats = EngineStats()
-        self.cv = threading.Condition()
+        self.lock = threading.Lock()
         self.stopping = False
-        self.thread = threading.Thread(target=self._loop, name="edgespec-chat", daemon=True)
-        self.thread.start()
 
     # -- event-loop side --------------------------------------------------------------------
     @property
     def load(self) -> int:
-        with self.cv:
+        with self.lock:
             return len(self.active) + len(self.waiting)
 
     def submit(self, prompt: Prompt) -> Job:
         job = Job(prompt, asyncio.get_running_loop(), asyncio.Queue())
-        with self.cv:
+        with self.lock:
+            if self.stopping:
+                self._deliver(job, "error", RuntimeError("the server is shutting down"))
+                return job
             self.waiting.append(job)
             self.stats.requests += 1
-            self.cv.notify()
+            self._admit()
         return job
 
     def cancel(self, job: Job) -> None:
-        with self.cv:
-            job.cancelled = True
-            self.cv.notify()
+        with self.lock:
+            job.cancelled = True  # a running one stops after the round it is in
+            if job in self.waiting:
+                self.waiting.remove(job)
 
     def stop(self) -> None:
-        with self.cv:
+        """Cancel every request (those running end after their current round) and wait for
+        their threads: the worker must outlive them, it answers their rounds."""
+        with self.lock:
             self.stopping = True
-            self.cv.notify()
-        self.thread.join(timeout=30)
+            for job in self.waiting:
+                self._deliver(job, "error", RuntimeError("the server is shutting down"))
+            self.waiting.clear()
+            for job in self.active:
+                job.cancelled = True
+            threads = list(self.threads)
+        for t in threads:
+            t.join(timeout=30)
 
     def report(self) -> dict[str, Any]:
         s = self.stats
@@ -112,9 +183,10 @@ class ChatEngine:
             "accepted": s.accepted,
         }
 
-    # -- decoding thread --------------------------------------------------------------------
+    # -- request threads --------------------------------------------------------------------
     def _admit(self) -> None:
-        """Give waiting requests idle sessions (the longest shared prefix first)."""
+        """Give waiting requests idle sessions (the longest shared prefix first), each on a
+        thread of its own (the caller holds `lock`)."""
         while self.waiting and len(self.busy) < len(self.sessions):
             job = self.waiting.popleft()
             if job.cancelled:
@@ -128,63 +200,53 @@ class ChatEngine:
             self.clock += 1
             self.last_used[best] = self.clock
             job.session = self.sessions[best]
-            job.steps = job.session.stream_prompt(job.prompt)
             self.active.append(job)
+            thread = threading.Thread(
+                target=self._run, args=(job,), name=f"edgespec-chat-{best}", daemon=True
+            )
+            self.threads.append(thread)
+            thread.start()
 
-    def _loop(self) -> None:
-        while True:
-            with self.cv:
-                self._admit()
-                while not self.active and not self.stopping:
-                    self.cv.wait()
-                    self._admit()
-                if self.stopping:
-                    for job in [*self.active, *self.waiting]:
-                        self._deliver(job, "error", RuntimeError("the server is shutting down"))
-                    return
-                turn = list(self.active)
-            for job in turn:  # one round each, in turn
-                self._step(job)
-
-    def _step(self, job: Job) -> None:
-        assert job.steps is not None and job.session is not None
-        if job.cancelled:
-            self._release(job)
-            return
+    def _run(self, job: Job) -> None:
+        assert job.session is not None
+        steps = job.session.stream_prompt(job.prompt)
         try:
-            chunk = next(job.steps)
-        except StopIteration:
-            self._release(job)
-            self._deliver(job, "error", RuntimeError("the reply ended without a finish reason"))
-            return
+            while not job.cancelled:
+                try:
+                    chunk = next(steps)
+                except StopIteration:
+                    raise RuntimeError("the reply ended without a finish reason") from None
+                self._count(chunk)
+                self._deliver(job, "chunk", chunk)
+                if chunk.finish_reason:
+                    steps.close()  # the session's bookkeeping of what its caches hold
+                    reply: ChatReply | None = job.session.last
+                    self._deliver(job, "done", reply)
+                    return
         except Exception as e:  # this request's problem only: answer it, keep serving
             log.exception("a chat request failed")
-            self._release(job)
             self._deliver(job, "error", e)
-            return
-        s = chunk.stats
-        if s.phase == "prefill":
-            self.stats.prompt_positions += s.input_tokens + s.cached_tokens
-            self.stats.cached_positions += s.cached_tokens
-            self.stats.prefilled_positions += s.input_tokens
-        else:
-            self.stats.rounds += 1
-            self.stats.drafted += s.drafted
-            self.stats.accepted += s.accepted
-        self.stats.tokens += len(chunk.tokens)
-        self._deliver(job, "chunk", chunk)
-        if chunk.finish_reason:
-            self._release(job)
-            reply: ChatReply | None = job.session.last
-            self._deliver(job, "done", reply)
-
-    def _release(self, job: Job) -> None:
-        assert job.steps is not None and job.session is not None
-        job.steps.close()  # runs the session's bookkeeping of what its caches hold
-        with self.cv:
-            if job in self.active:
+        finally:
+            steps.close()
+            with self.lock:
                 self.active.remove(job)
-            self.busy.discard(self.sessions.index(job.session))
+                self.busy.discard(self.sessions.index(job.session))
+                self.threads.remove(threading.current_thread())
+                if not self.stopping:
+                    self._admit()
+
+    def _count(self, chunk: ChatChunk) -> None:
+        s = chunk.stats
+        with self.lock:
+            if s.phase == "prefill":
+                self.stats.prompt_positions += s.input_tokens + s.cached_tokens
+                self.stats.cached_positions += s.cached_tokens
+                self.stats.prefilled_positions += s.input_tokens
+            else:
+                self.stats.rounds += 1
+                self.stats.drafted += s.drafted
+                self.stats.accepted += s.accepted
+            self.stats.tokens += len(chunk.tokens)
 
     def _deliver(self, job: Job, kind: str, payload: Any) -> None:
         # RuntimeError: the event loop is gone (the server is shutting down)

@@ -40,7 +40,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from edgespec.serve.http import sessions_in_use
-from edgespec.serve.server import ServerConfig, State, create_app, drain, load_state
+from edgespec.serve.server import ServerConfig, State, create_app, drain, load_state, stop
 
 log = logging.getLogger("edgespec.serve")
 
@@ -282,7 +282,7 @@ class Verifier:
         # graceful shutdown ran out of time
         self.reporter.cancel()
         await drain(self.state)
-        await asyncio.to_thread(self.state.worker.stop)
+        await asyncio.to_thread(stop, self.state)
         with contextlib.suppress(Exception):  # the board went first (the app is being deleted)
             await asyncio.wait_for(self.board.forget.remote(self.replica), 5)
 

@@ -5,7 +5,8 @@
     GET  /v1/models            the one model served (any `model` name is accepted)
 
 Takes the server's config (bearer token, request size, max sessions, context) and a
-`ChatEngine` decoding with the local mode the server was started with (`--mode`). Guarantees
+`ChatEngine` decoding with the local mode the server was started with (`--mode`) on the
+server's own target graphs and KV pool (`serve.chat_engine`). Guarantees
 OpenAI's shapes: `chat.completion` / `chat.completion.chunk` / `text_completion` objects,
 SSE streams that end with `data: [DONE]`, `usage` (with `prompt_tokens_details.cached_tokens`:
 prompt positions reused from a conversation's cache) on every reply and, with
@@ -29,8 +30,6 @@ from starlette.routing import Route
 
 from edgespec.runtime.chat import ChatError, ChatReply, Prompt
 from edgespec.runtime.chat_template import ChatTemplateError
-from edgespec.runtime.model import Model
-from edgespec.runtime.registry import MODES
 from edgespec.serve.chat_engine import ChatEngine, Job
 from edgespec.serve.http import BodyError, busy, disconnected, read_body, sessions_in_use
 from edgespec.serve.openai_requests import (
@@ -39,41 +38,6 @@ from edgespec.serve.openai_requests import (
     parse_completion,
     parse_json,
 )
-
-LOCAL_MODES = tuple(m for m in MODES if m != "split")
-
-
-def fastest_mode(bundle: str) -> str:
-    """The server's default: the draft model if the bundle has one, else early exit, else
-    prompt lookup (the `auto` policy then speculates only while it wins)."""
-    from edgespec.bundle import load_manifest
-
-    m = load_manifest(bundle)
-    if "draft" in m.roles:
-        return "spec"
-    if m.exit_layers:
-        return "self-spec"
-    return "lookup"
-
-
-def load_engine(config: Any, max_context: int | None = None) -> ChatEngine:
-    """The OpenAI endpoints' decoder for a `ServerConfig` (mode, draft_policy, conversations,
-    threads, device)."""
-    mode = config.mode or fastest_mode(config.bundle)
-    if mode not in LOCAL_MODES:
-        raise ValueError(f"--mode {mode!r}: the OpenAI endpoints decode with one of {LOCAL_MODES}")
-    if mode == "ar" and config.draft_policy:
-        raise ValueError("--draft-policy: mode ar drafts nothing")
-    policy = None if mode == "ar" else (config.draft_policy or "auto")
-    model = Model.load(
-        config.bundle,
-        mode=mode,
-        draft_policy=policy,
-        threads=config.threads,
-        device=config.device,
-    )
-    return ChatEngine(model, config.conversations, max_context)
-
 
 NO_TOKEN = "missing or wrong bearer token (Authorization: Bearer ...)"
 

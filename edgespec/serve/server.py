@@ -16,7 +16,9 @@ paused longest ago to admit a new one. On shutdown new rounds are refused
 process exits 0 within drain_seconds + body_timeout + 2 s whatever its clients do
 (`transport` bounds headers, handshakes and shutdown; `serve.http` bodies).
 All model work runs on one `Worker` thread; each session owns a slot of one `KVPool`, and
-verify rounds that arrive together share forwards (`batching`; `max_batch = 1`: each alone);
+verify rounds that arrive together share forwards (`batching`; `max_batch = 1`: each alone),
+the OpenAI conversations' rounds included: each conversation holds a row of the same pool
+and its target graphs are the same objects (`pool_verifier`; the target is loaded once);
 prefills run in chunks (at most `prefill_chunk` positions, sized to take about
 `prefill_budget_ms`) between other sessions' rounds. A slot
 is taken only once a START has passed every check, and freed on every path out.
@@ -38,14 +40,14 @@ from edgespec import protocol as P
 from edgespec.bundle import Manifest
 from edgespec.runtime.graph import GraphSession
 from edgespec.runtime.opener import GraphOptions, open_bundle
-from edgespec.runtime.stack import Stack
 from edgespec.runtime.tokenizer import Tokenizer
 from edgespec.serve.auth import Gate
 from edgespec.serve.batching import KVPool
-from edgespec.serve.chat_engine import ChatEngine
+from edgespec.serve.chat_engine import ChatEngine, load_model
 from edgespec.serve.connection import Conn, Counters, session_endpoint
 from edgespec.serve.http import health
-from edgespec.serve.openai import ROUTES, load_engine
+from edgespec.serve.openai import ROUTES
+from edgespec.serve.pool_verifier import PoolVerifier
 from edgespec.serve.session import BatchStats, verify_rounds
 from edgespec.serve.transport import uvicorn_config
 from edgespec.serve.worker import Worker
@@ -143,7 +145,11 @@ class State:
 
 def load_state(config: ServerConfig) -> State:
     graphs = open_bundle(config.bundle, GraphOptions(config.device, config.threads))
-    target = Stack([graphs.open("full")])
+    # one copy of the target: the OpenAI engine's model is opened first, on the same graphs,
+    # and its target (full, or head@k + tail@k for self-spec) is what split rounds run on
+    model = load_model(graphs, config.mode, config.draft_policy, config.threads)
+    target = model.target
+    assert target is not None
     context = target.max_positions
     if config.max_context is not None:
         context = min(context, config.max_context)
@@ -154,7 +160,7 @@ def load_state(config: ServerConfig) -> State:
         m.num_kv_heads,
         m.head_dim,
         context,
-        config.max_sessions,
+        config.max_sessions + config.conversations,  # a row reserved per conversation
         stages[0].kv_dtype,
     )
     stats = BatchStats()
@@ -165,7 +171,12 @@ def load_state(config: ServerConfig) -> State:
     )
     tokenizer = graphs.tokenizer()
     gate = Gate(config.token)
-    chat = load_engine(config, context)
+    budget = config.prefill_budget_ms / 1000
+    rows = [
+        PoolVerifier(worker, pool, stages, config.prefill_chunk, budget)
+        for _ in range(config.conversations)
+    ]
+    chat = ChatEngine(model, rows, context)
     return State(
         config,
         graphs.manifest,
@@ -220,6 +231,11 @@ def run(config: ServerConfig, host: str = "127.0.0.1", port: int = 8700, log_lev
     try:
         server.run()
     finally:
-        state.worker.stop()
-        if state.chat is not None:
-            state.chat.stop()
+        stop(state)
+
+
+def stop(state: State) -> None:
+    """Stop the OpenAI requests' threads, then the worker that answers their rounds."""
+    if state.chat is not None:
+        state.chat.stop()
+    state.worker.stop()

@@ -16,7 +16,7 @@ shared forward fails, the rounds are retried one by one so only the culprit fail
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Container, Generator
 from dataclasses import dataclass, field
 from time import perf_counter
 
@@ -58,15 +58,23 @@ class ServerSession:
 
 @dataclass
 class BatchStats:
-    """What the worker ran: rounds per batch and rounds per forward (histograms)."""
+    """What the worker ran: rounds per batch and rounds per forward (histograms), and how
+    the OpenAI conversations' rounds (rows the pool reserved) shared forwards."""
 
     batches: dict[int, int] = field(default_factory=dict)
     forwards: dict[int, int] = field(default_factory=dict)
+    openai_rounds: int = 0
+    openai_rounds_shared: int = 0  # of those: in a forward with other rounds
+    mixed_forwards: int = 0  # forwards that ran OpenAI and split sessions' rounds together
 
-    def add(self, rounds: int, per_forward: list[int]) -> None:
+    def add(self, rounds: int, forwards: list[list[int]], openai: Container[int] = ()) -> None:
         self.batches[rounds] = self.batches.get(rounds, 0) + 1
-        for n in per_forward:
+        for slots in forwards:
+            n, mine = len(slots), sum(s in openai for s in slots)
             self.forwards[n] = self.forwards.get(n, 0) + 1
+            self.openai_rounds += mine
+            self.openai_rounds_shared += mine if n > 1 else 0
+            self.mixed_forwards += 0 < mine < n
 
     def report(self) -> dict:
         rounds = sum(k * v for k, v in self.batches.items())
@@ -77,6 +85,9 @@ class BatchStats:
             "mean_batch": rounds / max(sum(self.batches.values()), 1),
             "mean_rounds_per_forward": served / max(sum(self.forwards.values()), 1),
             "largest_batch": max(self.batches, default=0),
+            "openai_rounds": self.openai_rounds,
+            "openai_rounds_shared": self.openai_rounds_shared,
+            "mixed_forwards": self.mixed_forwards,
         }
 
 
@@ -113,9 +124,7 @@ def prefill(
         )
     try:
         params = SamplingParams(msg.temperature, msg.top_p, msg.top_k, msg.seed)
-        # a stream of its own: seeded like the device's, acceptance uniforms would equal the
-        # uniforms that sampled the drafts, and the two would be correlated (a biased output)
-        rng = np.random.default_rng(None if msg.seed is None else [msg.seed, 0x5E4E4])
+        rng = acceptance_rng(msg.seed)
     except (ValueError, TypeError) as e:
         raise ProtocolError(f"START: {e}", BAD_REQUEST) from None
     # room for the prompt and the requested new tokens, within what the server allows
@@ -137,23 +146,9 @@ def prefill(
         session = ServerSession(slot, params, rng, [*msg.ids], capacity)
         if held is not None:
             held.append(session)
-    step = chunk if chunk > 0 else len(ids)
-    if budget > 0 and chunk > 0:
-        step = min(step, MIN_CHUNK)  # the first chunk measures this model's speed
     try:
-        lo = 0
-        while lo < len(ids):
-            if session.slot is None:  # released between chunks: the device went away
-                raise ProtocolError("the session was closed during its prefill", BAD_REQUEST)
-            t = perf_counter()
-            part = ids[lo : lo + step]
-            logits = forward_alone(stages, pool, slot, part)
-            lo += len(part)
-            took = perf_counter() - t
-            if budget > 0 and chunk > 0 and took > 0:  # attention grows with the position
-                step = int(min(chunk, max(MIN_CHUNK, len(part) * budget / took)))
-            yield len(part)
-        session.seq.append(next_token(logits[-1], params, rng))
+        logits = yield from fill(pool, stages, session, ids, chunk, budget)
+        session.seq.append(next_token(logits, params, rng))
     except BaseException:  # GeneratorExit included: a prefill cut short frees its slot
         release(pool, session)
         raise
@@ -177,6 +172,43 @@ def _resumable(pool: KVPool, s: ServerSession | None, keep: int) -> ServerSessio
             OUT_OF_SYNC,
         )
     return s
+
+
+def acceptance_rng(seed: int | None) -> np.random.Generator:
+    """The acceptance draws of a session: a stream of its own. Seeded like the device's, its
+    uniforms would equal the ones that sampled the drafts, and the two would be correlated
+    (a biased output)."""
+    return np.random.default_rng(None if seed is None else [seed, 0x5E4E4])
+
+
+def fill(
+    pool: KVPool,
+    stages: list[GraphSession],
+    session: ServerSession,
+    ids: np.ndarray,
+    chunk: int,
+    budget: float,
+) -> Generator[int, None, np.ndarray]:
+    """Append `ids` (at least one) to the session's row in steps of at most `chunk`
+    positions sized to take about `budget` seconds (see `prefill`), yielding each step's
+    count; returns the last position's logits."""
+    step = chunk if chunk > 0 else len(ids)
+    if budget > 0 and chunk > 0:
+        step = min(step, MIN_CHUNK)  # the first chunk measures this model's speed
+    lo = 0
+    while True:
+        if session.slot is None:  # released between chunks: the device went away
+            raise ProtocolError("the session was closed during its prefill", BAD_REQUEST)
+        t = perf_counter()
+        part = ids[lo : lo + step]
+        logits = forward_alone(stages, pool, session.slot, part)
+        lo += len(part)
+        took = perf_counter() - t
+        if budget > 0 and chunk > 0 and took > 0:  # attention grows with the position
+            step = int(min(chunk, max(MIN_CHUNK, len(part) * budget / took)))
+        yield len(part)
+        if lo >= len(ids):
+            return logits[-1]
 
 
 def start(
@@ -280,14 +312,14 @@ def _forward(
     work = [(s.slot, check(s, msg)) for s, msg in rounds]
     done = False
     try:
-        logits, per_forward = forward_rounds(stages, pool, work)  # type: ignore[arg-type]
+        logits, forwards = forward_rounds(stages, pool, work)  # type: ignore[arg-type]
         done = True
     finally:
         if not done:
             for s, _ in rounds:
                 pool.truncate(s.slot, len(s.seq) - 1)  # type: ignore[arg-type]
     if stats is not None:
-        stats.add(len(rounds), per_forward)
+        stats.add(len(rounds), forwards, pool.reserved)
     return logits
 
 

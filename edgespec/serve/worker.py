@@ -1,7 +1,9 @@
 """All model work of the server on one thread; verify rounds that arrive together run together.
 
 Handlers on the event loop submit jobs: calls (`run(fn, *args)`: a slot release), rounds
-(`round(item)`) and stepped jobs (`steps(gen_fn, *args)`: a prefill, one chunk per step).
+(`round(item)`) and stepped jobs (`steps(gen_fn, *args)`: a prefill, one chunk per step);
+threads post the same jobs with `post(kind, payload)` and wait on a `concurrent.futures`
+future (the OpenAI conversations' verifier, `serve.pool_verifier`).
 The thread takes every job queued when it becomes free, in arrival order; consecutive rounds
 (at most `max_batch`) go to `run_rounds` in one call, which shares forwards between them
 (continuous batching: a round that arrives while a batch runs joins the next one).
@@ -24,6 +26,7 @@ server is idle (with one device, the window is pure added latency).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import queue
 import threading
@@ -78,6 +81,14 @@ class Worker:
         (its `finally` runs on the thread) before its next step."""
         return await self._submit("steps", (fn, args))
 
+    def post(self, kind: str, payload: Any) -> concurrent.futures.Future:
+        """From any thread: queue a "round" (payload: the item), a "call" or a "steps" job
+        (payload: (fn, args)), in order with the jobs queued before; its outcome arrives on
+        the returned future."""
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self.jobs.put((kind, payload, future, None, self.step_work))
+        return future
+
     def submit(self, fn: Callable[..., Any], *args: Any) -> None:
         """Queue fn(*args) without waiting for it (in order with the jobs queued before)."""
         self.jobs.put(("call", (fn, args), None, None, 0))
@@ -109,9 +120,12 @@ class Worker:
             if pending:
                 job = pending.popleft()
                 if job is _STOP:
+                    stopped = RuntimeError("the server stopped")
                     for gen, future, loop in parked:
                         gen.close()
-                        self._answer(future, loop, None, RuntimeError("the server stopped"))
+                        self._answer(future, loop, None, stopped)
+                    for _, _, future, loop, _ in (j for j in pending if j is not _STOP):
+                        self._answer(future, loop, None, stopped)  # nobody waits forever
                     return
                 if job[0] == "round":
                     self._run_batch(job, pending)
@@ -208,11 +222,17 @@ class Worker:
 
     def _answer(self, future, loop, result: Any, error: BaseException | None) -> None:
         self.served += 1
-        if future is not None:
+        if future is None:
+            return
+        if loop is None:  # a thread's (`post`)
+            _settle(future, result, error)
+        else:
             loop.call_soon_threadsafe(_settle, future, result, error)
 
 
-def _settle(future: asyncio.Future, result: Any, error: BaseException | None) -> None:
+def _settle(
+    future: asyncio.Future | concurrent.futures.Future, result: Any, error: BaseException | None
+) -> None:
     if future.cancelled():  # the session went away while its round ran
         return
     if error is not None:

@@ -1,0 +1,131 @@
+"""The OpenAI conversations' verifier: a row of the server's KV pool, verified by its worker.
+
+`PoolVerifier` is a `Verifier` (runtime/round.py) for one conversation slot of the chat
+engine. It reserves one row of the server's `KVPool` for as long as the server runs (the
+conversation's target cache, kept between requests) and a `ServerSession` over it, so its
+rounds are split sessions' rounds in all but transport: posted to the server's `Worker`,
+verified by `session.verify_rounds` in the same batched forwards as the split sessions'
+rounds and each other's, accepted there with the same rule, and the row truncated to the
+accepted prefix there (a failed round leaves it as it was). The target's graphs are the
+server's: the OpenAI endpoints hold no copy of their own.
+
+The one decode loop (`runtime/decode.py`) drives it from the engine's request thread:
+`prefill` keeps the longest prefix of the prompt the row already holds and prefills the
+rest in chunks between other sessions' rounds (as a START does); `submit` posts the round
+and returns at once, so a drafter that drafts ahead keeps drafting while it is verified.
+Every change to the row runs on the worker thread.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+from collections.abc import Generator
+from dataclasses import dataclass
+from time import perf_counter
+
+import numpy as np
+
+from edgespec.protocol import Result, Verify
+from edgespec.runtime.graph import GraphSession
+from edgespec.runtime.round import Proposal, Verdict
+from edgespec.runtime.sampling import SamplingParams, next_token
+from edgespec.runtime.stats import RoundStats
+from edgespec.serve.batching import KVPool
+from edgespec.serve.session import ServerSession, acceptance_rng, fill
+from edgespec.serve.worker import Worker
+
+
+@dataclass
+class Posted:
+    """A round on the worker; its verdict once the worker answers."""
+
+    future: concurrent.futures.Future
+    start: float
+
+    def done(self) -> bool:
+        return self.future.done()
+
+    def result(self) -> Verdict:
+        r: Result = self.future.result()
+        return Verdict(r.accepted, r.token, perf_counter() - self.start)
+
+
+class PoolVerifier:
+    def __init__(
+        self,
+        worker: Worker,
+        pool: KVPool,
+        stages: list[GraphSession],
+        chunk: int = 0,
+        budget: float = 0.0,
+    ) -> None:
+        self.worker, self.pool, self.stages = worker, pool, stages
+        self.chunk, self.budget = chunk, budget  # prefill steps, as the server's STARTs
+        self.max_positions = pool.capacity
+        slot = pool.reserve()
+        self.session = ServerSession(slot, SamplingParams(), acceptance_rng(None), [], 0)
+
+    @property
+    def slot(self) -> int:
+        assert self.session.slot is not None
+        return self.session.slot
+
+    def prefill(
+        self,
+        prompt: list[int],
+        capacity: int,
+        params: SamplingParams,
+        rng: np.random.Generator,
+        cached: int = 0,
+    ) -> tuple[int, RoundStats]:
+        start = perf_counter()
+        s = self.session
+        s.params, s.capacity, s.rng = params, capacity, acceptance_rng(params.seed)
+        job = (resume, (self.pool, self.stages, s, prompt, cached, self.chunk, self.budget))
+        kept = self.worker.post("steps", job).result()
+        seconds = perf_counter() - start
+        stats = RoundStats(
+            "prefill", 1, len(prompt) - kept, seconds, verify_seconds=seconds, cached_tokens=kept
+        )
+        return s.seq[-1], stats
+
+    def max_drafts(self, seq: list[int]) -> int:
+        return self.max_positions - len(seq)
+
+    def submit(
+        self, seq: list[int], proposal: Proposal, params: SamplingParams, rng: np.random.Generator
+    ) -> Posted:
+        if proposal.tail is not None:  # its head's KV would be in a cache that is not the row
+            raise ValueError(
+                "an early-exit drafter cannot draft into a pool row: draft from head@k alone"
+            )
+        msg = Verify(len(seq), list(proposal.tokens), proposal.q)
+        return Posted(self.worker.post("round", (self.session, msg)), perf_counter())
+
+    def truncate(self, length: int) -> None:
+        pass  # the worker truncated the row to the accepted prefix (or rolled a failed round back)
+
+    def close(self) -> None:
+        pass  # the row stays with the conversation slot: the next request may share its prefix
+
+
+def resume(
+    pool: KVPool,
+    stages: list[GraphSession],
+    session: ServerSession,
+    prompt: list[int],
+    cached: int,
+    chunk: int,
+    budget: float,
+) -> Generator[int, None, int]:
+    """On the worker: keep the first `cached` prompt positions the row holds, prefill the rest
+    (at least the last prompt token: its logits give the first token), in steps; the session
+    then holds prompt + the first token. Returns the positions kept."""
+    assert session.slot is not None
+    kept = min(cached, len(prompt) - 1, int(pool.lengths[session.slot]))
+    pool.truncate(session.slot, kept)
+    session.seq = []  # no round may run on the row until it is filled
+    ids = np.asarray(prompt[kept:], np.int64)
+    logits = yield from fill(pool, stages, session, ids, chunk, budget)
+    session.seq = [*prompt, next_token(logits, session.params, session.rng)]
+    return kept
