@@ -7,13 +7,20 @@ text, replies of exactly `--reply-tokens` tokens, greedy):
 * TTFT of turn N, in process: a `ChatSession` that keeps its caches (prefills only the new
   messages) vs a fresh session per turn (prefills the whole conversation), on the same
   messages; both equal greedy replies, so the conversations are identical.
+* split mode (`--split`), through `edgespec serve` on loopback (`--split-rtt-ms`: through
+  `edgespec channel`'s emulator): a split `ChatSession` that resumes its server session each
+  turn vs one that ENDs it before every turn, so the server prefills the whole conversation
+  again (the device keeps its drafter's caches in both: only the server's prefill differs).
+  Per turn: TTFT, positions the server prefilled and kept (its /health counters' change),
+  and whether both replies are the same tokens.
 * through the server (`--server-modes`): the official `openai` client streams every turn; per
   mode: TTFT of the last turn, decode tokens/s of the replies (tokens after the first / time
   from first to last chunk, summed over turns), cached prompt tokens reported in `usage`, and
   the acceptance of drafted tokens from the server's /health.
 
 Models: `--shape qwen2.5-0.5b` (random weights in the real shape, for timing; built and cached
-by bench_ar.py's builder) and/or `--trained DIR` (the pair of benchmarks/train_models.py with
+by bench_ar.py's builder), `--checkpoint` (a folder, or builtin:tiny-llama: random weights,
+written once) and/or `--trained DIR` (the pair of benchmarks/train_models.py with
 exits 2 and 4, for acceptance). A ChatML template is added to each checkpoint's tokenizer
 (neither has one). Prints a markdown table; `--json` writes the numbers.
 
@@ -21,11 +28,13 @@ exits 2 and 4, for acceptance). A ChatML template is added to each checkpoint's 
         --server-modes ar,lookup
     python benchmarks/bench_chat.py --trained ~/.cache/edgespec-bench/trained \\
         --server-modes ar,spec,self-spec,lookup
+    python benchmarks/bench_chat.py --checkpoint builtin:tiny-llama --split --server-modes ''
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -34,7 +43,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from common import DEFAULT_MODELS, free_port, load_line, start_server
+from common import DEFAULT_MODELS, free_port, load_line, start_server, table_header, table_row
 
 CACHE = DEFAULT_MODELS
 CHATML = (
@@ -190,6 +199,135 @@ def serve_modes(
     return rows
 
 
+def server_counters(port: int) -> dict[str, int]:
+    """What split STARTs made the server prefill and keep so far (its /health)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=30) as r:
+        h = json.load(r)
+    return {k: h[k] for k in ("positions_prefilled", "positions_kept")}
+
+
+def split_turn(session, messages: list[dict], options, port: int, whole: bool = True) -> dict:
+    """One split turn: TTFT (the request to the first chunk), the reply's tokens and what the
+    server prefilled and kept for it; `whole=False` stops after the first chunk."""
+    before = server_counters(port)
+    start = time.perf_counter()
+    stream = session.stream(messages, options)
+    next(stream)
+    ttft = time.perf_counter() - start
+    if not whole:
+        stream.close()
+        return {"ttft_s": ttft}
+    for _ in stream:
+        pass
+    after = server_counters(port)
+    return {"ttft_s": ttft, "reply": session.last} | {k: after[k] - before[k] for k in before}
+
+
+def split_ttft(
+    bundle: Path,
+    users: list[str],
+    reply_tokens: int,
+    threads: int,
+    drafter: str | None = None,
+    rtt_ms: float = 0.0,
+) -> list[dict]:
+    """Per turn of one conversation in split mode (a fresh `edgespec serve`, optionally behind
+    the channel emulator): the resumed and the fresh session's TTFT and server counters."""
+    import edgespec
+    from edgespec.runtime.chat import ChatOptions
+    from edgespec.tools.channel import Channel, ChannelConfig
+
+    port = free_port()
+    server = start_server(bundle, port, threads, 4, "--mode", "ar")
+    try:
+        with contextlib.ExitStack() as stack:
+            address = f"127.0.0.1:{port}"
+            if rtt_ms:
+                channel = Channel(address, ChannelConfig(rtt_ms=rtt_ms))
+                address = stack.enter_context(channel).address
+            extra = {"drafter": drafter} if drafter else {}
+            model = edgespec.load(
+                bundle, mode="split", server=f"ws://{address}", threads=threads, **extra
+            )
+            options = ChatOptions(max_new_tokens=reply_tokens, temperature=0, ignore_eos=True)
+            resumed, fresh = model.chat_session(), model.chat_session()
+            for session in (resumed, fresh):  # connect, and pay first-call costs, untimed
+                session.reply([{"role": "user", "content": users[0]}], options)
+                session.reset()  # ENDs the server session, keeps the connection
+            messages: list[dict[str, str]] = [
+                {"role": "system", "content": "You are a helpful assistant."}
+            ]
+            rows = []
+            for turn, text in enumerate(users, 1):
+                messages.append({"role": "user", "content": text})
+                # fresh: END the server session (a new START prefills every position; the
+                # device's caches and connection stay), best of 2 as in local_ttft; resumed:
+                # once (a repeat would find this very prompt kept)
+                assert fresh.remote is not None
+                fresh.remote.end()
+                cold = split_turn(fresh, messages, options, port)
+                fresh.remote.end()
+                again = split_turn(fresh, messages, options, port, whole=False)
+                kept = split_turn(resumed, messages, options, port)
+                reply = kept["reply"]
+                rows.append(
+                    {
+                        "turn": turn,
+                        "prompt_tokens": reply.prompt_tokens,
+                        "fresh_prefilled": cold["positions_prefilled"],
+                        "fresh_kept": cold["positions_kept"],
+                        "resumed_prefilled": kept["positions_prefilled"],
+                        "resumed_kept": kept["positions_kept"],
+                        "ttft_fresh_s": min(cold["ttft_s"], again["ttft_s"]),
+                        "ttft_resumed_s": kept["ttft_s"],
+                        "same_reply": reply.tokens == cold["reply"].tokens,
+                    }
+                )
+                messages.append({"role": "assistant", "content": reply.text})
+            resumed.close()
+            fresh.close()
+        return rows
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def print_split(rows: list[dict], rtt_ms: float) -> None:
+    channel = f", {rtt_ms:g} ms RTT" if rtt_ms else ", loopback"
+    print(f"\nsplit mode{channel}: server prefilled / kept positions, TTFT\n")
+    print(
+        table_header(
+            [
+                "turn",
+                "prompt tokens",
+                "fresh session",
+                "resumed",
+                "TTFT, fresh",
+                "TTFT, resumed",
+                "ratio",
+                "same reply",
+            ],
+            "rrrrrrrc",
+        )
+    )
+    for r in rows:
+        ratio = r["ttft_fresh_s"] / r["ttft_resumed_s"] if r["ttft_resumed_s"] else 0
+        print(
+            table_row(
+                [
+                    r["turn"],
+                    r["prompt_tokens"],
+                    f"{r['fresh_prefilled']} / {r['fresh_kept']}",
+                    f"{r['resumed_prefilled']} / {r['resumed_kept']}",
+                    f"{r['ttft_fresh_s'] * 1000:.0f} ms",
+                    f"{r['ttft_resumed_s'] * 1000:.0f} ms",
+                    f"{ratio:.1f}x",
+                    "yes" if r["same_reply"] else "NO",
+                ]
+            )
+        )
+
+
 def print_tables(title: str, local: list[dict], served: list[dict]) -> None:
     print(f"\n### {title}\n")
     if local:
@@ -221,7 +359,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--shape", default=None, help="qwen2.5-0.5b (random weights, timing)")
     p.add_argument("--trained", type=Path, default=None, help="train_models.py output folder")
-    p.add_argument("--checkpoint", type=Path, default=None, help="any HF checkpoint folder")
+    p.add_argument(
+        "--checkpoint", default=None, help="an HF checkpoint folder, or builtin:tiny-llama"
+    )
     p.add_argument("--turns", type=int, default=6)
     p.add_argument("--user-words", type=int, default=60, help="words per user message")
     p.add_argument("--reply-tokens", type=int, default=32)
@@ -229,6 +369,9 @@ def main() -> None:
     p.add_argument("--server-modes", default="ar", help="comma list; empty: no server runs")
     p.add_argument("--server-policy", default=None, help="serve --draft-policy (default auto)")
     p.add_argument("--skip-local", action="store_true", help="only the server measurements")
+    p.add_argument("--split", action="store_true", help="split mode: resumed vs fresh sessions")
+    p.add_argument("--split-drafter", default=None, help="split drafter (default: the best)")
+    p.add_argument("--split-rtt-ms", type=float, default=0.0, help="via the channel emulator")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args()
     users = user_messages(args.turns, args.user_words)
@@ -250,8 +393,13 @@ def main() -> None:
         )
         targets.append(("trained pair (train_models.py)", bundle))
     if args.checkpoint:
-        bundle = chat_bundle(args.checkpoint, CACHE / f"chat-{args.checkpoint.name}", None, [])
-        targets.append((str(args.checkpoint), bundle))
+        from edgespec.export.builtin import BUILTIN_PREFIX, builtin_checkpoint
+
+        ckpt = Path(args.checkpoint)
+        if args.checkpoint.startswith(BUILTIN_PREFIX):
+            ckpt = builtin_checkpoint(args.checkpoint)  # random weights, written once
+        bundle = chat_bundle(ckpt, CACHE / f"chat-{ckpt.name}", None, [])
+        targets.append((args.checkpoint, bundle))
     for title, bundle in targets:
         local = (
             [] if args.skip_local else local_ttft(bundle, users, args.reply_tokens, args.threads)
@@ -259,8 +407,22 @@ def main() -> None:
         served = serve_modes(
             bundle, users, args.reply_tokens, args.threads, modes, args.server_policy
         )
-        out[title] = {"local": local, "served": served}
+        split = (
+            split_ttft(
+                bundle,
+                users,
+                args.reply_tokens,
+                args.threads,
+                args.split_drafter,
+                args.split_rtt_ms,
+            )
+            if args.split
+            else []
+        )
+        out[title] = {"local": local, "served": served, "split": split}
         print_tables(title, local, served)
+        if split:
+            print_split(split, args.split_rtt_ms)
     out["load_after"] = os.getloadavg()
     print(f"\nbefore: load average {out['load']}; after: {load_line()}")
     if args.json:
