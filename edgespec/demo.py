@@ -5,7 +5,7 @@ Takes a `DemoConfig` (prompt, new tokens, threads, which modes). Guarantees:
 
 * nothing is downloaded and torch is never imported: the bundle is package data
   (`edgespec/demo_bundle/`: an 8-layer 11M-parameter Llama target with early exits at layers 2 and
-  4 and a 2-layer distilled draft, int8 weights, trained on the Python standard library's source by
+  4 and a 2-layer distilled draft, fp32 weights, trained on the Python standard library's source by
   `benchmarks/train_models.py` and exported by `benchmarks/build_demo_bundle.py`);
 * `run_demo()` decodes the prompt greedily with `ar` and then with each speculative mode; every
   mode's tokens are compared with `ar`'s (lossless decoding: they must be equal) and timed
@@ -42,7 +42,7 @@ class DemoConfig:
     max_new_tokens: int = 128
     threads: int | None = None
     modes: tuple[str, ...] = tuple(MODES)
-    repeats: int = 2  # timed generations per mode (the best counts), after one warm-up
+    repeats: int = 3  # timed generations per mode (the best counts), after one warm-up
     bundle: Path | None = None  # default: the bundle shipped in the package
 
     def __post_init__(self) -> None:

@@ -60,4 +60,6 @@ def test_demo_refuses_unknown_modes_with_the_known_ones():
 
 def test_the_demo_bundle_is_small_enough_to_ship():
     size = sum(p.stat().st_size for p in bundle_path().rglob("*") if p.is_file())
-    assert 0 < size < 40 * 2**20
+    # "a few tens of MB at most" (issue 17): fp32 weights, ~49 MiB (see build_demo_bundle.py
+    # for why not int8)
+    assert 0 < size < 64 * 2**20

@@ -82,7 +82,7 @@ def format_demo(prompt: str, rows: list[Any]) -> str:
     """The prompt and ar's output, then one line per mode: tok/s, speed-up, same text."""
     best = max(rows[1:], key=lambda r: r.tokens_per_s, default=rows[0])
     lines = [
-        "built-in model: 11M-parameter Llama trained on Python's stdlib (int8), greedy",
+        "built-in model: 11M-parameter Llama trained on Python's stdlib, greedy",
         "",
         click.style(prompt, bold=True) + rows[0].text,
         "",
