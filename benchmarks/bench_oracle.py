@@ -115,9 +115,10 @@ def oracle_drafter(model: Any, oracle: Oracle) -> Any:
                 run_head(feed, 1)  # real head@k step on the token it proposes
                 tokens.append(oracle.token(len(seq) + i))
                 feed = [tokens[-1]]
+            drafting = time.perf_counter() - start  # as EarlyExitDrafter counts it
             run_head(feed, 0)  # the tail verifies the last draft's hidden state too
             tail = TailInput(np.concatenate(hidden), self.tails[k], k)
-            return Proposal(tokens, "greedy", None, time.perf_counter() - start, tail=tail)
+            return Proposal(tokens, "greedy", None, drafting, tail=tail)
 
     return OracleExit(inner.target, inner.heads, inner.tails, inner.exit_layer)
 

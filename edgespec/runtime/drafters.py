@@ -161,9 +161,14 @@ class EarlyExitDrafter:
             return out["exit_logits"][0, -1] if keep else out["exit_logits"]
 
         tokens, qs, last = draft_tokens(run_head, seq[past:], plan, params, rng, self.support)
-        run_head(last, keep=0)  # the last token's hidden state: the tail verifies it too
+        drafting = perf_counter() - start
+        # the last token's hidden state: the tail verifies it too. One call a round, whatever
+        # γ: it is the verify's input, not drafting, and counting it as drafting priced
+        # every draft token at twice a head step when γ is 1 (policies price drafting per
+        # token), which kept `auto` from longer drafts; it shows in the round's wall time
+        run_head(last, keep=0)
         tail = TailInput(np.concatenate(hidden), self.tails[k], k)
-        return _proposal(tokens, qs, params, seconds=perf_counter() - start, tail=tail)
+        return _proposal(tokens, qs, params, seconds=drafting, tail=tail)
 
     def commit(self, valid: int) -> None:
         pass  # the head's layers live in the target's cache, which the round truncated
