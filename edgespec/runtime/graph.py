@@ -134,18 +134,11 @@ class GraphSession:
                 io.bind_cpu_input("input_ids", np.ascontiguousarray(input_ids, dtype=np.int64))
             self._seqlens[0], self._total[()], self._keep[()] = total - 1, total, keep
             self._query[0] = new.shape[1]
-            for name in self.output_names:  # bound first: get_outputs() keeps binding order
-                io.bind_output(name, "cpu")
+            self._bind_outputs(io)  # first: get_outputs() keeps binding order
             if cache is not self._bound_cache:
-                for i in self.graph.kv_layers:
-                    for kind in ("key", "value"):
-                        buffer = cache.bound[f"{kind}.{i}"]
-                        io.bind_ortvalue_input(f"past_{kind}.{i}", buffer)
-                        io.bind_ortvalue_output(f"present_{kind}.{i}", buffer)
+                self._bind_cache(io, cache)
                 self._bound_cache = cache
-            self.session.run_with_iobinding(io)
-            outputs = io.get_outputs()
-            return {name: outputs[j].numpy() for j, name in enumerate(self.output_names)}
+            return self._run_bound(io)
 
     def run_batch(
         self,
@@ -193,18 +186,28 @@ class GraphSession:
             )
             io.bind_cpu_input("num_logits_to_keep", np.array(width if logits else 0, np.int64))
             io.bind_cpu_input("query_seqlens", widths)
-            for name in self.output_names:
-                io.bind_output(name, "cpu")
+            self._bind_outputs(io)
             if cache is not self._batch_cache:
-                for i in self.graph.kv_layers:
-                    for kind in ("key", "value"):
-                        buffer = cache.bound[f"{kind}.{i}"]
-                        io.bind_ortvalue_input(f"past_{kind}.{i}", buffer)
-                        io.bind_ortvalue_output(f"present_{kind}.{i}", buffer)
+                self._bind_cache(io, cache)
                 self._batch_cache = cache
-            self.session.run_with_iobinding(io)
-            outputs = io.get_outputs()
-            return {name: outputs[j].numpy() for j, name in enumerate(self.output_names)}
+            return self._run_bound(io)
+
+    def _bind_cache(self, io: ort.IOBinding, cache: KVCache) -> None:
+        """The cache's buffers as both past (read) and present (written in place)."""
+        for i in self.graph.kv_layers:
+            for kind in ("key", "value"):
+                buffer = cache.bound[f"{kind}.{i}"]
+                io.bind_ortvalue_input(f"past_{kind}.{i}", buffer)
+                io.bind_ortvalue_output(f"present_{kind}.{i}", buffer)
+
+    def _bind_outputs(self, io: ort.IOBinding) -> None:
+        for name in self.output_names:
+            io.bind_output(name, "cpu")
+
+    def _run_bound(self, io: ort.IOBinding) -> dict:
+        self.session.run_with_iobinding(io)
+        outputs = io.get_outputs()
+        return {name: outputs[j].numpy() for j, name in enumerate(self.output_names)}
 
 
 def check_io(session: ort.InferenceSession, graph: GraphInfo, path: Path) -> None:
