@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from edgespec.bundle import Manifest
-from edgespec.runtime.chat import ChatChunk, ChatReply, ChatSession, Prompt
+from edgespec.runtime.chat import ChatChunk, ChatSession, Prompt
 from edgespec.runtime.config import LoadConfig
 from edgespec.runtime.drafters import EarlyExitDrafter
 from edgespec.runtime.model import Model
@@ -210,6 +210,9 @@ class ChatEngine:
     def _run(self, job: Job) -> None:
         assert job.session is not None
         steps = job.session.stream_prompt(job.prompt)
+        # the last message goes out only once the session is idle again: a client's next
+        # turn, sent the moment this reply ends, must find its conversation's cache free
+        last: tuple[str, Any] | None = None
         try:
             while not job.cancelled:
                 try:
@@ -217,15 +220,15 @@ class ChatEngine:
                 except StopIteration:
                     raise RuntimeError("the reply ended without a finish reason") from None
                 self._count(chunk)
-                self._deliver(job, "chunk", chunk)
                 if chunk.finish_reason:
                     steps.close()  # the session's bookkeeping of what its caches hold
-                    reply: ChatReply | None = job.session.last
-                    self._deliver(job, "done", reply)
-                    return
+                    self._deliver(job, "chunk", chunk)
+                    last = ("done", job.session.last)
+                    break
+                self._deliver(job, "chunk", chunk)
         except Exception as e:  # this request's problem only: answer it, keep serving
             log.exception("a chat request failed")
-            self._deliver(job, "error", e)
+            last = ("error", e)
         finally:
             steps.close()
             with self.lock:
@@ -234,6 +237,8 @@ class ChatEngine:
                 self.threads.remove(threading.current_thread())
                 if not self.stopping:
                     self._admit()
+            if last is not None:
+                self._deliver(job, *last)
 
     def _count(self, chunk: ChatChunk) -> None:
         s = chunk.stats
