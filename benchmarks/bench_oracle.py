@@ -168,6 +168,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--setups", default="spec,self-spec@8,self-spec@16")
     ap.add_argument("--new-tokens", type=int, default=96)
+    ap.add_argument(
+        "--warmup-tokens",
+        type=int,
+        default=None,
+        help="tokens of the untimed generation before each timed one (default: --new-tokens)",
+    )
     ap.add_argument("--prompt-len", type=int, default=32)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
@@ -188,11 +194,13 @@ def main(argv: list[str] | None = None) -> int:
     prompt = prompt_ids(args.seed, args.prompt_len)
     n = args.new_tokens
     opts = {"max_new_tokens": n, "ignore_eos": True}
+    warmup = {"max_new_tokens": args.warmup_tokens or n, "ignore_eos": True}
     ar = edgespec.load(bundle, threads=args.threads)
     ar.generate(prompt, max_new_tokens=4, ignore_eos=True)  # warm-up
     res = ar.generate(prompt, **opts)
     ar_tps = res.stats.decode_tokens / res.stats.decode_seconds
-    reference = prompt + list(ar.generate(prompt, max_new_tokens=n + 16, ignore_eos=True).tokens)
+    longest = max(n, warmup["max_new_tokens"]) + 16  # the oracle's drafts come from here
+    reference = prompt + list(ar.generate(prompt, max_new_tokens=longest, ignore_eos=True).tokens)
     vocab = ar.manifest.target.vocab_size
     print(f"ar: {ar_tps:.2f} tok/s decode (load {loadavg():.1f})", file=sys.stderr, flush=True)
     del ar
@@ -213,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
                 model.drafter = oracle_drafter(
                     model, Oracle(reference, alpha, args.seed + 1, vocab)
                 )
-                model.generate(prompt, **opts)
+                model.generate(prompt, **warmup)
                 model.drafter = oracle_drafter(model, Oracle(reference, alpha, args.seed, vocab))
                 out = model.generate(prompt, **opts)
                 rows.append(row_for(setup, alpha, policy, out, res.tokens, ar_tps))
