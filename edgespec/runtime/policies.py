@@ -25,8 +25,8 @@ MAX_DRAFT = 12
 RIDGE = 0.25
 # pseudo-rounds of the pooled acceptance in the after-a-full-round / after-a-cut estimates
 STATE_PRIOR = 2.0
+# pseudo-rounds of the all-positions acceptance in each position's estimate
 SHRINK = 1.0
-OPTIMISM = 1.0
 
 
 class DraftLengthPolicy(Protocol):
@@ -102,7 +102,8 @@ class AcceptanceModel:
     cut short (shrunk towards the pooled count). One per-token α fitted at the γ being
     drafted (what edgespec did before) predicts too few tokens for longer drafts and kept
     `auto` drafting 3-4 where 5-6 paid best. Positions beyond those measured are priced like
-    the last one measured (h(k) shrinks towards h(k - 1) with one pseudo-round)."""
+    the acceptance over all positions (each h(k) is shrunk towards it with SHRINK
+    pseudo-rounds: a position reached twice says little on its own)."""
 
     prior: float = 0.6  # acceptance of a typical decent drafter, before any round
     decay: float = 0.04  # forgetting per drafting round (~25 rounds)
@@ -134,10 +135,10 @@ class AcceptanceModel:
         likelier to be, too); `pooled`: over all rounds, whatever came before."""
         reached, passed = self._all
         reached_s, passed_s = self._all if pooled else self._after[self.after_full]
-        pooled = (sum(passed) + 2 * self.prior) / (sum(reached) + 2)  # all positions
+        overall = (sum(passed) + 2 * self.prior) / (sum(reached) + 2)  # all positions
         survive, tokens = 1.0, 1.0
         for k in range(1, min(gamma, MAX_DRAFT) + 1):
-            h = (passed[k] + SHRINK * pooled) / (reached[k] + SHRINK)  # shrunk towards pooled
+            h = (passed[k] + SHRINK * overall) / (reached[k] + SHRINK)
             h_s = (passed_s[k] + STATE_PRIOR * h) / (reached_s[k] + STATE_PRIOR)
             survive *= h_s
             tokens += survive
