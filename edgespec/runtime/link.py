@@ -364,20 +364,21 @@ class Remote:
     def end(self) -> None:
         """Tell the server the generation is over (frees its cache), keep the link."""
         self.held = None
-        if self.link is not None:
-            try:
-                self.link.send(P.End())
-            except LinkError:
-                self.drop()
+        self._notify(P.End())
 
     def pause(self) -> None:
         """The generation is over; the server keeps its session for the next `start` to
         resume. END instead while an answer is outstanding (what it holds is not known)."""
         if self.pending is not None or self.held is None:
             self.end()
-        elif self.link is not None:
+        else:
+            self._notify(P.Pause())
+
+    def _notify(self, msg: P.End | P.Pause) -> None:
+        """Send a message the server does not answer; a link that fails is dropped."""
+        if self.link is not None:
             try:
-                self.link.send(P.Pause())
+                self.link.send(msg)
             except LinkError:
                 self.drop()
 
