@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from edgespec.backbone import hello
+from edgespec.bundle import Manifest
 from edgespec.runtime.channel_policy import parse_channel_aware
 from edgespec.runtime.config import LoadConfig
 from edgespec.runtime.drafters import (
@@ -60,6 +61,19 @@ MODES: dict[str, ModeDefaults] = {
     "split": ModeDefaults("", "channel-aware"),  # drafter: the best the bundle has
 }
 DRAFTERS = ("none", "draft", "exit:K", "lookup")
+
+
+def best_local_mode(manifest: Manifest) -> str:
+    """The fastest local mode a bundle supports: its draft model, else its deepest early exit,
+    else prompt lookup (`auto` then speculates only while it wins). The server's default
+    mode, and in split mode the drafter the device uses."""
+    if "draft" in manifest.roles:
+        return "spec"
+    if manifest.exit_layers:
+        return "self-spec"
+    return "lookup"
+
+
 POLICIES = "fixed:N (0..64), confidence:T (0..1), acceptance, auto, dynamic-exit, " + (
     "channel-aware[:J per token > 0]"
 )
@@ -126,9 +140,10 @@ class _Builder:
 
     def drafter_spec(self) -> str:
         """The drafter's name with every bare "exit" made exit:K at the default exit."""
-        c, roles, exits = self.config, self.manifest.roles, self.exits
+        c, exits = self.config, self.exits
         if c.mode == "split" and c.drafter is None:  # the best drafter the bundle has
-            return "draft" if "draft" in roles else f"exit:{exits[-1]}" if exits else "lookup"
+            best = MODES[best_local_mode(self.manifest)].drafter
+            return f"exit:{exits[-1]}" if best == "exit" else best
         parts = (c.drafter or MODES[c.mode].drafter).split("+")
         return "+".join(self._default_exit() if p == "exit" else p for p in parts)
 

@@ -25,13 +25,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from edgespec.bundle import Manifest
 from edgespec.runtime.chat import ChatChunk, ChatSession, Prompt
 from edgespec.runtime.config import LoadConfig
 from edgespec.runtime.drafters import EarlyExitDrafter
 from edgespec.runtime.model import Model
 from edgespec.runtime.opener import BundleGraphs
-from edgespec.runtime.registry import MODES
+from edgespec.runtime.registry import MODES, best_local_mode
 from edgespec.runtime.round import Verifier
 
 log = logging.getLogger("edgespec.serve")
@@ -62,16 +61,6 @@ class EngineStats:
 LOCAL_MODES = tuple(m for m in MODES if m != "split")
 
 
-def fastest_mode(manifest: Manifest) -> str:
-    """The server's default: the draft model if the bundle has one, else early exit, else
-    prompt lookup (the `auto` policy then speculates only while it wins)."""
-    if "draft" in manifest.roles:
-        return "spec"
-    if manifest.exit_layers:
-        return "self-spec"
-    return "lookup"
-
-
 def load_model(
     graphs: BundleGraphs, mode: str | None, draft_policy: str | None, threads: int | None
 ) -> Model:
@@ -80,7 +69,7 @@ def load_model(
     own small cache and is verified by head@k + tail@k over the pool row (one forward that
     can share a batch; LayerSkip's reuse of the head's KV needs a target cache of its own)."""
     m = graphs.manifest
-    mode = mode or fastest_mode(m)
+    mode = mode or best_local_mode(m)
     if mode not in LOCAL_MODES:
         raise ValueError(f"--mode {mode!r}: the OpenAI endpoints decode with one of {LOCAL_MODES}")
     if mode == "ar" and draft_policy:
