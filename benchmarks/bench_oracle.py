@@ -10,18 +10,24 @@ paying the real drafter's time: every drafted token runs the real draft graph (o
 token it proposes, whose logits are thrown away. So the accepted length per round follows
 N(γ) = (1 − α^(γ+1)) / (1 − α) in expectation, and the time is the real one.
 
-For each setup, α ∈ `--alphas` and γ ∈ `--gammas` (fixed draft length), greedy, `--new-tokens`
-tokens after a `--prompt-len` prompt, it records decode tok/s (the prefill left out), the
+For each setup, α ∈ `--alphas` and γ ∈ `--gammas` (fixed draft length) and `--policies`
+(adaptive), greedy, `--new-tokens` tokens after a `--prompt-len` prompt, the policies taking
+turns `--repeats` times (median), it records decode tok/s (the prefill left out), the
 realized tokens per round, and from the same run's stats the step times t_draft (per drafted
 token), t_verify(γ) (per round) and t_target (per `ar` token, measured first), and compares with
 
     ideal speed-up = N(γ) · t_target / (γ · t_draft + t_verify(γ))
 
-(N(γ) from α) — the speed-up if a round cost nothing but its draft steps and its verify call.
+(N(γ) from α) — the speed-up if a round cost nothing but its draft steps and its verify. For
+self-spec the verify is the tail over [last, d_1..d_γ] plus the head step on d_γ that gives
+the tail its input (at γ = 0 the two are one plain target step).
 Where measured < 90% of ideal, the row's `where the time goes` says how each round's time
 splits: drafting, verifying, and everything else (the decode loop: acceptance, cache
 bookkeeping, policy), and how far the realized tokens per round fell from N(γ) (luck, not
-overhead). Every run's tokens are checked against `ar` (the oracle drafts never change them).
+overhead). `of ideal at realized tokens/round` puts the realized tokens per round in place of
+N(γ): the share of each round spent drafting and verifying, the runtime's own overhead
+without the coins' luck (64 tokens hold a few dozen rounds; their acceptance strays from α).
+Every run's tokens are checked against `ar` (the oracle drafts never change them).
 
     python benchmarks/bench_oracle.py --json benchmarks/results/oracle.json   # writes a PNG too
 
@@ -63,24 +69,28 @@ EXITS = [8, 16]
 
 
 class Oracle:
-    """The target's greedy continuation; each drafted token right with probability α."""
+    """The target's greedy continuation; each drafted token right with probability α.
+
+    Whether the draft at a position is right is one seeded coin per position, drawn once:
+    every policy (and every γ) meets the same hard positions, as with a real drafter, which
+    misses the same tokens whatever γ it drafts. Coins drawn per draft call instead gave each
+    policy its own luck, and compared policies by more than their choice of γ."""
 
     def __init__(self, reference: list[int], alpha: float, seed: int, vocab: int) -> None:
         self.reference, self.alpha, self.vocab = reference, alpha, vocab
-        self.rng = np.random.default_rng(seed)
+        self.right = np.random.default_rng(seed).random(len(reference)) < alpha
 
     def token(self, position: int) -> int:
         truth = self.reference[position]
-        return truth if self.rng.random() < self.alpha else (truth + 1) % self.vocab
+        return truth if self.right[position] else (truth + 1) % self.vocab
 
 
-def oracle_drafter(model: Any, oracle: Oracle) -> Any:
-    """`model.drafter` with the oracle's tokens in place of its own, its graph calls kept: each
-    drafted token runs the real draft step on the token proposed before it."""
+def oracle_drafter(inner: Any, oracle: Oracle) -> Any:
+    """The drafter `inner` with the oracle's tokens in place of its own, its graph calls kept:
+    each drafted token runs the real draft step on the token proposed before it."""
     from edgespec.runtime.drafters import EarlyExitDrafter, ModelDrafter
     from edgespec.runtime.round import Proposal, TailInput
 
-    inner = model.drafter
     if isinstance(inner, ModelDrafter):
 
         class OracleDraft(ModelDrafter):
@@ -117,7 +127,8 @@ def oracle_drafter(model: Any, oracle: Oracle) -> Any:
                 feed = [tokens[-1]]
             drafting = time.perf_counter() - start  # as EarlyExitDrafter counts it
             run_head(feed, 0)  # the tail verifies the last draft's hidden state too
-            tail = TailInput(np.concatenate(hidden), self.tails[k], k)
+            head = time.perf_counter() - start - drafting  # counted in the verify
+            tail = TailInput(np.concatenate(hidden), self.tails[k], k, head)
             return Proposal(tokens, "greedy", None, drafting, tail=tail)
 
     return OracleExit(inner.target, inner.heads, inner.tails, inner.exit_layer)
@@ -134,12 +145,17 @@ class Row:
     ideal_speedup: float
     ideal_tps: float
     of_ideal: float  # speedup / ideal_speedup
+    # the same with the realized tokens per round in place of N(γ): 1 − the round's time
+    # outside drafting and verifying, i.e. the runtime's own overhead without the coins' luck
+    of_ideal_realized: float
     tokens_per_round: float  # realized
     expected_per_round: float  # N(γ) from α
     t_draft_ms: float  # per drafted token
     t_verify_ms: float  # per round
     other_ms: float  # per round: decode time not spent drafting or verifying
-    same_as_ar: bool
+    ar_tps: float  # plain `ar` in the same cell, taking turns with the policies (median)
+    same_as_ar: bool  # every run
+    runs_tps: list[float]  # each timed run's decode tok/s (tokens_per_s: their median)
     where: str = ""
 
 
@@ -174,6 +190,9 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="tokens of the untimed generation before each timed one (default: --new-tokens)",
     )
+    ap.add_argument(
+        "--repeats", type=int, default=3, help="timed runs per policy, taken in turns (median)"
+    )
     ap.add_argument("--prompt-len", type=int, default=32)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
@@ -197,49 +216,69 @@ def main(argv: list[str] | None = None) -> int:
     warmup = {"max_new_tokens": args.warmup_tokens or n, "ignore_eos": True}
     ar = edgespec.load(bundle, threads=args.threads)
     ar.generate(prompt, max_new_tokens=4, ignore_eos=True)  # warm-up
-    res = ar.generate(prompt, **opts)
-    ar_tps = res.stats.decode_tokens / res.stats.decode_seconds
+    ar_runs = [ar.generate(prompt, **opts) for _ in range(args.repeats)]
+    ar_tps = float(np.median([r.stats.decode_tokens / r.stats.decode_seconds for r in ar_runs]))
+    res = ar_runs[0]
     longest = max(n, warmup["max_new_tokens"]) + 16  # the oracle's drafts come from here
     reference = prompt + list(ar.generate(prompt, max_new_tokens=longest, ignore_eos=True).tokens)
     vocab = ar.manifest.target.vocab_size
     print(f"ar: {ar_tps:.2f} tok/s decode (load {loadavg():.1f})", file=sys.stderr, flush=True)
-    del ar
     rows: list[Row] = []
+    ar_cells: dict[str, list[float]] = {}  # setup -> each cell's ar tok/s
+    policies = [f"fixed:{g}" for g in args.gammas.split(",")]
+    policies += [p for p in args.policies.split(",") if p]
     for setup in args.setups.split(","):
         mode, _, exit_layer = setup.partition("@")
         extra = {"exit_layer": int(exit_layer)} if exit_layer else {}
-        policies = [f"fixed:{g}" for g in args.gammas.split(",")]
-        policies += [p for p in args.policies.split(",") if p]
-        for policy in policies:
-            model = edgespec.load(
-                bundle, mode=mode, draft_policy=policy, threads=args.threads, **extra
-            )
-            for alpha in [float(a) for a in args.alphas.split(",")]:
-                # a fresh policy per α, warmed up by one generation at that α (another seed):
-                # what an app sees once its model has decoded a little with this drafter
-                model.policy = make_policy(policy)
-                model.drafter = oracle_drafter(
-                    model, Oracle(reference, alpha, args.seed + 1, vocab)
-                )
+        model = edgespec.load(bundle, mode=mode, threads=args.threads, **extra)
+        drafter = model.drafter
+        for alpha in [float(a) for a in args.alphas.split(",")]:
+            # a fresh policy per α, warmed up by one generation at that α (other coins): what
+            # an app sees once its model has decoded a little with this drafter; then the
+            # policies take turns, `--repeats` times each, so that the machine's drift falls
+            # on all of them alike, and each keeps learning across its runs as in an app
+            learned = {p: make_policy(p) for p in policies}
+            runs: dict[str, list[Any]] = {p: [] for p in policies}
+            for p in policies:
+                model.policy = learned[p]
+                warm = Oracle(reference, alpha, args.seed + 1, vocab)
+                model.drafter = oracle_drafter(drafter, warm)
                 model.generate(prompt, **warmup)
-                model.drafter = oracle_drafter(model, Oracle(reference, alpha, args.seed, vocab))
-                out = model.generate(prompt, **opts)
-                rows.append(row_for(setup, alpha, policy, out, res.tokens, ar_tps))
+            model.drafter = oracle_drafter(drafter, Oracle(reference, alpha, args.seed, vocab))
+            ar_rates = []  # plain `ar` takes its turn too: each speed-up is within one cell
+            for _ in range(args.repeats):
+                s = ar.generate(prompt, **opts).stats
+                ar_rates.append(s.decode_tokens / s.decode_seconds)
+                for p in policies:
+                    model.policy = learned[p]
+                    runs[p].append(model.generate(prompt, **opts))
+            cell_ar = float(np.median(ar_rates))
+            ar_cells.setdefault(setup, []).append(cell_ar)
+            print(f"{setup} α={alpha} ar: {cell_ar:.2f} tok/s", file=sys.stderr, flush=True)
+            for p in policies:
+                rows.append(row_for(setup, alpha, p, runs[p], res.tokens, cell_ar))
                 r = rows[-1]
                 print(
-                    f"{setup} α={alpha} {policy}: {r.tokens_per_s:.2f} tok/s, "
-                    f"{r.speedup:.2f}x (ideal {r.ideal_speedup:.2f}x, {r.of_ideal:.0%}) "
-                    f"{r.where}",
+                    f"{setup} α={alpha} {p}: {r.tokens_per_s:.2f} tok/s "
+                    f"({min(r.runs_tps):.2f}-{max(r.runs_tps):.2f}), {r.speedup:.2f}x "
+                    f"(ideal {r.ideal_speedup:.2f}x, {r.of_ideal:.0%}; at the realized "
+                    f"tokens/round {r.of_ideal_realized:.0%}) {r.where}",
                     file=sys.stderr,
                     flush=True,
                 )
-            del model
+        del model, drafter
     print_table(rows, ar_tps, args, load_start)
     print_adaptive(rows)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        meta = {"threads": args.threads, "new_tokens": n, "load_start_end": [load_start, loadavg()]}
-        ar_by_setup = {s: ar_tps for s in args.setups.split(",")}
+        meta = {
+            "threads": args.threads,
+            "new_tokens": n,
+            "warmup_tokens": warmup["max_new_tokens"],
+            "repeats": args.repeats,
+            "load_start_end": [load_start, loadavg()],
+        }
+        ar_by_setup = {s: float(np.median(v)) for s, v in ar_cells.items()}
         args.json.write_text(
             json.dumps(
                 {"meta": meta, "ar_tps": ar_by_setup, "rows": [asdict(r) for r in rows]}, indent=1
@@ -252,8 +291,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def row_for(
-    setup: str, alpha: float, policy: str, out: Any, ar_tokens: list[int], ar_tps: float
+    setup: str, alpha: float, policy: str, outs: list[Any], ar_tokens: list[int], ar_tps: float
 ) -> Row:
+    """The row of the run with the median tok/s (its step times and round counts)."""
+    rates = [o.stats.decode_tokens / o.stats.decode_seconds for o in outs]
+    out = outs[sorted(range(len(outs)), key=rates.__getitem__)[len(outs) // 2]]
     s = out.stats
     rounds = max(s.rounds, 1)
     fixed = policy.startswith("fixed:")
@@ -276,12 +318,15 @@ def row_for(
         ideal,
         ideal / t_target,
         (tps / ar_tps) / ideal,
+        (tps / ar_tps) / (per_round * t_target / (gamma * t_draft + t_verify)),
         per_round,
         expected,
         1e3 * t_draft,
         1e3 * t_verify,
         1e3 * other,
-        list(out.tokens) == list(ar_tokens),
+        ar_tps,
+        all(list(o.tokens) == list(ar_tokens) for o in outs),
+        rates,
     )
     if row.of_ideal < 0.9:
         round_ms = 1e3 * s.decode_seconds / rounds
@@ -295,18 +340,23 @@ def row_for(
 
 def print_table(rows: list[Row], ar_tps: float, args: argparse.Namespace, load: float) -> None:
     print(
-        f"\nar {ar_tps:.2f} tok/s decode; {args.threads} threads; {args.new_tokens} new tokens; "
+        f"\nar {ar_tps:.2f} tok/s decode at the start (each row's speed-up is over `ar` run in "
+        f"turns within its cell); {args.threads} threads; {args.new_tokens} new tokens; "
         f"load average {load:.1f} at start, {loadavg():.1f} at end\n"
     )
     print(
-        "| setup | α | policy | γ | tok/s | speed-up | ideal | of ideal | tokens/round (N(γ)) | "
+        "| setup | α | policy | γ | tok/s | ar tok/s | speed-up | ideal | of ideal | "
+        "of ideal at realized "
+        "tokens/round | tokens/round (N(γ)) | "
         "t_draft ms | t_verify(γ) ms | other ms/round | = ar | where the time goes |"
     )
-    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|")
+    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|")
     for r in rows:
         print(
             f"| {r.setup} | {r.alpha:g} | {r.policy} | {r.gamma:.2f} | {r.tokens_per_s:.2f} | "
+            f"{r.ar_tps:.2f} | "
             f"{r.speedup:.2f}x | {r.ideal_speedup:.2f}x | {r.of_ideal:.0%} | "
+            f"{r.of_ideal_realized:.0%} | "
             f"{r.tokens_per_round:.2f} ({r.expected_per_round:.2f}) | {r.t_draft_ms:.1f} | "
             f"{r.t_verify_ms:.1f} | {r.other_ms:.1f} | {'yes' if r.same_as_ar else 'NO'} | "
             f"{r.where} |"

@@ -11,13 +11,14 @@ Traces (`--scenarios`):
   geo:A         independent bits with P(1) = A (what bench_oracle.py's oracle drafter does)
   bursty:E,H,S  a two-state Markov regime: acceptance E in easy stretches, H in hard ones,
                 switching with probability S per token (real text: runs of predictable code)
-  file:PATH     a real trace, one 0/1 per line or a JSON list (bench_auto.py --trace-out)
+  file:PATH     a real trace, one 0/1 per line or a JSON list (acceptance_trace.py writes one)
 Costs (`--costs`), seconds per round, each multiplied by lognormal noise (σ `--noise`) and,
 with probability `--spikes`, by 3 (another process took the CPU):
   plain step   t_target
   γ ≥ 1 round  overhead + γ·t_draft + t_target·(1 + slope·γ)   (verify γ + 1 positions)
 Named cost sets: `360m-135m` (bench_oracle's SmolLM2-360M target, 135M draft), `self-spec@8`,
-`self-spec@16` (draft = that share of the target's layers), `trained` (bench_auto's pair).
+`self-spec@16` (draft = that share of the target's layers), `trained` (bench_auto's pair),
+`trained@2` (its self-spec at exit 2).
 
     python benchmarks/bench_policy.py                      # every scenario, a table
     python benchmarks/bench_policy.py --scenarios geo:0.8 --costs 360m-135m --tokens 4000
@@ -56,6 +57,8 @@ COSTS = {
     "self-spec@16": Costs(0.100, 0.050, 0.001, 0.06),
     # the trained 11M pair: 2.4 ms target step, a 2-layer draft, per-call overheads matter
     "trained": Costs(0.0024, 0.0006, 0.0003, 0.08),
+    # its self-spec at exit 2 of 8 layers: a head step (2 layers + the LM head) per draft
+    "trained@2": Costs(0.0024, 0.0008, 0.0003, 0.08),
 }
 
 

@@ -3,6 +3,8 @@ target's own greedy output (transformers `generate`), whatever the drafter propo
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -88,6 +90,26 @@ def test_stream_chunks_carry_round_stats(spec_bundles):
     assert all(r.exit_layer in (1, 2, 3) for r in rounds)
     assert sum(len(c.tokens) for c in chunks) == 30
     assert all(r.new_tokens == r.accepted + 1 for r in rounds[:-1])
+
+
+def test_self_spec_counts_the_head_step_on_the_last_draft_as_verifying(spec_bundles):
+    """The tail needs d_γ's hidden state, computed by one more head call a round: that call
+    is part of the verify (at γ = 0 head + tail is a plain step), not of drafting, which
+    policies price per drafted token."""
+    model = edgespec.load(spec_bundles["qwen2"], mode="self-spec", draft_policy="fixed:2")
+    head = model.drafter.heads[model.drafter.exit_layer]
+    run = head.run
+
+    def slow_tail_input(*args, keep, **kwargs):  # the tail-input call keeps no logits
+        if keep == 0:
+            time.sleep(0.05)
+        return run(*args, keep=keep, **kwargs)
+
+    head.run = slow_tail_input
+    chunks = list(model.stream(repetitive_prompt(3), max_new_tokens=9, ignore_eos=True))
+    rounds = [c.stats for c in chunks[1:]]
+    assert rounds and all(r.drafted == 2 for r in rounds)
+    assert all(r.verify_seconds >= 0.05 > r.draft_seconds for r in rounds)
 
 
 def test_stops_at_eos_inside_an_accepted_run(spec_bundles):

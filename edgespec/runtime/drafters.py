@@ -163,11 +163,11 @@ class EarlyExitDrafter:
         tokens, qs, last = draft_tokens(run_head, seq[past:], plan, params, rng, self.support)
         drafting = perf_counter() - start
         # the last token's hidden state: the tail verifies it too. One call a round, whatever
-        # γ: it is the verify's input, not drafting, and counting it as drafting priced
-        # every draft token at twice a head step when γ is 1 (policies price drafting per
-        # token), which kept `auto` from longer drafts; it shows in the round's wall time
+        # γ: it is the verify's input, not drafting (counted as drafting it priced every
+        # draft token at twice a head step when γ is 1, which kept `auto` from longer drafts)
         run_head(last, keep=0)
-        tail = TailInput(np.concatenate(hidden), self.tails[k], k)
+        head = perf_counter() - start - drafting
+        tail = TailInput(np.concatenate(hidden), self.tails[k], k, head)
         return _proposal(tokens, qs, params, seconds=drafting, tail=tail)
 
     def commit(self, valid: int) -> None:

@@ -48,6 +48,9 @@ class TailInput:
     hidden: np.ndarray
     tail: GraphSession
     exit_layer: int
+    # the head call on d_γ that computed its hidden state: part of verifying (the tail needs
+    # it; at γ = 0 head + tail is one plain target step), so the verdict counts it
+    head_seconds: float = 0.0
 
 
 @dataclass
