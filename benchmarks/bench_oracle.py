@@ -318,7 +318,9 @@ def row_for(
         ideal,
         ideal / t_target,
         (tps / ar_tps) / ideal,
-        (tps / ar_tps) / (per_round * t_target / (gamma * t_draft + t_verify)),
+        # tokens / (draft + verify time) against tokens / decode time: exact where γ·t_draft
+        # is not (the last rounds draft fewer than γ, capped by the token budget)
+        (s.draft_seconds + s.verify_seconds) / s.decode_seconds,
         per_round,
         expected,
         1e3 * t_draft,
