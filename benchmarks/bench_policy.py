@@ -92,17 +92,27 @@ def replay(
     noise: float,
     spikes: float,
     seed: int,
+    cold: tuple[int, int, float] = (0, 0, 1.0),
 ) -> tuple[float, float]:
-    """(tokens per second, mean γ) of one policy over the trace."""
+    """(tokens per second, mean γ) of one policy over the trace. `cold`: (tokens per
+    generation, slow rounds at its start, their factor): the first rounds of each generation
+    are slow, as in an app (or bench_auto) that runs other models between generations."""
     policy = make_policy(policy_name)
     rng = np.random.default_rng(seed)  # the same noise stream for every policy
     pos, seconds, rounds, drafted_total = 0, 0.0, 0, 0
+    per_generation, cold_rounds, cold_factor = cold
+    start, since = 0, 0  # this generation's first position, rounds since it
     while pos < tokens:
+        if per_generation and pos - start >= per_generation:
+            start, since = pos, 0
         g = min(policy.plan().length, tokens - pos - 1)
         run = 0
         while run < g and bits[pos + run]:
             run += 1
         factor = float(np.exp(rng.normal(0.0, noise))) * (3.0 if rng.random() < spikes else 1.0)
+        if per_generation and since < cold_rounds:
+            factor *= cold_factor
+        since += 1
         if g == 0:
             draft_s, verify_s, total = 0.0, costs.t_target * factor, costs.t_target * factor
         else:
@@ -127,9 +137,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=5, help="traces per scenario (seeds)")
     ap.add_argument("--noise", type=float, default=0.1)
     ap.add_argument("--spikes", type=float, default=0.02)
+    ap.add_argument(
+        "--cold",
+        default="0,0,1",
+        help="TOKENS,ROUNDS,FACTOR: each generation of TOKENS starts with ROUNDS rounds FACTOR "
+        "times slow (other models ran meanwhile); 0,0,1: one long generation",
+    )
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     scenarios = _split_scenarios(args.scenarios)
+    t, r, f = args.cold.split(",")
+    cold = (int(t), int(r), float(f))
     gammas = [int(g) for g in args.gammas.split(",")]
     adaptive = args.policies.split(",")
     out = []
@@ -148,10 +166,12 @@ def main(argv: list[str] | None = None) -> int:
                 bits = trace_for(scenario, args.tokens + 64, seed=r)
                 for g in gammas:
                     fixed[g] += replay(
-                        f"fixed:{g}", bits, costs, args.tokens, args.noise, args.spikes, r
+                        f"fixed:{g}", bits, costs, args.tokens, args.noise, args.spikes, r, cold
                     )[0]
                 for p in adaptive:
-                    tps, mean_g = replay(p, bits, costs, args.tokens, args.noise, args.spikes, r)
+                    tps, mean_g = replay(
+                        p, bits, costs, args.tokens, args.noise, args.spikes, r, cold
+                    )
                     rates[p][0] += tps
                     rates[p][1] += mean_g
             best = max(fixed, key=lambda g: fixed[g])

@@ -193,3 +193,25 @@ def test_after_a_round_accepted_whole_auto_expects_the_run_to_go_on():
     after_cut = cost.expected(4)
     cost.observe(RoundStats("decode", 5, 5, 0.01, drafted=4, accepted=4, draft_seconds=0.004))
     assert cost.expected(4) > after_cut + 2
+
+
+def test_auto_drafts_again_after_slow_first_rounds_priced_drafting_out():
+    """The first rounds of a generation after other models ran can be slow: they priced
+    drafting out, and plain rounds taught `auto` nothing new, so it stepped plainly for
+    hundreds of rounds where drafting was 20% faster. Plain rounds now age what drafting was
+    measured to cost, so the next probes' fresh times decide."""
+    import random
+
+    shares = []
+    for seed in range(8):
+        rng, p, drafted = random.Random(seed), Auto(), []
+        for i in range(400):
+            g = p.plan().length
+            n = 0
+            while n < g and rng.random() < 0.6:  # N(2) ≈ 1.96 tokens in 16 ms: 1.2x plain
+                n += 1
+            t = (0.010 + 0.003 * g) * (2 if i < 30 and g else 1)  # 30 slow rounds first
+            p.observe(RoundStats("decode", n + 1, g + 1, t, g, n, 0.003 * g, 0.010))
+            drafted.append(g > 0)
+        shares.append(sum(drafted[100:]) / 300)
+    assert sum(shares) / len(shares) >= 0.6  # was 0.19: 6 of 8 runs stuck in plain steps

@@ -27,6 +27,8 @@ RIDGE = 0.25
 STATE_PRIOR = 2.0
 # pseudo-rounds of the all-positions acceptance in each position's estimate
 SHRINK = 1.0
+# `auto` backs its probes off only while drafting is priced under this share of plain decoding
+CLEARLY_LOSING = 0.9
 
 
 class DraftLengthPolicy(Protocol):
@@ -210,6 +212,14 @@ class CostModel:
         if g > 0:
             draft = min(s.draft_seconds, seconds)
             self._fit(g, seconds - draft)
+        else:
+            # plain rounds age what drafting was measured to cost (the estimates stay, their
+            # weight fades): after a stretch of plain steps the next probe's fresh times
+            # outweigh old ones, e.g. the slow first rounds of a generation after other
+            # models ran, which otherwise kept speculation priced out for hundreds of rounds
+            keep = 1 - self.fit_decay
+            self._sums = [v * keep for v in self._sums]
+            self._drafting = (self._drafting[0] * keep, self._drafting[1] * keep)
 
     def expected(self, gamma: int) -> float:
         return self.acceptance.expected(gamma)
@@ -288,8 +298,11 @@ class Auto:
     """Speculate only when it wins. γ = 0 (one plain target step) is a candidate like any
     other, priced by its own measured round time; when plain decoding is the better bet the
     policy still probes a short draft now and then (every 4, 8, ... up to 128 plain rounds,
-    backing off while probes keep losing) so speculation switches back on when the text gets
-    predictable again."""
+    backing off while probes keep losing clearly) so speculation switches back on when the
+    text gets predictable again. While speculation is priced within CLEARLY_LOSING of plain
+    decoding, probes stay every 4 rounds: plain rounds teach nothing about acceptance, and a
+    few slow or unlucky rounds (the first rounds of a generation after other models ran) could
+    otherwise leave `auto` stepping plainly for hundreds of rounds where drafting paid."""
 
     max_length: int = MAX_DRAFT
     cost: CostModel = field(default_factory=CostModel)
@@ -306,13 +319,15 @@ class Auto:
         if 0 not in self.cost.round_time:
             return 0  # then what a plain step costs here
         g, rate = self.cost.best_length(self.max_length, min_length=1)
-        if rate > self.cost.rate(0):
+        plain = self.cost.rate(0)
+        if rate > plain:
             self._gap = 4
             return g
         self._plain_rounds += 1
         if self._plain_rounds >= self._gap:
             self._plain_rounds = 0
-            self._gap = min(2 * self._gap, self.max_gap)
+            if rate < CLEARLY_LOSING * plain:
+                self._gap = min(2 * self._gap, self.max_gap)
             return g
         return 0
 
