@@ -16,6 +16,8 @@ Costs (`--costs`), seconds per round, each multiplied by lognormal noise (σ `--
 with probability `--spikes`, by 3 (another process took the CPU):
   plain step   t_target
   γ ≥ 1 round  overhead + γ·t_draft + t_target·(1 + slope·γ)   (verify γ + 1 positions)
+and, with `--cold TOKENS,ROUNDS,FACTOR`, the first ROUNDS rounds of every TOKENS-token
+generation FACTOR times slower (an app, or bench_auto, that runs other models in between).
 Named cost sets: `360m-135m` (bench_oracle's SmolLM2-360M target, 135M draft), `self-spec@8`,
 `self-spec@16` (draft = that share of the target's layers), `trained` (bench_auto's pair),
 `trained@2` (its self-spec at exit 2).
