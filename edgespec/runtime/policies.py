@@ -173,32 +173,30 @@ class CostModel:
     t_draft: float | None = None  # seconds per drafted token
     round_time: dict[int, float] = field(default_factory=dict)  # γ -> EWMA seconds, as seen
     rounds: int = 0
-    fit_decay: float = 0.03  # forgetting per speculative round of the line (~30 rounds)
+    fit_decay: float = 0.03  # forgetting per round of the line and t_draft (~30 rounds)
     _sums: list[float] = field(default_factory=lambda: [0.0] * 5)  # Σw, Σwγ, Σwr, Σwγ², Σwγr
     _seen: dict[int, int] = field(default_factory=dict)  # γ -> rounds measured
     # exponentially weighted (seconds drafting, tokens drafted), forgotten like the line
     _drafting: tuple[float, float] = (0.0, 0.0)
 
     def __post_init__(self) -> None:
-        if self.t_draft is not None:  # calibrated: worth a few rounds of drafts
-            self._drafting = (12 * self.t_draft, 12.0)
         for g, t in self.round_time.items():  # calibrated: worth a few live rounds each
             self._seen[g] = 3
             if g > 0:
+                self._age()
                 self._fit(g, t - g * (self.t_draft or 0.0), weight=3.0)
+        if self.t_draft is not None:  # calibrated: worth a few rounds of drafts
+            self._drafting = (12 * self.t_draft, 12.0)
 
     def observe(self, s: RoundStats) -> None:
         self.rounds += 1
+        self._age()
         if s.drafted:
             self.acceptance.observe(s.drafted, s.accepted)
             draft = s.draft_seconds  # clipped like round times below: a hiccup, not a price
             if self.t_draft is not None:
                 draft = min(draft, 3 * s.drafted * self.t_draft)
-            keep = 1 - self.fit_decay
-            self._drafting = (
-                self._drafting[0] * keep + draft,
-                self._drafting[1] * keep + s.drafted,
-            )
+            self._drafting = (self._drafting[0] + draft, self._drafting[1] + s.drafted)
             self.t_draft = self._drafting[0] / self._drafting[1]
         g = s.drafted
         seconds = s.seconds - s.catchup_seconds  # a one-off, not a cost of this γ
@@ -212,14 +210,6 @@ class CostModel:
         if g > 0:
             draft = min(s.draft_seconds, seconds)
             self._fit(g, seconds - draft)
-        else:
-            # plain rounds age what drafting was measured to cost (the estimates stay, their
-            # weight fades): after a stretch of plain steps the next probe's fresh times
-            # outweigh old ones, e.g. the slow first rounds of a generation after other
-            # models ran, which otherwise kept speculation priced out for hundreds of rounds
-            keep = 1 - self.fit_decay
-            self._sums = [v * keep for v in self._sums]
-            self._drafting = (self._drafting[0] * keep, self._drafting[1] * keep)
 
     def expected(self, gamma: int) -> float:
         return self.acceptance.expected(gamma)
@@ -228,9 +218,18 @@ class CostModel:
     def alpha(self) -> float:
         return self.acceptance.alpha
 
-    def _fit(self, gamma: int, seconds: float, weight: float = 1.0) -> None:
+    def _age(self) -> None:
+        """Forget a little of what drafting was measured to cost (the line and t_draft keep
+        their values, their weight fades), once a round, plain rounds too: after a stretch of
+        plain steps the next probe's fresh times outweigh old ones, e.g. the slow first rounds
+        of a generation after other models ran, which otherwise kept speculation priced out
+        for hundreds of rounds."""
         keep = 1 - self.fit_decay
-        w, x, y, xx, xy = (v * keep for v in self._sums)
+        self._sums = [v * keep for v in self._sums]
+        self._drafting = (self._drafting[0] * keep, self._drafting[1] * keep)
+
+    def _fit(self, gamma: int, seconds: float, weight: float = 1.0) -> None:
+        w, x, y, xx, xy = self._sums
         g = float(gamma)
         self._sums = [w + weight, x + weight * g, y + weight * seconds]
         self._sums += [xx + weight * g * g, xy + weight * g * seconds]
