@@ -53,6 +53,9 @@ Run (in the project venv; genai lives in its own venv, so it runs in a subproces
 If `onnxruntime_genai` is importable in the running interpreter, everything runs in one
 process (leave out --genai-python). `--engines transformers,edgespec` picks a subset,
 `--shapes smollm2-135m` one shape, `--rebuild edgespec` re-exports cached artifacts.
+`--precisions fp32,int8,int4,int4@32` adds edgespec rows at other precisions (int4@32: the
+export's int4 with blocks of 32 instead of its default) and llama.cpp's matching F32/Q8_0/Q4_0
+rows (`--engines llamacpp`); `--rounds 3` runs the whole list three times in turns.
 """
 
 from __future__ import annotations
@@ -81,6 +84,19 @@ from llamacpp_engine import BYTES_PER_WEIGHT
 
 ENGINES = ("edgespec", "transformers", "genai", "llamacpp")
 PRECISIONS = ("fp32", "fp16", "int8", "int4")  # edgespec's names; llama.cpp: F32 F16 Q8_0 Q4_0
+
+
+def base_precision(precision: str) -> str:
+    """ "int4@32" (edgespec's int4 with blocks of 32, not the export's default) -> "int4":
+    the llama.cpp type and the bound it is measured against."""
+    return precision.split("@", 1)[0]
+
+
+def block_of(precision: str) -> int | None:
+    """The block an "int8@128"-style precision names (None: the export's default)."""
+    return int(precision.split("@", 1)[1]) if "@" in precision else None
+
+
 QUIET_CORES = 0.25  # other processes' CPU use (cores) above which the machine counts as busy
 TOKENIZER_VOCAB = 8192  # trained BPE vocab; prompt ids are drawn below it
 EOS_TOKEN = "<|endoftext|>"  # id 0 of the trained tokenizer; also the models' bos/eos/pad
@@ -194,6 +210,7 @@ class EngineResult:
     tokens: list[int] = field(default_factory=list)
     runs: list[dict[str, Any]] = field(default_factory=list)
     elapsed_s: float = 0.0  # export (if not cached) + load + warm-up + repeats
+    round_decode_tps: list[float] = field(default_factory=list)  # median decode of each round
     other_cpu: float = 0.0  # most cores other processes kept busy during a counted run
 
 
@@ -472,13 +489,14 @@ def transformers_engine(
 
 
 def export_edgespec(folder: Path, bundle: Path, precision: str = "fp32") -> None:
-    """fp32 / fp16 weights, or fp32 with block-32 int8 / int4 MatMulNBits weights."""
+    """fp32 / fp16 weights, or fp32 with int8 / int4 MatMulNBits weights (the export's
+    default block, or the one an "int4@32"-style precision names)."""
     from edgespec.export import export_bundle
 
     shutil.rmtree(bundle, ignore_errors=True)
     options: dict[str, Any] = {"dtype": "fp16" if precision == "fp16" else "fp32"}
-    if precision in ("int8", "int4"):
-        options.update(quantize=precision, block_size=32)
+    if base_precision(precision) in ("int8", "int4"):
+        options.update(quantize=base_precision(precision), block_size=block_of(precision))
     export_bundle(model=str(folder), out=str(bundle), **options)
 
 
@@ -645,28 +663,44 @@ def bench_shape(shape: str, args: argparse.Namespace) -> dict[str, Any]:
         (engine, precision)
         for precision in args.precisions
         for engine in ("transformers", "edgespec", "genai", "llamacpp")
-        if engine in args.engines and (precision == "fp32" or engine in ("edgespec", "llamacpp"))
-    ]
-    for engine, precision in jobs:
-        key = f"{engine} {precision}"
-        result = results[key] = EngineResult(engine, precision)
-        start = time.perf_counter()
-        try:
-            runs = run_engine(engine, precision, folder, prompt, args, rebuild)
-        except EngineSkipped as e:
-            result.status, result.message = "skipped", str(e)
-            log(f"[{shape}] {key}: skipped: {e}")
-            continue
-        except Exception as e:  # noqa: BLE001 - report the row, keep benchmarking
-            result.status, result.message = "error", f"{type(e).__name__}: {e}"
-            log(f"[{shape}] {key}: error\n{traceback.format_exc()}")
-            continue
-        result.elapsed_s = time.perf_counter() - start
-        summarize(result, runs, args.stat, n_new)
-        log(
-            f"[{shape}] {key}: prefill {result.prefill_tps:.1f} tok/s, "
-            f"decode {result.decode_tps:.2f} tok/s"
+        if engine in args.engines
+        and (
+            precision == "fp32"
+            or engine == "edgespec"
+            or (engine, block_of(precision)) == ("llamacpp", None)
         )
+    ]
+    # --rounds R runs the whole job list R times (the engines take turns), so a slow spell
+    # of the shared machine hits every engine of a round alike; a row is its median over
+    # every round's runs, and its per-round decode rates say how far they scattered.
+    runs_of: dict[str, list[Run]] = {}
+    for round_no in range(args.rounds):
+        for engine, precision in jobs:
+            key = f"{engine} {precision}"
+            result = results.setdefault(key, EngineResult(engine, precision))
+            if result.status != "ok":
+                continue
+            start = time.perf_counter()
+            try:
+                runs = run_engine(engine, precision, folder, prompt, args, rebuild)
+            except EngineSkipped as e:
+                result.status, result.message = "skipped", str(e)
+                log(f"[{shape}] {key}: skipped: {e}")
+                continue
+            except Exception as e:  # noqa: BLE001 - report the row, keep benchmarking
+                result.status, result.message = "error", f"{type(e).__name__}: {e}"
+                log(f"[{shape}] {key}: error\n{traceback.format_exc()}")
+                continue
+            rebuild.discard(engine)  # re-exported / re-converted once, not every round
+            result.elapsed_s += time.perf_counter() - start
+            runs_of.setdefault(key, []).extend(runs)
+            used = [r for r in runs if undisturbed(r)] or runs
+            result.round_decode_tps.append(statistics.median(r.decode_tps for r in used))
+            summarize(result, runs_of[key], args.stat, n_new)
+            log(
+                f"[{shape}] {key} (round {round_no + 1}/{args.rounds}): prefill "
+                f"{result.prefill_tps:.1f} tok/s, decode {result.decode_tps:.2f} tok/s"
+            )
 
     compare_tokens(results)
     return {
@@ -690,7 +724,7 @@ def compare_tokens(results: dict[str, EngineResult]) -> None:
     for r in results.values():
         if r.status != "ok":
             continue
-        peer = results.get(f"edgespec {r.precision}")
+        peer = results.get(f"edgespec {r.precision}")  # llama.cpp rows are base precisions
         if r.engine == "llamacpp" and peer is not None and peer.status == "ok":
             r.same_tokens, r.same_as = leading_match(r.tokens, peer.tokens), "edgespec"
         elif hf is not None and hf.status == "ok" and r.precision == "fp32" and r is not hf:
@@ -812,16 +846,24 @@ def format_table(shape: dict[str, Any], n_new: int) -> str:
         if r["status"] != "ok":
             lines.append(f"{name:<22}{'-':>14}{'-':>14}  {r['status']}: {r['message'][:160]}")
             continue
-        d, bound = r["decode_tps"], shape["bound_decode_tps"][r["precision"]]
+        d, bound = r["decode_tps"], shape["bound_decode_tps"][base_precision(r["precision"])]
         base_hf, base_genai = tps("transformers fp32"), tps("genai fp32")
-        base_llama = tps(f"llamacpp {r['precision']}")
+        base_llama = tps(f"llamacpp {base_precision(r['precision'])}")
         x_hf = f"{d / base_hf:.2f}" if base_hf and r["precision"] == "fp32" else "-"
         x_genai = f"{d / base_genai:.2f}" if base_genai and r["precision"] == "fp32" else "-"
         x_llama = f"{d / base_llama:.2f}" if base_llama else "-"
         same = f"{r['same_tokens']}/{n_new} vs {r['same_as']}" if r["same_as"] else "n/a"
+        note = r["message"]
+        rounds = r.get("round_decode_tps", [])
+        if len(rounds) > 1:  # each round's rate, and its ratio to the same round's llama.cpp
+            note = f"rounds {'/'.join(f'{x:.1f}' for x in rounds)} " + note
+            peer = rows.get(f"llamacpp {base_precision(r['precision'])}")
+            if r["engine"] != "llamacpp" and peer and len(peer["round_decode_tps"]) == len(rounds):
+                ratios = (a / b for a, b in zip(rounds, peer["round_decode_tps"], strict=True))
+                note += f"(x llama.cpp {'/'.join(f'{x:.2f}' for x in ratios)}) "
         lines.append(
             f"{name:<22}{r['prefill_tps']:>14.1f}{d:>14.2f}{x_hf:>7}{x_genai:>9}{x_llama:>12}"
-            f"{100 * d / bound:>8.0f}%{same:>24}  {r['message']}"
+            f"{100 * d / bound:>8.0f}%{same:>24}  {note}"
         )
     for precision, bound in shape["bound_decode_tps"].items():
         lines.append(
@@ -924,7 +966,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--precisions",
         default="fp32",
         help="comma list of: " + ", ".join(PRECISIONS) + " (edgespec and llama.cpp rows; "
-        "transformers and genai run fp32 only)",
+        "transformers and genai run fp32 only); int8@32 / int4@32: edgespec with that block "
+        "instead of the export's default (no extra llama.cpp row)",
     )
     p.add_argument(
         "--llamacpp-venv",
@@ -937,6 +980,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--prompt-len", type=int, default=64, help="prompt length in tokens")
     p.add_argument("--warmup", type=int, default=1, help="untimed generations first")
     p.add_argument("--repeats", type=int, default=3, help="timed generations")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="run every engine and precision this many times, in turns (a row: the median "
+        "over all rounds' runs; its per-round rates show the machine's noise)",
+    )
     p.add_argument("--stat", choices=("median", "best"), default="median")
     p.add_argument(
         "--quiet-wait",
@@ -982,8 +1032,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.rebuild = [r for r in args.rebuild.split(",") if r]
     args.precisions = [x for x in args.precisions.split(",") if x]
     for x in args.precisions:
-        if x not in PRECISIONS:
-            p.error(f"unknown precision {x!r}; choose from {', '.join(PRECISIONS)}")
+        base, at = base_precision(x), x.partition("@")[2]
+        if base not in PRECISIONS or (at and (base not in ("int8", "int4") or not at.isdigit())):
+            p.error(
+                f"unknown precision {x!r}; choose from {', '.join(PRECISIONS)} "
+                "(int8/int4 take a block: int4@32)"
+            )
     for s in args.shapes:
         if s not in SHAPES:
             p.error(f"unknown shape {s!r}; choose from {', '.join(SHAPES)}")
@@ -999,6 +1053,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--new-tokens must be at least 2 (one prefill token + decode)")
     if args.repeats < 1:
         p.error("--repeats must be at least 1")
+    if args.rounds < 1:
+        p.error("--rounds must be at least 1")
     if args.retries is None:
         args.retries = args.repeats
     return args
@@ -1057,7 +1113,7 @@ def main(argv: list[str] | None = None) -> int:
     for shape in shapes:
         shape["bound_decode_tps"] = {
             p: bw["bound"] / (shape["weights_read_per_token"] * BYTES_PER_WEIGHT[p])
-            for p in args.precisions
+            for p in dict.fromkeys(map(base_precision, args.precisions))
         }
     print(
         f"\ngreedy CPU ({', '.join(args.precisions)}), {args.threads} threads, "

@@ -23,13 +23,18 @@ import edgespec
 from edgespec.bundle import load_manifest
 from edgespec.cli import main
 from edgespec.export import ExportError, export_bundle
-from edgespec.export.quantize import dequantize_blocks, fake_quantize, quantize_blocks
+from edgespec.export.quantize import (
+    block_for,
+    dequantize_blocks,
+    fake_quantize,
+    quantize_blocks,
+)
 from edgespec.runtime.graph import session_options
 
 PROMPT = [5, 9, 200, 31, 7, 1500, 77, 3]
 
 
-def fake_quantized(hf, method: str, block_size: int = 32):
+def fake_quantized(hf, method: str, block_size: int | None = None):
     """A copy of a transformers model whose every Linear weight is fake-quantized (a tied
     LM head is untied: the graph quantizes the head but gathers from the float embedding)."""
     model = copy.deepcopy(hf)
@@ -55,36 +60,70 @@ def hf_logits(hf, ids: np.ndarray) -> np.ndarray:
         return hf(torch.from_numpy(ids)[None]).logits[0].numpy()
 
 
-@pytest.mark.parametrize("bits", [4, 8])
-def test_packed_layout_is_what_matmulnbits_computes(bits):
-    """One MatMulNBits node over our packed weights equals x @ dequantized weights, with K
-    not a multiple of the block (padding) and several rows."""
+@pytest.mark.parametrize("bits, zero_points", [(4, False), (4, True), (8, False), (8, True)])
+def test_packed_layout_is_what_matmulnbits_computes(bits, zero_points):
+    """One MatMulNBits node over our packed weights (and zero points) equals x @ dequantized
+    weights, with K not a multiple of the block (padding, an odd number of blocks: the 4-bit
+    zero points pad each column to a byte) and several rows."""
     rng = np.random.default_rng(0)
     k, n = 80, 48
     w = rng.standard_normal((k, n)).astype(np.float32)
-    packed, scales = quantize_blocks(w, bits, 32)
+    w[:, 0] = np.abs(w[:, 0])  # a column with no negative weight: its zero point is 0
+    packed, scales, zp = quantize_blocks(w, bits, 32, zero_points)
     assert packed.shape == (n, 3, 32 * bits // 8) and scales.shape == (n * 3,)
+    inits = [numpy_helper.from_array(packed, "B"), numpy_helper.from_array(scales, "S")]
+    if zero_points:
+        assert zp.shape == (n * (2 if bits == 4 else 3),)
+        inits.append(numpy_helper.from_array(zp, "Z"))
+    else:
+        assert zp is None
     node = helper.make_node(
-        "MatMulNBits", ["A", "B", "S"], ["Y"], domain="com.microsoft",
-        K=k, N=n, bits=bits, block_size=32, accuracy_level=0,
+        "MatMulNBits", ["A", "B", "S"] + (["Z"] if zero_points else []), ["Y"],
+        domain="com.microsoft", K=k, N=n, bits=bits, block_size=32, accuracy_level=0,
     )  # fmt: skip
     graph = helper.make_graph(
         [node],
         "g",
         [helper.make_tensor_value_info("A", onnx.TensorProto.FLOAT, ["m", k])],
         [helper.make_tensor_value_info("Y", onnx.TensorProto.FLOAT, ["m", n])],
-        [numpy_helper.from_array(packed, "B"), numpy_helper.from_array(scales, "S")],
+        inits,
     )
     opsets = [helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)]
     model = helper.make_model(graph, opset_imports=opsets, ir_version=10)
     x = rng.standard_normal((3, k)).astype(np.float32)
     session = ort.InferenceSession(model.SerializeToString(), session_options(None))
     got = session.run(None, {"A": x})[0]
-    deq = dequantize_blocks(packed, scales, k, bits)
+    deq = dequantize_blocks(packed, scales, k, bits, zp)
     np.testing.assert_allclose(got, x @ deq, atol=1e-4, rtol=1e-5)
-    # the rounding is what it claims: within half a step of the float weights
+    # the rounding is what it claims: within half a step of the float weights (asymmetric:
+    # a rounded zero point may push one end of the range a level out, so within a step)
     step = scales.reshape(n, 3)[:, np.arange(k) // 32].T
-    assert np.all(np.abs(deq - w) <= step / 2 + 1e-6)
+    assert np.all(np.abs(deq - w) <= step * (1.0 if zero_points else 0.5) + 1e-6)
+    # asymmetric blocks spend every level on the block's range: a finer step than symmetric
+    if zero_points:
+        assert np.all(scales < quantize_blocks(w, bits, 32)[1])
+
+
+def test_asymmetric_int4_keeps_zero_exact_and_rounds_closer_than_symmetric():
+    """Weights of one sign (post-ReLU-like columns, shifted distributions) are where zero
+    points pay: the same 16 levels cover half the range. Zero stays exactly zero."""
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((256, 64)).astype(np.float32) + 1.5
+    w[::7] = 0.0
+    default = fake_quantize(w, "int4", 64)
+    packed, scales, zp = quantize_blocks(w, 4, 64, zero_points=True)
+    asym = dequantize_blocks(packed, scales, 256, 4, zp)
+    assert np.all(asym[::7] == 0.0)
+    assert np.abs(asym - w).mean() < 0.75 * np.abs(dequantize_blocks(
+        *quantize_blocks(w, 4, 64)[:2], 256, 4) - w).mean()  # fmt: skip
+    np.testing.assert_array_equal(default, asym)  # int4's format is the asymmetric one
+
+
+def test_a_matrix_whose_rows_do_not_fill_the_block_takes_the_largest_dividing_block():
+    """Padding K = 576 (SmolLM2) to blocks of 128 would store 11% zeros in every column."""
+    assert block_for(576, 128) == 64 and block_for(896, 128) == 128
+    assert block_for(64, 128) == 64 and block_for(80, 32) == 16
+    assert block_for(100, 32) == 32  # no supported block divides 100: padded
 
 
 @pytest.mark.parametrize("method", ["int8", "int4"])
@@ -97,7 +136,7 @@ def test_weight_only_bundle_computes_the_fake_quantized_model(
     # float compute: equal to the fake-quantized model up to float rounding
     export_bundle(checkpoints[arch], tmp_path / "exact", quantize=method, accuracy_level=0)
     np.testing.assert_allclose(bundle_logits(tmp_path / "exact", ids), ref, atol=3e-4, rtol=1e-4)
-    # default (int8 activations per row and block of 32): off by activation rounding only,
+    # default (int8 activations per row and block): off by activation rounding only,
     # a relative error of about 1/254 per block, far below the weights' own rounding
     m = export_bundle(checkpoints[arch], tmp_path / "fast", quantize=method)
     got = bundle_logits(tmp_path / "fast", ids)
@@ -112,9 +151,9 @@ def test_weight_only_bundle_computes_the_fake_quantized_model(
         "method": method,
         "op": "MatMulNBits",
         "bits": {"int8": 8, "int4": 4}[method],
-        "block_size": 32,
+        "block_size": 128,
         "accuracy_level": 4,
-        "weights": "symmetric per block",
+        "weights": {"int8": "symmetric", "int4": "asymmetric"}[method] + " per block",
     }
 
 

@@ -21,7 +21,12 @@ from edgespec.cli.common import ExportProgress, _friendly, _report_compat
     default=None,
     help="int8/int4: block-wise weights (MatMulNBits); qdq-int8: static, calibrated (NPUs).",
 )
-@click.option("--block-size", default=32, show_default=True, type=int, help="int8/int4 block.")
+@click.option(
+    "--block-size",
+    default=None,
+    type=int,
+    help="int8/int4 weights per scale.  [default: 128]",
+)
 @click.option(
     "--accuracy-level",
     default=4,
@@ -78,7 +83,7 @@ def export(
     exit_layers: str,
     dtype: str,
     quantize: str | None,
-    block_size: int,
+    block_size: int | None,
     accuracy_level: int,
     revision: str | None,
     no_verify: bool,

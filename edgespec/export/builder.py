@@ -21,7 +21,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from edgespec.export.quantize import BITS, quantize_blocks
+from edgespec.export.quantize import BITS, block_for, quantize_blocks
 
 OPSET = 21
 MS_DOMAIN = "com.microsoft"
@@ -97,6 +97,7 @@ class GraphBuilder:
     dtype: np.dtype  # compute dtype of activations and float weights
     quantize: str | None = None  # None | "int8" | "int4" (weight-only; see export/quantize.py)
     block_size: int = 32  # weights per scale
+    zero_points: bool = False  # asymmetric blocks (export/quantize.py's WEIGHT_ONLY)
     accuracy_level: int = 4  # MatMulNBits' compute type (4: int8 activations)
     matmul_head: bool = False  # LM head as a plain MatMul on a transposed copy (for QDQ)
     nodes: list[onnx.NodeProto] = field(default_factory=list)
@@ -164,19 +165,22 @@ class GraphBuilder:
         (layout in export/quantize.py)."""
         if self.quantize in BITS:
             bits = BITS[self.quantize]
-            packed, scales = quantize_blocks(w, bits, self.block_size)
+            block = block_for(w.shape[0], self.block_size)
+            packed, scales, zp = quantize_blocks(w, bits, block, self.zero_points)
+            zp_input = [] if zp is None else [self.weight(f"{name}.q{bits}zero", zp)]
             y = self.op1(
                 "MatMulNBits",
                 [
                     x,
                     self.weight(f"{name}.q{bits}", packed),
                     self.weight(f"{name}.q{bits}scale", scales),
+                    *zp_input,
                 ],
                 domain=MS_DOMAIN,
                 K=w.shape[0],
                 N=w.shape[1],
                 bits=bits,
-                block_size=self.block_size,
+                block_size=block,
                 accuracy_level=self.accuracy_level,
             )
         else:
