@@ -81,7 +81,7 @@ def stored_bits_per_weight(graph_file: Path) -> float:
 def export_config(target: Path, out: Path, name: str) -> dict:
     """Export `name` ("int4@64", "int4@128:pad", "int4-symmetric@32", "fp32") and describe it."""
     import edgespec.export.builder as builder
-    import edgespec.export.quantize as q
+    import edgespec.export.nbits as q
     from edgespec.export import export_bundle
 
     name, _, pad = name.partition(":")

@@ -23,7 +23,7 @@ import edgespec
 from edgespec.bundle import load_manifest
 from edgespec.cli import main
 from edgespec.export import ExportError, export_bundle
-from edgespec.export.quantize import (
+from edgespec.export.nbits import (
     block_for,
     dequantize_blocks,
     fake_quantize,
@@ -35,11 +35,13 @@ PROMPT = [5, 9, 200, 31, 7, 1500, 77, 3]
 
 
 def fake_quantized(hf, method: str, block_size: int | None = None):
-    """A copy of a transformers model whose every Linear weight is fake-quantized (a tied
-    LM head is untied: the graph quantizes the head but gathers from the float embedding)."""
+    """A copy of a transformers model whose every Linear weight and token embedding table is
+    fake-quantized (the graph gathers embedding rows from the table quantized as a [hidden,
+    vocab] weight, so a tied head and its embedding stay equal)."""
     model = copy.deepcopy(hf)
+    embedding = model.get_input_embeddings()
     for module in model.modules():
-        if isinstance(module, torch.nn.Linear):
+        if isinstance(module, torch.nn.Linear) or module is embedding:
             w = module.weight.detach().numpy().T
             fq = fake_quantize(w, method, block_size).T.copy()
             module.weight = torch.nn.Parameter(torch.from_numpy(fq))
@@ -164,8 +166,25 @@ def test_int4_bundle_is_smaller_than_int8_smaller_than_fp32(checkpoints, bundles
             checkpoints["llama-untied"], tmp_path / method, quantize=method, exit_layers=[2],
         )  # fmt: skip
         sizes[method] = (tmp_path / method / "weights.bin").stat().st_size
-    # the embedding table stays fp32 (a gather reads one row); every matmul weight shrinks
-    assert sizes["int4"] < sizes["int8"] < 0.6 * sizes["fp32"]
+    # every matrix shrinks, the embedding table too (it is gathered from its quantized form)
+    assert sizes["int4"] < 0.6 * sizes["int8"] and sizes["int8"] < 0.35 * sizes["fp32"]
+
+
+def test_a_tied_table_is_stored_once_for_the_head_and_the_embedding(checkpoints, tmp_path):
+    """The int4 LM head (MatMulNBits) and the embedding gather (GatherBlockQuantized) of a
+    tied model read the same bytes of weights.bin, under their own names and shapes."""
+    export_bundle(checkpoints["llama-gqa-tied"], tmp_path / "b", quantize="int4")
+    graph = onnx.load(str(tmp_path / "b" / "full.onnx"), load_external_data=False).graph
+    where = {
+        t.name: {e.key: e.value for e in t.external_data}["offset"]
+        for t in graph.initializer
+        if t.external_data
+    }
+    gather = next(n for n in graph.node if n.op_type == "GatherBlockQuantized")
+    head = [n for n in graph.node if n.op_type == "MatMulNBits"][-1]
+    shared = [where[gather.input[0]], where[gather.input[2]], where[gather.input[3]]]
+    assert shared == [where[head.input[1]], where[head.input[2]], where[head.input[3]]]
+    assert "Gather" not in [n.op_type for n in graph.node if "embed" in n.input[0]]
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@
 the check against transformers verify.py; every user mistake is an `ExportError`
 (errors.py). Graph building: decoder.py (one decoder graph per role) on builder.py, the
 family modules (llama.py, gemma.py, granite.py, olmo2.py, gpt2.py on family.py)
-extract weights; static.py, coreml.py, quantize.py,
+extract weights; static.py, coreml.py, quantize.py (nbits.py: int8/int4 blocks),
 exit_adapter.py and shared_backbone.py add the variants.
 """
 

@@ -21,7 +21,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from edgespec.export.quantize import BITS, block_for, quantize_blocks
+from edgespec.export.nbits import BITS, block_for, quantize_blocks
 
 OPSET = 21
 MS_DOMAIN = "com.microsoft"
@@ -51,12 +51,14 @@ class WeightStore:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._file: BinaryIO = open(path, "wb")  # noqa: SIM115 - closed by close()
-        self._seen: dict[tuple[str, str], tuple[int, int]] = {}
+        self._seen: dict[tuple[str, str], tuple[int, int]] = {}  # (dtype, sha1) -> offset, length
 
     def tensor(self, name: str, array: np.ndarray) -> TensorProto:
         array = np.ascontiguousarray(array)
         data = array.tobytes()
-        key = (name, hashlib.sha1(data).hexdigest())
+        # keyed by content, not name: a tied table's int8/int4 bytes serve both the LM head's
+        # MatMulNBits and the embedding's GatherBlockQuantized, under two names and shapes
+        key = (str(array.dtype), hashlib.sha1(data).hexdigest())
         if key not in self._seen:
             align = ALIGN if len(data) >= ALIGN else SMALL_ALIGN
             pad = (-self._file.tell()) % align
@@ -95,9 +97,9 @@ class GraphBuilder:
 
     store: WeightStore
     dtype: np.dtype  # compute dtype of activations and float weights
-    quantize: str | None = None  # None | "int8" | "int4" (weight-only; see export/quantize.py)
+    quantize: str | None = None  # None | "int8" | "int4" (weight-only; see export/nbits.py)
     block_size: int = 32  # weights per scale
-    zero_points: bool = False  # asymmetric blocks (export/quantize.py's WEIGHT_ONLY)
+    zero_points: bool = False  # asymmetric blocks (export/nbits.py's WEIGHT_ONLY)
     accuracy_level: int = 4  # MatMulNBits' compute type (4: int8 activations)
     matmul_head: bool = False  # LM head as a plain MatMul on a transposed copy (for QDQ)
     nodes: list[onnx.NodeProto] = field(default_factory=list)
@@ -162,7 +164,7 @@ class GraphBuilder:
     # -- layers -----------------------------------------------------------------------------
     def linear(self, x: str, name: str, w: np.ndarray, b: np.ndarray | None = None) -> str:
         """y = x @ w + b, with w stored [in, out]; int8/int4 weights use MatMulNBits
-        (layout in export/quantize.py)."""
+        (layout in export/nbits.py)."""
         if self.quantize in BITS:
             bits = BITS[self.quantize]
             block = block_for(w.shape[0], self.block_size)
@@ -188,6 +190,36 @@ class GraphBuilder:
         if b is not None:
             y = self.op1("Add", [y, self.weight(f"{name}.bias", b)])
         return y
+
+    def embedding(self, ids: str, name: str, table: np.ndarray) -> str:
+        """Rows of `table` [vocab, hidden] for `ids`. int8/int4 graphs gather from the table
+        quantized exactly as `linear` stores a [hidden, vocab] weight (GatherBlockQuantized
+        reads that layout), so a tied LM head and its embedding share one copy of the bytes;
+        a float table would be 7x the int4 head on disk (Qwen2.5-0.5B: 544 of 862 MB). A
+        hidden size no supported block divides keeps the float table."""
+        k = table.shape[1]
+        block = block_for(k, self.block_size)
+        if self.quantize not in BITS or k % block:
+            return self.op1("Gather", [self.weight(f"{name}.weight", table), ids], axis=0)
+        bits = BITS[self.quantize]
+        packed, scales, zp = quantize_blocks(table.T, bits, block, self.zero_points)
+        rows = table.shape[0]
+        ins = [
+            self.weight(f"{name}.q{bits}", packed.reshape(rows, -1)),
+            ids,
+            self.weight(f"{name}.q{bits}scale", scales.reshape(rows, -1)),
+        ]
+        if zp is not None:
+            ins.append(self.weight(f"{name}.q{bits}zero", zp.reshape(rows, -1)))
+        return self.op1(
+            "GatherBlockQuantized",
+            ins,
+            domain=MS_DOMAIN,
+            gather_axis=0,
+            quantize_axis=1,
+            block_size=block,
+            bits=bits,
+        )
 
     def norm(
         self, x: str, name: str, gamma: np.ndarray, beta: np.ndarray | None, eps: float

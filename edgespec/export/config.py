@@ -45,7 +45,7 @@ class ExportConfig:
     exit_layers: Sequence[int] = ()
     dtype: str = "fp32"
     quantize: str | None = None
-    block_size: int | None = None  # None: the method's default (export/quantize.py)
+    block_size: int | None = None  # None: the method's default (export/nbits.py)
     accuracy_level: int = 4
     calibration_prompts: Sequence[str] | None = None
     revision: str | None = None

@@ -136,7 +136,7 @@ def build_graph(w: DecoderWeights, role: str, gb: GraphBuilder) -> None:
         x = gb.add_input("hidden", dt, ["batch", "sequence", w.embed.shape[1]])
     else:
         ids = gb.add_input("input_ids", TensorProto.INT64, ["batch", "sequence"])
-        x = gb.op1("Gather", [gb.weight(f"{p}embed.weight", w.embed), ids], axis=0)
+        x = gb.embedding(ids, f"{p}embed", w.embed)
         if w.embed_scale != 1.0:
             x = gb.op1("Mul", [x, gb.const(np.array(w.embed_scale, gb.dtype))])
         if w.pos_embed is not None:
