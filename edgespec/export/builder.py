@@ -21,7 +21,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from edgespec.export.nbits import BITS, block_for, quantize_blocks
+from edgespec.export.nbits import BITS, block_for, embedding_format, quantize_blocks
 
 OPSET = 21
 MS_DOMAIN = "com.microsoft"
@@ -192,18 +192,20 @@ class GraphBuilder:
         return y
 
     def embedding(self, ids: str, name: str, table: np.ndarray) -> str:
-        """Rows of `table` [vocab, hidden] for `ids`. int8/int4 graphs gather from the table
-        quantized exactly as `linear` stores a [hidden, vocab] weight (GatherBlockQuantized
-        reads that layout), so a tied LM head and its embedding share one copy of the bytes;
-        a float table would be 7x the int4 head on disk (Qwen2.5-0.5B: 544 of 862 MB). A
-        hidden size no supported block divides keeps the float table."""
+        """Rows of `table` [vocab, hidden] for `ids`. int8/int4 graphs gather them with
+        GatherBlockQuantized from the table quantized as `embedding_format` says, laid out as
+        `linear` stores a [hidden, vocab] weight: in an int8 bundle a tied LM head and its
+        embedding share one copy of the bytes. (A float table was 544 of the Qwen2.5-0.5B
+        shape's 818 MB int4 bundle.) A hidden size no supported block divides stays float."""
         k = table.shape[1]
-        block = block_for(k, self.block_size)
-        if self.quantize not in BITS or k % block:
+        if self.quantize not in BITS:
             return self.op1("Gather", [self.weight(f"{name}.weight", table), ids], axis=0)
-        bits = BITS[self.quantize]
-        packed, scales, zp = quantize_blocks(table.T, bits, block, self.zero_points)
-        rows = table.shape[0]
+        f = embedding_format(self.quantize, self.block_size)
+        block = block_for(k, f.block_size)
+        if k % block:
+            return self.op1("Gather", [self.weight(f"{name}.weight", table), ids], axis=0)
+        packed, scales, zp = quantize_blocks(table.T, f.bits, block, f.zero_points)
+        rows, bits = table.shape[0], f.bits
         ins = [
             self.weight(f"{name}.q{bits}", packed.reshape(rows, -1)),
             ids,
