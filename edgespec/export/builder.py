@@ -56,7 +56,7 @@ class WeightStore:
     def tensor(self, name: str, array: np.ndarray) -> TensorProto:
         array = np.ascontiguousarray(array)
         data = array.tobytes()
-        # keyed by content, not name: a tied table's int8/int4 bytes serve both the LM head's
+        # keyed by content, not name: an int8 bundle's tied table serves both the LM head's
         # MatMulNBits and the embedding's GatherBlockQuantized, under two names and shapes
         key = (str(array.dtype), hashlib.sha1(data).hexdigest())
         if key not in self._seen:

@@ -39,7 +39,7 @@ class WeightFormat:
 #   block 32 on the Qwen2.5-0.5B shape and reads 8.25 bits a weight (Q8_0: 8.5); the KL stays
 #   ~1e-4, as Q8_0's. Zero points bring int8 nothing measurable.
 # * int4, asymmetric blocks of 128 (GPTQ's and AWQ's usual group): 4.28 bits a weight (Q4_0:
-#   4.5), the KL and top-1 agreement of Q4_0, and ~1.35x the speed of symmetric block 32.
+#   4.5), the KL and top-1 agreement of Q4_0, and ~1.27x the speed of block 32.
 #   `--block-size 32` rounds closer (a third under Q4_0's KL) at ~3/4 of the speed.
 WEIGHT_ONLY = {
     "int8": WeightFormat(bits=8, block_size=128, zero_points=False),
@@ -123,6 +123,12 @@ def _unpack(packed: np.ndarray, bits: int) -> np.ndarray:
     return q
 
 
+def weight_format(method: str, block_size: int | None = None) -> WeightFormat:
+    """`method`'s format, with `block_size` (when given) instead of its default block."""
+    f = WEIGHT_ONLY[method]
+    return f if block_size is None else dataclasses.replace(f, block_size=block_size)
+
+
 def embedding_format(method: str, block_size: int | None = None) -> WeightFormat:
     """How an int8 / int4 bundle stores its token embedding table (gathered row by row).
 
@@ -130,10 +136,7 @@ def embedding_format(method: str, block_size: int | None = None) -> WeightFormat
     int4: int8 blocks, a table of its own. An embedding row's rounding goes straight into the
     residual stream: int4 rows raised the trained target's KL to fp32 by 44% (0.0051 ->
     0.0074, past Q4_0's 0.0062; bench_quant.py), int8 rows by nothing measurable."""
-    f = WEIGHT_ONLY["int8" if method == "int4" else method]
-    if method == "int4" or block_size is None:
-        return f
-    return dataclasses.replace(f, block_size=block_size)
+    return WEIGHT_ONLY["int8"] if method == "int4" else weight_format(method, block_size)
 
 
 def fake_quantize(
@@ -141,7 +144,7 @@ def fake_quantize(
 ) -> np.ndarray:
     """w [in, out] as the exported graph sees it after weight quantization (block_size None:
     the method's default; embedding: w is an embedding table, transposed)."""
-    f = embedding_format(method, block_size) if embedding else WEIGHT_ONLY[method]
-    block = block_for(w.shape[0], f.block_size if embedding else block_size or f.block_size)
+    f = (embedding_format if embedding else weight_format)(method, block_size)
+    block = block_for(w.shape[0], f.block_size)
     packed, scales, zp = quantize_blocks(w, f.bits, block, f.zero_points)
     return dequantize_blocks(packed, scales, w.shape[0], f.bits, zp)

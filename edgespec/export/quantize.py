@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from edgespec.export.nbits import BITS, BLOCK_SIZES, WEIGHT_ONLY
+from edgespec.export.nbits import BITS, BLOCK_SIZES, WEIGHT_ONLY, embedding_format
 
 QUANTIZATIONS = ("int8", "int4", "qdq-int8")
 # Calibration text for qdq-int8 when the caller gives none: a little code and prose, so the
@@ -85,6 +85,9 @@ class QuantConfig:
                 "block_size": self.block_size,
                 "accuracy_level": self.accuracy_level,
                 "weights": ("asymmetric" if self.zero_points else "symmetric") + " per block",
+                # a matrix whose K the block does not divide takes the largest block that does
+                "blocks": "largest supported block <= block_size dividing K",
+                "embedding_bits": embedding_format(self.method).bits,
             }
         return {
             "method": "qdq-int8",
