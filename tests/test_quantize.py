@@ -156,7 +156,7 @@ def test_weight_only_bundle_computes_the_fake_quantized_model(
         "block_size": 128,
         "accuracy_level": 4,
         "weights": {"int8": "symmetric", "int4": "asymmetric"}[method] + " per block",
-        "blocks": "largest supported block <= block_size dividing K",
+        "blocks": "largest dividing K",
         "embedding_bits": 8,
     }
 

@@ -85,8 +85,8 @@ class QuantConfig:
                 "block_size": self.block_size,
                 "accuracy_level": self.accuracy_level,
                 "weights": ("asymmetric" if self.zero_points else "symmetric") + " per block",
-                # a matrix whose K the block does not divide takes the largest block that does
-                "blocks": "largest supported block <= block_size dividing K",
+                # each matrix: the largest supported block <= block_size that divides its K
+                "blocks": "largest dividing K",
                 "embedding_bits": embedding_format(self.method).bits,
             }
         return {
