@@ -193,6 +193,34 @@ def test_a_tied_table_is_stored_once_for_the_head_and_the_embedding(checkpoints,
         assert not any(n.op_type == "Gather" and "embed" in n.input[0] for n in graph.node)
 
 
+@pytest.mark.parametrize("method, hidden", [("int4", 64), ("int8", 64), ("int4", 40)])
+def test_embedding_rows_gathered_from_the_quantized_table_are_its_dequantized_rows(
+    method, hidden, tmp_path
+):
+    """GatherBlockQuantized over the stored table gives exactly the rows the fake-quantized
+    reference uses; a hidden size no supported block divides (40) keeps a float table."""
+    from edgespec.export.builder import GraphBuilder, WeightStore
+
+    table = np.random.default_rng(3).standard_normal((50, hidden)).astype(np.float32)
+    gb = GraphBuilder(WeightStore(tmp_path / "w.bin"), np.dtype(np.float32), quantize=method,
+                      block_size=128)  # fmt: skip
+    ids = gb.add_input("ids", onnx.TensorProto.INT64, ["s"])
+    gb.add_output(gb.embedding(ids, "embed", table), "rows", onnx.TensorProto.FLOAT, ["s", hidden])
+    gb.store.close()
+    onnx.save(gb.model("g"), str(tmp_path / "g.onnx"))
+    session = ort.InferenceSession(str(tmp_path / "g.onnx"), session_options(None))
+    picked = np.array([0, 7, 49, 7])
+    got = session.run(None, {"ids": picked})[0]
+    ops = [n.op_type for n in gb.nodes]
+    if hidden % 16:
+        assert "GatherBlockQuantized" not in ops
+        np.testing.assert_array_equal(got, table[picked])
+    else:
+        assert "GatherBlockQuantized" in ops
+        want = fake_quantize(table.T, method, 128, embedding=True).T[picked]
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
 @pytest.fixture(scope="module")
 def quantized_bundles(checkpoints, tmp_path_factory):
     root = tmp_path_factory.mktemp("quantized")
