@@ -87,8 +87,8 @@ PRECISIONS = ("fp32", "fp16", "int8", "int4")  # edgespec's names; llama.cpp: F3
 
 
 def base_precision(precision: str) -> str:
-    """ "int4@32" (edgespec's int4 with blocks of 32, not the export's default) -> "int4":
-    the llama.cpp type and the bound it is measured against."""
+    """The llama.cpp type and bound a precision is measured against: "int4@32" (edgespec's
+    int4 with blocks of 32, not the export's default) -> "int4"."""
     return precision.split("@", 1)[0]
 
 
