@@ -79,17 +79,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from common import REPO, loadavg, worker_answer
+from common import REPO, base_precision, loadavg, worker_answer
 from llamacpp_engine import BYTES_PER_WEIGHT
 
 ENGINES = ("edgespec", "transformers", "genai", "llamacpp")
 PRECISIONS = ("fp32", "fp16", "int8", "int4")  # edgespec's names; llama.cpp: F32 F16 Q8_0 Q4_0
-
-
-def base_precision(precision: str) -> str:
-    """The llama.cpp type and bound a precision is measured against: "int4@32" (edgespec's
-    int4 with blocks of 32, not the export's default) -> "int4"."""
-    return precision.split("@", 1)[0]
 
 
 def block_of(precision: str) -> int | None:
@@ -239,10 +233,15 @@ def undisturbed(run: Run) -> bool:
     return run.other_cpu <= QUIET_CORES
 
 
+def counted(runs: list[Run]) -> list[Run]:
+    """The runs a row's figures come from: the undisturbed ones, or all if every one was."""
+    return [r for r in runs if undisturbed(r)] or runs
+
+
 def summarize(result: EngineResult, runs: list[Run], stat: str, n_new: int) -> None:
     """Median (or best) over the undisturbed runs, or over all runs if every one was."""
     pick: Callable[[list[float]], float] = max if stat == "best" else statistics.median
-    used = [r for r in runs if undisturbed(r)] or runs
+    used = counted(runs)
     result.prefill_tps = pick([r.prefill_tps for r in used])
     result.decode_tps = pick([r.decode_tps for r in used])
     result.tokens = runs[0].tokens
@@ -694,8 +693,7 @@ def bench_shape(shape: str, args: argparse.Namespace) -> dict[str, Any]:
             rebuild.discard(engine)  # re-exported / re-converted once, not every round
             result.elapsed_s += time.perf_counter() - start
             runs_of.setdefault(key, []).extend(runs)
-            used = [r for r in runs if undisturbed(r)] or runs
-            result.round_decode_tps.append(statistics.median(r.decode_tps for r in used))
+            result.round_decode_tps.append(statistics.median(r.decode_tps for r in counted(runs)))
             summarize(result, runs_of[key], args.stat, n_new)
             log(
                 f"[{shape}] {key} (round {round_no + 1}/{args.rounds}): prefill "

@@ -24,6 +24,12 @@ REPO = Path(__file__).resolve().parent.parent
 DEFAULT_MODELS = Path(os.environ.get("EDGESPEC_BENCH", Path.home() / ".cache" / "edgespec-bench"))
 
 
+def base_precision(precision: str) -> str:
+    """The llama.cpp type and bound a bench_ar precision is measured against: "int4@32"
+    (edgespec's int4 with blocks of 32, not the export's default) -> "int4"."""
+    return precision.split("@", 1)[0]
+
+
 def load_prompts(path: Path, n: int) -> list[str]:
     """The first `n` prompts of a JSON-lines file (a prompt string or {"prompt": ...} a line)."""
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

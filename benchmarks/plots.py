@@ -26,6 +26,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from common import base_precision
+
 
 def _pyplot() -> Any:
     import matplotlib
@@ -66,7 +68,7 @@ def plot_ar(data: dict[str, Any], out: Path) -> None:
             name = "llama.cpp" if r["engine"] == "llamacpp" else r["engine"]
             labels.append(f"{name}\n{r['precision']}")
             values.append(r["decode_tps"])
-            bounds.append(shape["bound_decode_tps"][r["precision"].split("@")[0]])  # int4@32
+            bounds.append(shape["bound_decode_tps"][base_precision(r["precision"])])
         x = range(len(rows))
         ax.bar(x, values, color=[colors.get(r["engine"], "#7f7f7f") for r in rows])
         ax.scatter(x, bounds, marker="_", s=400, color="black", label="bandwidth bound")

@@ -21,7 +21,14 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from edgespec.export.nbits import BITS, block_for, embedding_format, quantize_blocks
+from edgespec.export.nbits import (
+    BITS,
+    WeightFormat,
+    block_for,
+    embedding_format,
+    quantize_blocks,
+    weight_format,
+)
 
 OPSET = 21
 MS_DOMAIN = "com.microsoft"
@@ -98,8 +105,7 @@ class GraphBuilder:
     store: WeightStore
     dtype: np.dtype  # compute dtype of activations and float weights
     quantize: str | None = None  # None | "int8" | "int4" (weight-only; see export/nbits.py)
-    block_size: int = 32  # weights per scale
-    zero_points: bool = False  # asymmetric blocks (export/nbits.py's WEIGHT_ONLY)
+    block_size: int | None = None  # weights per scale (None: the method's default)
     accuracy_level: int = 4  # MatMulNBits' compute type (4: int8 activations)
     matmul_head: bool = False  # LM head as a plain MatMul on a transposed copy (for QDQ)
     nodes: list[onnx.NodeProto] = field(default_factory=list)
@@ -166,22 +172,15 @@ class GraphBuilder:
         """y = x @ w + b, with w stored [in, out]; int8/int4 weights use MatMulNBits
         (layout in export/nbits.py)."""
         if self.quantize in BITS:
-            bits = BITS[self.quantize]
-            block = block_for(w.shape[0], self.block_size)
-            packed, scales, zp = quantize_blocks(w, bits, block, self.zero_points)
-            zp_input = [] if zp is None else [self.weight(f"{name}.q{bits}zero", zp)]
+            f = weight_format(self.quantize, self.block_size)
+            block, tensors = self._nbits(name, w, f)
             y = self.op1(
                 "MatMulNBits",
-                [
-                    x,
-                    self.weight(f"{name}.q{bits}", packed),
-                    self.weight(f"{name}.q{bits}scale", scales),
-                    *zp_input,
-                ],
+                [x, *tensors],
                 domain=MS_DOMAIN,
                 K=w.shape[0],
                 N=w.shape[1],
-                bits=bits,
+                bits=f.bits,
                 block_size=block,
                 accuracy_level=self.accuracy_level,
             )
@@ -198,30 +197,34 @@ class GraphBuilder:
         embedding share one copy of the bytes. (A float table was 544 of the Qwen2.5-0.5B
         shape's 818 MB int4 bundle.) A hidden size no supported block divides stays float."""
         k = table.shape[1]
-        if self.quantize not in BITS:
+        f = embedding_format(self.quantize, self.block_size) if self.quantize in BITS else None
+        if f is None or k % block_for(k, f.block_size):
             return self.op1("Gather", [self.weight(f"{name}.weight", table), ids], axis=0)
-        f = embedding_format(self.quantize, self.block_size)
-        block = block_for(k, f.block_size)
-        if k % block:
-            return self.op1("Gather", [self.weight(f"{name}.weight", table), ids], axis=0)
-        packed, scales, zp = quantize_blocks(table.T, f.bits, block, f.zero_points)
-        rows, bits = table.shape[0], f.bits
-        ins = [
-            self.weight(f"{name}.q{bits}", packed.reshape(rows, -1)),
-            ids,
-            self.weight(f"{name}.q{bits}scale", scales.reshape(rows, -1)),
-        ]
-        if zp is not None:
-            ins.append(self.weight(f"{name}.q{bits}zero", zp.reshape(rows, -1)))
+        block, (data, *scales_zp) = self._nbits(name, table.T, f, rows=table.shape[0])
         return self.op1(
             "GatherBlockQuantized",
-            ins,
+            [data, ids, *scales_zp],
             domain=MS_DOMAIN,
             gather_axis=0,
             quantize_axis=1,
             block_size=block,
-            bits=bits,
+            bits=f.bits,
         )
+
+    def _nbits(
+        self, name: str, w: np.ndarray, f: WeightFormat, rows: int | None = None
+    ) -> tuple[int, list[str]]:
+        """w [K, N] quantized as `f` (block: `block_for(K, ...)`): (block, the initializers of
+        its packed weights, scales and zero points if any). `rows` reshapes each to [rows, -1],
+        GatherBlockQuantized's view of the same bytes."""
+        block = block_for(w.shape[0], f.block_size)
+        arrays = quantize_blocks(w, f.bits, block, f.zero_points)
+        names = [
+            self.weight(f"{name}.q{f.bits}{suffix}", a if rows is None else a.reshape(rows, -1))
+            for suffix, a in zip(("", "scale", "zero"), arrays, strict=True)
+            if a is not None
+        ]
+        return block, names
 
     def norm(
         self, x: str, name: str, gamma: np.ndarray, beta: np.ndarray | None, eps: float

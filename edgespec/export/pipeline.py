@@ -252,13 +252,7 @@ def _write_graph(
     qdq: QdqCalibration | None = None,
 ) -> GraphInfo:
     weight_only = quant.method if quant is not None and qdq is None else None
-    kw = {}
-    if quant is not None:
-        kw = {
-            "block_size": quant.block_size,
-            "accuracy_level": quant.accuracy_level,
-            "zero_points": quant.zero_points,
-        }
+    kw = {"block_size": quant.block_size, "accuracy_level": quant.accuracy_level} if quant else {}
     if qdq is None:
         gb = GraphBuilder(store=store, dtype=np.dtype(DTYPES[dtype]), quantize=weight_only, **kw)
         build_graph(weights, role, gb)
