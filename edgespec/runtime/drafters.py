@@ -107,11 +107,7 @@ class ModelDrafter:
     ) -> Proposal:
         start = perf_counter()
         plan = plan.capped(self.model.max_positions - len(seq))
-        feed = seq[self.model.length :]
-        catchup = 0.0
-        if plan.length > 0 and len(feed) > 1:  # tokens skipped while nothing was drafted
-            self.model.forward(np.asarray(feed[:-1], np.int64), keep=0)
-            feed, catchup = feed[-1:], perf_counter() - start
+        feed, catchup = self.catch_up(seq, plan)
 
         def step(ids: list[int]) -> np.ndarray:
             return self.model.forward(np.asarray(ids, np.int64), keep=1)[-1]
@@ -119,6 +115,20 @@ class ModelDrafter:
         tokens, qs, _ = draft_tokens(step, feed, plan, params, rng, self.support)
         seconds = perf_counter() - start - catchup
         return _proposal(tokens, qs, params, seconds=seconds, catchup_seconds=catchup)
+
+    def catch_up(self, seq: list[int], plan: Plan) -> tuple[list[int], float]:
+        """The ids the first draft step feeds, and the seconds spent feeding the model tokens
+        it skipped while nothing was drafted. After a round that accepted all its drafts the
+        model has seen neither d_γ nor the target's token: both go into the first step, one
+        call (a separate call for d_γ cost a whole draft step in most rounds at high
+        acceptance). A longer feed is a stretch of plain steps: fed in a call of its own and
+        timed apart, a one-off the policies must not price as drafting."""
+        feed = seq[self.model.length :]
+        if plan.length == 0 or len(feed) <= 2:
+            return feed, 0.0
+        start = perf_counter()
+        self.model.forward(np.asarray(feed[:-1], np.int64), keep=0)
+        return feed[-1:], perf_counter() - start
 
     def commit(self, valid: int) -> None:
         self.model.truncate(valid)

@@ -60,7 +60,7 @@ class Proposal:
     q: list[SparseQ] | None = None  # kind "sampled": the distribution each d_i was drawn from
     seconds: float = 0.0
     tail: TailInput | None = None
-    catchup_seconds: float = 0.0  # of `seconds`: feeding tokens the drafter had skipped
+    catchup_seconds: float = 0.0  # feeding tokens the drafter had skipped (not in `seconds`)
 
     @property
     def exit_layer(self) -> int | None:
