@@ -528,8 +528,8 @@ def print_table(pset: PromptSet, rows: list[Row], n_new: int, threads: int) -> N
     print("|---|---:|---:|---:|---:|" + (":---:|" if greedy else "") + "---|")
     for r in rows:
         acc = "-" if r.acceptance != r.acceptance else f"{r.acceptance:.0%}"
-        bound = f"verify-bound {r.verify_bound:.2f}x" if r.engine != "edgespec ar" else ""
-        bound = bound if r.verify_bound == r.verify_bound else ""
+        speculative = r.engine != "edgespec ar" and r.verify_bound == r.verify_bound  # not nan
+        bound = f"verify-bound {r.verify_bound:.2f}x" if speculative else ""
         note = "; ".join(x for x in (gamma_summary(r.gammas), bound, r.note) if x)
         same = f" {r.same_as_ar} |" if greedy else ""
         print(
