@@ -466,6 +466,7 @@ def rows_for(
     ar = tallies["ar"]
     reference = [s.tokens for s in ar.samples[0]]
     passes = range(len(ar.samples))
+    ar_verify_rate = verify_rate(ar.flat())
     rows = []
     for label, t in tallies.items():
         samples = t.flat()
@@ -489,7 +490,7 @@ def rows_for(
         for s in samples:
             gammas.update(s.gammas)
         edgespec = not label.startswith(("genai", "llama.cpp"))
-        bound = verify_rate(samples) / verify_rate(ar.flat()) if edgespec else float("nan")
+        bound = verify_rate(samples) / ar_verify_rate if edgespec else float("nan")
         rows.append(
             Row(
                 pset.name,

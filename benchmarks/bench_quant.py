@@ -174,10 +174,12 @@ def main(argv: list[str] | None = None) -> int:
             rows.append({"engine": "edgespec", "config": name, **info, **compare(ref, got)})
             print(f"edgespec {name}: {rows[-1]}", file=sys.stderr)
     if args.llamacpp_venv is not None:
-        bits = {"F32": 32.0, "Q8_0": 8.5, "Q4_0": 4.5}
-        for ggml in GGUF_ROWS:
+        from llamacpp_engine import BYTES_PER_WEIGHT
+
+        for ggml, precision in GGUF_ROWS.items():
             got = llamacpp_logits(args.llamacpp_venv, target, ggml, prompts)
-            row = {"engine": "llama.cpp", "config": ggml, "bits_per_weight": bits[ggml]}
+            bits = 8 * BYTES_PER_WEIGHT[precision]
+            row = {"engine": "llama.cpp", "config": ggml, "bits_per_weight": bits}
             rows.append(row | compare(ref, got))
 
     print(f"\n{'engine':<10}{'weights':<22}{'bits/weight':>12}{'KL to fp32':>12}{'top-1 =':>9}")

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from edgespec.export.nbits import BITS, BLOCK_SIZES, WEIGHT_ONLY, embedding_format
+from edgespec.export.nbits import BLOCK_SIZES, WEIGHT_ONLY, embedding_format
 
 QUANTIZATIONS = ("int8", "int4", "qdq-int8")
 # Calibration text for qdq-int8 when the caller gives none: a little code and prose, so the
@@ -72,19 +72,16 @@ class QuantConfig:
         if self.method == "qdq-int8" and not any(p.strip() for p in self.calibration_prompts):
             raise ValueError("qdq-int8 needs at least one non-empty calibration prompt")
 
-    @property
-    def zero_points(self) -> bool:
-        return self.method in WEIGHT_ONLY and WEIGHT_ONLY[self.method].zero_points
-
     def describe(self) -> dict:
-        if self.method in BITS:
+        if self.method in WEIGHT_ONLY:
+            f = WEIGHT_ONLY[self.method]
             return {
                 "method": self.method,
                 "op": "MatMulNBits",
-                "bits": BITS[self.method],
+                "bits": f.bits,
                 "block_size": self.block_size,
                 "accuracy_level": self.accuracy_level,
-                "weights": ("asymmetric" if self.zero_points else "symmetric") + " per block",
+                "weights": ("asymmetric" if f.zero_points else "symmetric") + " per block",
                 # each matrix: the largest supported block <= block_size that divides its K
                 "blocks": "largest dividing K",
                 "embedding_bits": embedding_format(self.method).bits,
