@@ -58,7 +58,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from common import DEFAULT_MODELS
+from common import DEFAULT_MODELS, cached_bundle
 
 FIXED = [1, 2, 3, 4, 6, 8]
 EXITS = [2, 4]
@@ -318,8 +318,11 @@ def bundle_view(bundle: Path, out: Path) -> Path:
 
 
 def edgespec_configs(
-    blind: Path, calibrated: Path, fixed_modes: list[str]
+    blind: Path, calibrated: Path, fixed_modes: list[str], quantized: dict[str, Path]
 ) -> list[tuple[str, Path, dict[str, Any]]]:
+    """Every edgespec row: (label, bundle, load options). `quantized`: the bundles whose draft
+    is quantized apart from the fp32 target (`--draft-quantize`), by method; fixed-mode
+    `spec:int8` is spec on the int8 draft's bundle."""
     rows: list[tuple[str, Path, dict[str, Any]]] = [("ar", blind, {"mode": "ar"})]
     rows.append(("spec auto", blind, {"mode": "spec", "draft_policy": "auto"}))
     rows.append(("spec auto (calibrated)", calibrated, {"mode": "spec", "draft_policy": "auto"}))
@@ -336,12 +339,17 @@ def edgespec_configs(
             {"mode": "spec", "drafter": "lookup+draft", "draft_policy": "auto"},
         )
     )
+    for q, folder in quantized.items():  # the same fp32 target, a draft that reads less
+        for label, drafter in (("spec", "draft"), ("spec+lookup", "lookup+draft")):
+            options = {"mode": "spec", "drafter": drafter, "draft_policy": "auto"}
+            rows.append((f"{label} auto ({q} draft)", folder, options))
     for setup in fixed_modes:  # every fixed γ beside each auto row it is compared with
         mode, _, exit_layer = setup.partition("@")
+        mode, _, q = mode.partition(":")
         extra = {"exit_layer": int(exit_layer)} if exit_layer else {}
         for g in FIXED:
             options = {"mode": mode, "draft_policy": f"fixed:{g}", **extra}
-            rows.append((f"{setup} fixed:{g}", blind, options))
+            rows.append((f"{setup} fixed:{g}", quantized[q] if q else blind, options))
     return rows
 
 
@@ -551,6 +559,8 @@ def check_targets(pset: PromptSet, rows: list[Row]) -> list[str]:
     for auto in autos:
         a = by[auto]
         setup = auto[len("edgespec ") :].split(" auto")[0]  # "spec", "self-spec@2", ...
+        if auto.endswith(" draft)"):  # "spec auto (int8 draft)": fixed rows "spec:int8 fixed:N"
+            setup += ":" + auto.rpartition("(")[2].split()[0]
         fixed = [r for r in rows if r.engine.startswith(f"edgespec {setup} fixed:")]
         if pset.name != "code":
             if setup == "spec":
@@ -606,6 +616,12 @@ def main() -> None:
         default="spec,self-spec@2",
         help="modes that get fixed:1..8 rows beside their auto row (comma list)",
     )
+    ap.add_argument(
+        "--draft-quantize",
+        default="",
+        help="comma list of int8/int4: also the fp32 target with its draft quantized apart "
+        "(bundle-draft-int8, exported once); spec/spec+lookup auto rows, `--fixed-modes spec:int8`",
+    )
     ap.add_argument("--json", type=Path)
     ap.add_argument("--genai-worker", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -625,6 +641,14 @@ def main() -> None:
         start = time.perf_counter()
         calibrate(calibrated, threads=args.threads)
         print(f"calibrated in {time.perf_counter() - start:.0f}s", flush=True)
+        quantized = {}
+        for q in [q for q in args.draft_quantize.split(",") if q]:
+            folder = args.models / f"bundle-draft-{q}"
+            cached_bundle(
+                args.models / "target", folder, draft=args.models / "draft", exit_layers=EXITS,
+                draft_quantize=q,
+            )  # fmt: skip
+            quantized[q] = bundle_view(folder, work / f"draft-{q}")
 
         genai, genai_labels, notes = None, [], {}
         if args.genai_python:
@@ -657,7 +681,7 @@ def main() -> None:
             models = {
                 label: edgespec.load(folder, threads=args.threads, **options)
                 for label, folder, options in edgespec_configs(
-                    blind, calibrated, [m for m in args.fixed_modes.split(",") if m]
+                    blind, calibrated, [m for m in args.fixed_modes.split(",") if m], quantized
                 )
             }
             ids = [models["ar"].encode(t) for t in texts]

@@ -226,15 +226,24 @@ def expected_tokens(alpha: float, gamma: float) -> float:
     return (1 - alpha ** (gamma + 1)) / (1 - alpha)
 
 
-def bundle_for(args: argparse.Namespace) -> Path:
+def bundle_for(args: argparse.Namespace, draft_quantize: str | None = None) -> Path:
+    """The fp32 360M target with exits 8, 16 and the 135M draft, fp32 or `draft_quantize`."""
     target = build_checkpoint("smollm2-360m", args.seed, args.cache, False)
     draft = build_checkpoint("smollm2-135m", args.seed, args.cache, False)
     bundle = target.parent / "edgespec-oracle-bundle"
+    if draft_quantize:
+        bundle = bundle.with_name(f"{bundle.name}-draft-{draft_quantize}")
     if not (bundle / "manifest.json").exists():
         from edgespec.export import export_bundle
 
-        print("exporting the 360M target + 135M draft + exits 8, 16 ...", file=sys.stderr)
-        export_bundle(target, bundle, draft=draft, exit_layers=EXITS, overwrite=True)
+        print(
+            f"exporting the 360M target + 135M draft ({draft_quantize or 'fp32'}) + exits 8, 16",
+            file=sys.stderr,
+        )
+        export_bundle(
+            target, bundle, draft=draft, exit_layers=EXITS, draft_quantize=draft_quantize,
+            overwrite=True,
+        )  # fmt: skip
     return bundle
 
 
@@ -245,7 +254,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--policies", default="auto", help="adaptive policies run beside them ('' for none)"
     )
-    ap.add_argument("--setups", default="spec,self-spec@8,self-spec@16")
+    ap.add_argument(
+        "--setups",
+        default="spec,self-spec@8,self-spec@16",
+        help="modes; spec:int8 / spec:int4: the fp32 target with the draft quantized apart",
+    )
     ap.add_argument("--new-tokens", type=int, default=96)
     ap.add_argument(
         "--warmup-tokens",
@@ -289,8 +302,10 @@ def main(argv: list[str] | None = None) -> int:
     policies += [p for p in args.policies.split(",") if p]
     for setup in args.setups.split(","):
         mode, _, exit_layer = setup.partition("@")
+        mode, _, draft_quantize = mode.partition(":")
         extra = {"exit_layer": int(exit_layer)} if exit_layer else {}
-        model = edgespec.load(bundle, mode=mode, threads=args.threads, **extra)
+        folder = bundle_for(args, draft_quantize) if draft_quantize else bundle
+        model = edgespec.load(folder, mode=mode, threads=args.threads, **extra)
         drafter = model.drafter
         for alpha in [float(a) for a in args.alphas.split(",")]:
             # a fresh policy per α, warmed up by one generation at that α (other coins): what

@@ -290,3 +290,87 @@ def test_cli_refuses_an_unknown_quantization(checkpoints, tmp_path):
     args = ["export", str(checkpoints["qwen2"]), "-o", str(tmp_path / "x"), "--quantize", "int2"]
     r = CliRunner().invoke(main, args)
     assert r.exit_code == 2 and "'int2' is not one of 'int8', 'int4', 'qdq-int8'" in r.output
+
+
+def graph_ops(folder, role: str) -> set[str]:
+    m = load_manifest(folder)
+    path = folder / next(g.file for g in m.graphs if g.role == role)
+    return {n.op_type for n in onnx.load(str(path), load_external_data=False).graph.node}
+
+
+@pytest.mark.parametrize("target_q, draft_q", [(None, "int8"), ("int8", "int4"), ("int8", "none")])
+def test_a_draft_quantized_apart_from_its_target_keeps_the_targets_output(
+    target_q, draft_q, checkpoints, hf_models, tmp_path
+):
+    """`draft_quantize` changes only the draft graph's weights: the target's graphs are what
+    `quantize` alone exports, and spec's greedy output is the target's own (an fp32 target
+    with an int8 draft gives transformers' tokens)."""
+    folder = tmp_path / "b"
+    m = export_bundle(
+        checkpoints["llama-gqa-tied"], folder, draft=checkpoints["qwen2"], quantize=target_q,
+        draft_quantize=draft_q,
+    )  # fmt: skip
+    assert m.quantization == target_q
+    assert m.extra["draft_quantization"]["method"] == draft_q
+    assert ("MatMulNBits" in graph_ops(folder, "full")) == (target_q is not None)
+    assert ("MatMulNBits" in graph_ops(folder, "draft")) == (draft_q != "none")
+    ar = edgespec.load(folder).generate(PROMPT, max_new_tokens=24, ignore_eos=True).tokens
+    for policy in ("fixed:4", "auto"):
+        spec = edgespec.load(folder, mode="spec", draft_policy=policy)
+        assert spec.generate(PROMPT, max_new_tokens=24, ignore_eos=True).tokens == ar, policy
+    if target_q is None:
+        with torch.no_grad():
+            ids = torch.tensor([PROMPT])
+            out = hf_models["llama-gqa-tied"].generate(
+                ids, max_new_tokens=24, min_new_tokens=24, do_sample=False
+            )
+        assert ar == out[0, len(PROMPT) :].tolist()
+
+
+def test_a_draft_quantized_as_its_target_records_nothing_apart(checkpoints, tmp_path):
+    m = export_bundle(
+        checkpoints["llama-gqa-tied"], tmp_path / "b", draft=checkpoints["qwen2"],
+        quantize="int8", draft_quantize="int8",
+    )  # fmt: skip
+    assert "draft_quantization" not in m.extra
+    assert "MatMulNBits" in graph_ops(tmp_path / "b", "draft")
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"draft_quantize": "int8"}, "--draft-quantize sets the draft model's weights: also pass"),
+        (
+            {"draft_quantize": "int3", "with_draft": True},
+            "--draft-quantize 'int3' is not supported; choose one of int8, int4, none",
+        ),
+        (
+            {"draft_quantize": "int8", "quantize": "qdq-int8", "with_draft": True},
+            "qdq-int8 calibrates the draft with the target",
+        ),
+        (
+            {"draft_quantize": "int8", "static": True, "with_draft": True},
+            "--static/--coreml with int8 weights is not supported",
+        ),
+    ],
+)
+def test_bad_draft_quantization_options_are_refused(checkpoints, tmp_path, options, message):
+    options = dict(options)
+    if options.pop("with_draft", False):
+        options["draft"] = checkpoints["qwen2"]
+    with pytest.raises(ExportError, match=message):
+        export_bundle(checkpoints["llama-gqa-tied"], tmp_path / "x", **options)
+    assert not (tmp_path / "x").exists()
+
+
+def test_cli_exports_and_shows_a_draft_quantized_apart(checkpoints, tmp_path):
+    out = tmp_path / "b"
+    args = ["export", str(checkpoints["llama-gqa-tied"]), "-o", str(out), "--draft",
+            str(checkpoints["qwen2"]), "--draft-quantize", "int8"]  # fmt: skip
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(main, ["inspect", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "fp32 / none" in r.output
+    line = next(x for x in r.output.splitlines() if "draft quantization" in x)
+    assert "int8" in line and "block_size 128" in line

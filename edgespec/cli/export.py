@@ -22,6 +22,13 @@ from edgespec.cli.common import ExportProgress, _friendly, _report_compat
     help="int8/int4: block-wise weights (MatMulNBits); qdq-int8: static, calibrated (NPUs).",
 )
 @click.option(
+    "--draft-quantize",
+    type=click.Choice(["int8", "int4", "none"]),
+    default=None,
+    help="The --draft model's weights, if not as --quantize (e.g. an fp32 target with an int8 "
+    "draft: a faster draft, the same output).",
+)
+@click.option(
     "--block-size",
     default=None,
     type=int,
@@ -83,6 +90,7 @@ def export(
     exit_layers: str,
     dtype: str,
     quantize: str | None,
+    draft_quantize: str | None,
     block_size: int | None,
     accuracy_level: int,
     revision: str | None,
@@ -126,6 +134,7 @@ def export(
             exit_layers=layers,
             dtype=dtype,
             quantize=quantize,
+            draft_quantize=draft_quantize,
             block_size=block_size,
             accuracy_level=accuracy_level,
             revision=revision,

@@ -43,7 +43,10 @@ def inspect(bundle: str | None, compat: tuple[str, str] | None) -> None:
         ("heads / kv heads / head dim", f"{t.num_heads} / {t.num_kv_heads} / {t.head_dim}"),
         ("vocab / context", f"{t.vocab_size} / {t.max_position_embeddings}"),
         ("tied embeddings", str(t.tie_word_embeddings)),
-        ("dtype / quantization", f"{m.dtype} / {m.quantization or 'none'}" + _quant_details(m)),
+        (
+            "dtype / quantization",
+            f"{m.dtype} / {m.quantization or 'none'}" + _quant_details(m.extra.get("quantization")),
+        ),
         ("tokenizer", ", ".join(m.tokenizer_files)),
         ("bos / eos", f"{m.bos_token_id} / {m.eos_token_ids}"),
         ("backbone fingerprint", m.backbone_fingerprint[:23] + "..."),
@@ -58,6 +61,9 @@ def inspect(bundle: str | None, compat: tuple[str, str] | None) -> None:
                 f"hidden {d.hidden_size}",
             )
         )
+        if "draft_quantization" in m.extra:  # quantized apart from the target
+            q = m.extra["draft_quantization"]
+            rows.append(("draft quantization", q["method"] + _quant_details(q)))
     rows += _chat_rows(m, Path(bundle))
     if m.variant != "standard":
         rows.append(("variant", f"{m.variant}, backbone layers {m.backbone_layers}"))
@@ -128,7 +134,7 @@ def _chat_rows(m: Any, folder: Path) -> list[tuple[str, str]]:
     return rows
 
 
-def _quant_details(m: Any) -> str:
-    details = m.extra.get("quantization") or {}
+def _quant_details(details: dict | None) -> str:
+    details = details or {}
     shown = ", ".join(f"{k} {v}" for k, v in details.items() if k != "method")
     return f" ({shown})" if shown else ""

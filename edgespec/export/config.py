@@ -20,6 +20,8 @@ from edgespec.export.quantize import QuantConfig
 
 DTYPES = {"fp32": np.float32, "fp16": np.float16}
 VARIANTS = ("standard", "shared-backbone")
+# a draft quantized apart from its target: block-wise weights or float ("none")
+DRAFT_QUANTIZATIONS = ("int8", "int4", "none")
 
 
 @dataclass
@@ -35,6 +37,11 @@ class ExportConfig:
     width; needs the [coreml] extra (coremltools).
     quantize: None | "int8" | "int4" (`block_size`, `accuracy_level`) | "qdq-int8"
     (calibrated on `calibration_prompts`, default a few built-in ones); see export/quantize.py.
+    draft_quantize: the draft model's weights when they should differ from the target's:
+    "int8" | "int4" | "none" (float); None: as `quantize`. The draft's precision changes only
+    how fast it drafts and how often its drafts are accepted, never the output (the target
+    verifies every token), so a float target with an int8 draft is a sound pairing: the draft
+    step is a quarter of the bytes.
     variant: "shared-backbone" writes an edge bundle holding only head@`backbone_layers` (a
     frozen draft for split decoding, see edgespec.backbone); `fit_exit_adapter`: a calibration
     text file on which an adapter is fitted into every head@k (export/exit_adapter.py).
@@ -45,6 +52,7 @@ class ExportConfig:
     exit_layers: Sequence[int] = ()
     dtype: str = "fp32"
     quantize: str | None = None
+    draft_quantize: str | None = None
     block_size: int | None = None  # None: the method's default (export/nbits.py)
     accuracy_level: int = 4
     calibration_prompts: Sequence[str] | None = None
@@ -60,8 +68,9 @@ class ExportConfig:
     fit_exit_adapter: str | Path | None = None
     adapter_steps: int = 300
     on_progress: Callable[[str], None] | None = None
-    # derived in __post_init__: the weight quantization, checked
+    # derived in __post_init__: the weight quantization of the target and of the draft, checked
     quant: QuantConfig | None = field(init=False, default=None, repr=False)
+    draft_quant: QuantConfig | None = field(init=False, default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.exit_layers = tuple(
@@ -78,20 +87,40 @@ class ExportConfig:
             raise ExportError(
                 f"--dtype {dtype!r} is not supported; choose one of {', '.join(DTYPES)}"
             )
-        self.quant = None
-        if quantize is not None:
-            prompts = self.calibration_prompts
-            try:
-                self.quant = QuantConfig(
-                    quantize,
-                    self.block_size,
-                    self.accuracy_level,
-                    *([tuple(prompts)] if prompts is not None else []),
-                )
-            except ValueError as e:
-                raise ExportError(str(e)) from None
-            if quantize == "qdq-int8" and dtype != "fp32":
-                raise ExportError("--quantize qdq-int8 starts from fp32 graphs: use --dtype fp32")
+        self.quant = self._quant(quantize)
+        if quantize == "qdq-int8" and dtype != "fp32":
+            raise ExportError("--quantize qdq-int8 starts from fp32 graphs: use --dtype fp32")
+        self.draft_quant = self.quant if self.draft_quantize is None else self._draft_quant()
+
+    def _quant(self, method: str | None) -> QuantConfig | None:
+        if method is None:
+            return None
+        prompts = self.calibration_prompts
+        try:
+            return QuantConfig(
+                method,
+                self.block_size,
+                self.accuracy_level,
+                *([tuple(prompts)] if prompts is not None else []),
+            )
+        except ValueError as e:
+            raise ExportError(str(e)) from None
+
+    def _draft_quant(self) -> QuantConfig | None:
+        """The draft's own weight quantization (`--draft-quantize`), checked."""
+        if self.draft is None:
+            raise ExportError("--draft-quantize sets the draft model's weights: also pass --draft")
+        if self.draft_quantize not in DRAFT_QUANTIZATIONS:
+            raise ExportError(
+                f"--draft-quantize {self.draft_quantize!r} is not supported; choose one of "
+                f"{', '.join(DRAFT_QUANTIZATIONS)}"
+            )
+        if self.quantize == "qdq-int8":
+            raise ExportError(
+                "--quantize qdq-int8 calibrates the draft with the target for static NPU graphs: "
+                "drop --draft-quantize"
+            )
+        return self._quant(None if self.draft_quantize == "none" else self.draft_quantize)
 
 
 def _check_variant(

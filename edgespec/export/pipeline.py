@@ -110,14 +110,15 @@ def export_bundle(
             raise ExportError(
                 f"--coreml needs coremltools ({e}): pip install 'edgespec[coreml]'"
             ) from None
-    _prepare_out(out, c.overwrite)  # a refused checkpoint leaves no folder behind
     widths = sorted({c.verify_width} if isinstance(c.verify_width, int) else set(c.verify_width))
     shapes = []
     if c.static or c.coreml:
         try:
-            shapes = static_shapes(c.max_context, widths, c.quantize, [info, draft_info])
+            quantized = [q.method for q in (c.quant, c.draft_quant) if q is not None]
+            shapes = static_shapes(c.max_context, widths, quantized, [info, draft_info])
         except ValueError as e:
             raise ExportError(str(e)) from None
+    _prepare_out(out, c.overwrite)  # a refused checkpoint or option leaves no folder behind
 
     steps("extracting weights")
     weights = extract(target)
@@ -149,8 +150,9 @@ def export_bundle(
             draft_weights = extract(draft_model, prefix="draft.")
             if qdq is not None:  # the draft's own hidden states
                 qdq = QdqCalibration(qdq.prompt_ids)
+            dq = c.draft_quant
             graphs.append(
-                _write_graph(draft_weights, "draft", "draft", out, store, c.dtype, c.quant, qdq)
+                _write_graph(draft_weights, "draft", "draft", out, store, c.dtype, dq, qdq)
             )
         if c.coreml:
             from edgespec.export.coreml import write_coreml_package  # needs coremltools
@@ -197,6 +199,9 @@ def export_bundle(
     )
     if c.quant is not None:
         manifest.extra["quantization"] = c.quant.describe()
+    if draft_info is not None and c.draft_quant != c.quant:  # absent: the draft's are the target's
+        q = c.draft_quant
+        manifest.extra["draft_quantization"] = q.describe() if q else {"method": "none"}
     if adapters:
         manifest.extra["exit_adapters"] = {str(k): r for k, r in adapters.items()}
     if c.verify and c.variant == "shared-backbone":

@@ -51,7 +51,7 @@ def build_static_graph(w: DecoderWeights, role: str, gb: GraphBuilder, shape: St
     """Populate `gb` with the fixed-shape graph for `role` (full | draft | head@k | tail@k)."""
     if gb.quantize is not None:
         raise ValueError(
-            "static graphs are float only (int8 DynamicQuantizeMatMul is a contrib op)"
+            "static graphs are float only (block-wise weights are the contrib MatMulNBits op)"
         )
     kind = role.partition("@")[0]
     first, last = role_layers(role, len(w.layers))

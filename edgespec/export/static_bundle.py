@@ -19,14 +19,15 @@ from edgespec.export.static import StaticShape, build_static_graph, check_static
 
 
 def static_shapes(
-    max_context: int, widths: list[int], quantize: str | None, models: list[ModelInfo | None]
+    max_context: int, widths: list[int], quantized: list[str], models: list[ModelInfo | None]
 ) -> list[StaticShape]:
-    """Check the --static options against the models; a ValueError says what to change."""
-    if quantize is not None:
+    """Check the --static options against the models (`quantized`: the weight quantizations
+    asked for, target's and draft's); a ValueError says what to change."""
+    if quantized:
         raise ValueError(
-            "--static/--coreml with --quantize int8 is not supported: those graphs use standard "
-            "ONNX ops only and int8 here is onnxruntime's contrib DynamicQuantizeMatMul; "
-            "export the static graphs in fp32 or fp16"
+            f"--static/--coreml with {quantized[0]} weights is not supported: those graphs use "
+            "standard ONNX ops only, and quantized weights here are onnxruntime's contrib ops; "
+            "export the static graphs in fp32 or fp16 (drop --quantize/--draft-quantize)"
         )
     if not widths or min(widths) < 1:
         raise ValueError(f"--verify-width must be at least 1, got {widths}")
