@@ -4,9 +4,9 @@ speculatively, side by side.
 Takes a `DemoConfig` (prompt, new tokens, threads, which modes). Guarantees:
 
 * nothing is downloaded and torch is never imported: the bundle is package data
-  (`edgespec/demo_bundle/`: an 8-layer 11M-parameter Llama target with early exits at layers 2 and
-  4 and a 2-layer distilled draft, fp32 weights, trained on the Python standard library's source by
-  `benchmarks/train_models.py` and exported by `benchmarks/build_demo_bundle.py`);
+  (`edgespec/demo_bundle/`: an 8-layer 11M-parameter Llama target, fp32, with early exits at
+  layers 2 and 4, and a 2-layer distilled draft, int4, trained on the Python standard library's
+  source by `benchmarks/train_models.py` and exported by `benchmarks/build_demo_bundle.py`);
 * `run_demo()` decodes the prompt greedily with `ar` and then with each speculative mode; every
   mode's tokens are compared with `ar`'s (lossless decoding: they must be equal) and timed
   end to end (prefill included, best of `repeats` after one warm-up), so the speed-up is

@@ -60,6 +60,6 @@ def test_demo_refuses_unknown_modes_with_the_known_ones():
 
 def test_the_demo_bundle_is_small_enough_to_ship():
     size = sum(p.stat().st_size for p in bundle_path().rglob("*") if p.is_file())
-    # "a few tens of MB at most" (issue 17): fp32 weights, ~49 MiB (see build_demo_bundle.py
-    # for why not int8)
+    # "a few tens of MB at most" (issue 17): an fp32 target and an int4 draft, ~45 MiB (see
+    # build_demo_bundle.py for why the target is not int8)
     assert 0 < size < 64 * 2**20
