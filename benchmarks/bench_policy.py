@@ -57,6 +57,10 @@ COSTS = {
     "360m-135m": Costs(0.100, 0.040, 0.001, 0.06),
     "self-spec@8": Costs(0.100, 0.025, 0.001, 0.06),
     "self-spec@16": Costs(0.100, 0.050, 0.001, 0.06),
+    # the same fp32 target with the 135M draft in int8 / int4 (bench_oracle, stop 26: a 62 ms
+    # plain step, 9.5 / 7.5 ms a drafted token, a verify of γ + 1 positions ~+4% a position)
+    "360m-135m-int8": Costs(0.062, 0.0095, 0.0001, 0.04),
+    "360m-135m-int4": Costs(0.062, 0.0075, 0.0001, 0.04),
     # the trained 11M pair: 2.4 ms target step, a 2-layer draft, per-call overheads matter
     "trained": Costs(0.0024, 0.0006, 0.0003, 0.08),
     # its self-spec at exit 2 of 8 layers: a head step (2 layers + the LM head) per draft
