@@ -7,6 +7,7 @@ from edgespec.runtime.policies import (
     Auto,
     Confidence,
     DynamicExit,
+    PerSource,
     expected_tokens,
 )
 from edgespec.runtime.registry import make_policy
@@ -21,6 +22,7 @@ def rounds(
     t_verify: float,
     n: int = 40,
     exit_layer: int | None = None,
+    source: str | None = None,
 ) -> None:
     for _ in range(n):
         policy.observe(
@@ -34,6 +36,7 @@ def rounds(
                 t_draft * drafted,
                 t_verify,
                 exit_layer=exit_layer,
+                source=source,
             )
         )
 
@@ -215,3 +218,17 @@ def test_auto_drafts_again_after_slow_first_rounds_priced_drafting_out():
             drafted.append(g > 0)
         shares.append(sum(drafted[100:]) / 300)
     assert sum(shares) / len(shares) >= 0.6  # was 0.19: 6 of 8 runs stuck in plain steps
+
+
+def test_a_cheap_drafter_of_a_chain_drafts_longer_than_the_costly_one():
+    """Per member: free, often-right lookup drafts go long; the model's, each a step, stay
+    short. Both sets of rounds fed to one policy would price them alike."""
+    p = PerSource(Auto(), {"lookup": Auto()})
+    for _ in range(3):
+        rounds(p, accepted=8, drafted=8, t_draft=0.0, t_verify=0.002, n=10, source="lookup")
+        rounds(p, accepted=2, drafted=3, t_draft=0.001, t_verify=0.002, n=10, source="draft")
+        rounds(p, accepted=0, drafted=0, t_draft=0.0, t_verify=0.0018, n=1, source="draft")
+        rounds(p, accepted=0, drafted=0, t_draft=0.0, t_verify=0.0018, n=1, source="lookup")
+    assert p.plan("lookup").length >= 8
+    assert p.plan("draft").length <= 4
+    assert p.plan(None).length == p.plan("draft").length  # the chain's last member: main

@@ -18,6 +18,7 @@ CONFIGS = [
     ("spec", "acceptance", {}),
     ("spec", "confidence:0.3", {}),
     ("spec", "fixed:3", {"drafter": "lookup+draft"}),
+    ("spec", "auto", {"drafter": "lookup+draft"}),
     ("self-spec", "fixed:3", {"exit_layer": 2}),
     ("self-spec", "confidence:0.2", {"exit_layer": 1}),
     ("self-spec", "acceptance", {}),
@@ -103,6 +104,29 @@ def test_a_draft_model_runs_one_call_per_drafted_token_when_every_draft_is_accep
     assert got.stats.accepted_lengths == {4: 6}
     assert len(calls) == 1 + got.stats.drafted  # the prompt, then one call per draft
     assert calls[1:] == [1, 1, 1, 1] + [2, 1, 1, 1] * 5
+
+
+def test_a_chains_members_are_priced_apart_each_learning_only_from_its_own_rounds(
+    spec_bundles,
+):
+    """`lookup+draft` under `auto`: prompt lookup's drafts cost nothing and pay best long,
+    the draft model's cost a step each; one policy over both drafted the model ~6 where 4
+    paid best. Each round names the member that drafted it, and that member's policy alone
+    learns from it."""
+    from edgespec.runtime.policies import PerSource
+
+    model = edgespec.load(spec_bundles["self-draft"], mode="spec", drafter="lookup+draft")
+    assert isinstance(model.policy, PerSource) and list(model.policy.apart) == ["lookup"]
+    chunks = list(model.stream(repetitive_prompt(2), max_new_tokens=60, ignore_eos=True))
+    sources = [c.stats.source for c in chunks[1:]]
+    assert {"lookup", "draft"} <= set(sources) <= {"lookup", "draft"}
+    assert model.policy.apart["lookup"].cost.rounds == sources.count("lookup")
+    assert model.policy.main.cost.rounds == sources.count("draft")
+    # a fixed policy has nothing to learn: it stays one policy
+    fixed = edgespec.load(
+        spec_bundles["self-draft"], mode="spec", drafter="lookup+draft", draft_policy="fixed:3"
+    )
+    assert not isinstance(fixed.policy, PerSource)
 
 
 def test_stream_chunks_carry_round_stats(spec_bundles):

@@ -269,7 +269,7 @@ class ChannelAware:
         return min(options, key=lambda c: c.joules_per_token)
 
     # -- the DraftLengthPolicy protocol -------------------------------------------------------
-    def plan(self) -> Plan:
+    def plan(self, source: str | None = None) -> Plan:
         return Plan(self._length())
 
     def _length(self) -> int:

@@ -12,7 +12,14 @@ import os
 import platform
 from pathlib import Path
 
-from edgespec.runtime.policies import Acceptance, Auto, CostModel, DraftLengthPolicy, DynamicExit
+from edgespec.runtime.policies import (
+    Acceptance,
+    Auto,
+    CostModel,
+    DraftLengthPolicy,
+    DynamicExit,
+    PerSource,
+)
 
 FILE = "calibration.json"
 
@@ -43,6 +50,10 @@ def seed_from_calibration(
     policy: DraftLengthPolicy, folder: Path, device: str, threads: int | None, mode: str, exit: int
 ) -> None:
     """Start adaptive policies from this device's measured round costs, when calibrated."""
+    if isinstance(policy, PerSource):  # a chain: its members' entries (prompt lookup's)
+        for name, member in policy.apart.items():
+            seed_from_calibration(member, folder, device, threads, name, 0)
+        policy = policy.main
     if isinstance(policy, DynamicExit):
         for k in policy.exits:
             cost = load_cost(folder, device, threads, f"self-spec@{k}")

@@ -3,7 +3,8 @@
 Every mode is this loop. Plain autoregressive decoding is a drafter that proposes nothing
 (γ = 0: one verifier call per token); split decoding is the loop with a remote verifier.
 One round (`speculative_round`), in order:
-  1. plan     the caller has asked the policy once: γ, exit layer, confidence stop
+  1. plan     the caller has asked the policy once, for the drafter that will propose (a
+              chain's member): γ, exit layer, confidence stop
   2. draft    take the tokens drafted ahead during the last round (if they still follow),
               and have the drafter top them up to γ
   3. submit   the verifier scores [last, d_1..d_γ] (locally: at once; remotely: sent)
@@ -80,10 +81,12 @@ def decode(
             # never draft past the token budget, the cache (verify writes γ + 1 positions)
             # or what the verifier takes in one round
             room = min(max_new_tokens - produced - 1, capacity - len(seq))
-            plan = policy.plan().capped(min(room, most))
+            source = drafter.source(seq)
+            plan = policy.plan(source).capped(min(room, most))
             new, stats, ahead = speculative_round(
                 verifier, drafter, plan, seq, ahead, room, params, rng
             )
+            stats.source = source
             policy.observe(stats)
             stats.rtt_estimate = getattr(policy, "rtt", None)
             stats.bandwidth_estimate = getattr(policy, "bandwidth", None)

@@ -75,9 +75,13 @@ class NoDrafter:
     """Drafts nothing: the decode loop becomes plain autoregressive decoding."""
 
     drafts_ahead = False
+    name = "none"
 
     def begin(self, prompt: list[int], capacity: int, cached: int = 0) -> None:
         pass
+
+    def source(self, seq: list[int]) -> str | None:
+        return None
 
     def propose(
         self, seq: list[int], plan: Plan, params: SamplingParams, rng: np.random.Generator
@@ -92,9 +96,13 @@ class ModelDrafter:
     """A drafting model with its own cache: the `draft` graph, or head@k alone."""
 
     drafts_ahead = True
+    name = "draft"
 
     def __init__(self, model: Stack, support: DraftSupport = DEFAULT_SUPPORT) -> None:
         self.model, self.support = model, support
+
+    def source(self, seq: list[int]) -> str | None:
+        return self.name
 
     def begin(self, prompt: list[int], capacity: int, cached: int = 0) -> None:
         # the cache holds a prefix of the last sequence: keep what the prompt shares with it
@@ -138,6 +146,7 @@ class EarlyExitDrafter:
     """Drafts with head@k's exit logits into the target's own cache (layers 0..k-1)."""
 
     drafts_ahead = False  # it writes into the verifier's own cache
+    name = "exit"
 
     def __init__(
         self,
@@ -152,6 +161,9 @@ class EarlyExitDrafter:
 
     def begin(self, prompt: list[int], capacity: int, cached: int = 0) -> None:
         pass  # the target's prefill already filled the head's layers
+
+    def source(self, seq: list[int]) -> str | None:
+        return self.name
 
     def propose(
         self, seq: list[int], plan: Plan, params: SamplingParams, rng: np.random.Generator
@@ -189,6 +201,7 @@ class LookupDrafter:
     before proposes the tokens that followed it. Deterministic, so q is a point mass."""
 
     drafts_ahead = False
+    name = "lookup"
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 2) -> None:
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
@@ -201,17 +214,27 @@ class LookupDrafter:
         if cached < self.indexed:
             self.last_end, self.indexed = {}, 0
 
+    def source(self, seq: list[int]) -> str | None:
+        return self.name if self._match(seq) is not None else None
+
     def propose(
         self, seq: list[int], plan: Plan, params: SamplingParams, rng: np.random.Generator
     ) -> Proposal:
         start = perf_counter()
+        end = self._match(seq)
+        if end is not None and plan.length > 0:
+            tokens = seq[end + 1 : end + 1 + plan.length]
+            return Proposal(tokens, "point", None, perf_counter() - start)
+        return empty_proposal(perf_counter() - start)
+
+    def _match(self, seq: list[int]) -> int | None:
+        """Where the longest recent n-gram last ended before, or None."""
         self._index(seq, upto=len(seq) - 1)  # n-grams ending before the current last token
         for n in range(self.max_ngram, self.min_ngram - 1, -1):
             end = self.last_end.get(tuple(seq[-n:])) if len(seq) > n else None
-            if end is not None and plan.length > 0:
-                tokens = seq[end + 1 : end + 1 + plan.length]
-                return Proposal(tokens, "point", None, perf_counter() - start)
-        return empty_proposal(perf_counter() - start)
+            if end is not None:
+                return end
+        return None
 
     def _index(self, seq: list[int], upto: int) -> None:
         for end in range(self.indexed, upto):
@@ -230,6 +253,10 @@ class Chain:
     def __init__(self, drafters: Sequence[Drafter]) -> None:
         self.drafters = list(drafters)
         self.drafts_ahead = all(d.drafts_ahead for d in self.drafters)
+        self.name = "+".join(d.name for d in self.drafters)
+
+    def source(self, seq: list[int]) -> str | None:
+        return next((s for d in self.drafters if (s := d.source(seq)) is not None), None)
 
     def begin(self, prompt: list[int], capacity: int, cached: int = 0) -> None:
         for d in self.drafters:

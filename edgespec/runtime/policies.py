@@ -1,11 +1,13 @@
 """Draft-length policies: how many tokens to draft each round (and, for DEL, from which exit).
 
-Every policy answers two questions: `plan()` (this round's `Plan`: the most tokens to draft,
-the exit layer, the confidence under which drafting stops) and `observe(stats)` (learn from
-the finished round). The decode loop asks `plan()` once per round and tells the drafter;
-drafters never consult the policy. Names such as "fixed:4", "confidence:0.4", "acceptance",
-"auto", "dynamic-exit" are parsed by `registry.make_policy`; "channel-aware" (split decoding:
-RTT, bandwidth and an energy budget in the round cost) lives in `channel_policy.py`.
+Every policy answers two questions: `plan(source)` (this round's `Plan`: the most tokens to
+draft, the exit layer, the confidence under which drafting stops; `source` names the drafter
+that will propose, a chain's member) and `observe(stats)` (learn from the finished round).
+The decode loop asks `plan()` once per round and tells the drafter; drafters never consult
+the policy. `PerSource` prices a chain's members apart (`lookup+draft`). Names such as
+"fixed:4", "confidence:0.4", "acceptance", "auto", "dynamic-exit" are parsed by
+`registry.make_policy`; "channel-aware" (split decoding: RTT, bandwidth and an energy budget
+in the round cost) lives in `channel_policy.py`.
 
 The adaptive ones maximise expected accepted tokens per second, N(γ) / T(γ): N from
 per-position acceptance measured online (drafts are accepted in runs, not independently),
@@ -34,7 +36,7 @@ CLEARLY_LOSING = 0.9
 class DraftLengthPolicy(Protocol):
     max_length: int
 
-    def plan(self) -> Plan: ...
+    def plan(self, source: str | None = None) -> Plan: ...
 
     def observe(self, stats: RoundStats) -> None: ...
 
@@ -47,7 +49,7 @@ class FixedLength:
     def max_length(self) -> int:
         return self.length
 
-    def plan(self) -> Plan:
+    def plan(self, source: str | None = None) -> Plan:
         return Plan(self.length)
 
     def observe(self, stats: RoundStats) -> None:
@@ -62,7 +64,7 @@ class Confidence:
     threshold: float
     max_length: int = MAX_DRAFT
 
-    def plan(self) -> Plan:
+    def plan(self, source: str | None = None) -> Plan:
         return Plan(self.max_length, min_confidence=self.threshold)
 
     def observe(self, stats: RoundStats) -> None:
@@ -135,16 +137,20 @@ class AcceptanceModel:
         """N(γ): expected tokens of a round drafting γ (accepted drafts + the target's one),
         given how the last round ended (runs: after a round accepted whole, the next one is
         likelier to be, too); `pooled`: over all rounds, whatever came before."""
+        return self.curve(gamma, pooled)[gamma]
+
+    def curve(self, longest: int, pooled: bool = False) -> list[float]:
+        """[N(0), N(1), .., N(longest)] in one pass (the policies price every γ each round)."""
         reached, passed = self._all
         reached_s, passed_s = self._all if pooled else self._after[self.after_full]
         overall = (sum(passed) + 2 * self.prior) / (sum(reached) + 2)  # all positions
-        survive, tokens = 1.0, 1.0
-        for k in range(1, min(gamma, MAX_DRAFT) + 1):
-            h = (passed[k] + SHRINK * overall) / (reached[k] + SHRINK)
-            h_s = (passed_s[k] + STATE_PRIOR * h) / (reached_s[k] + STATE_PRIOR)
-            survive *= h_s
-            tokens += survive
-        return tokens + survive * max(gamma - MAX_DRAFT, 0)
+        survive, tokens = 1.0, [1.0]
+        for k in range(1, longest + 1):
+            if k <= MAX_DRAFT:  # beyond: every further draft survives like the last
+                h = (passed[k] + SHRINK * overall) / (reached[k] + SHRINK)
+                survive *= (passed_s[k] + STATE_PRIOR * h) / (reached_s[k] + STATE_PRIOR)
+            tokens.append(tokens[-1] + survive)
+        return tokens
 
     @property
     def alpha(self) -> float:
@@ -249,10 +255,12 @@ class CostModel:
         """Estimated seconds of a round drafting γ tokens. γ = 0: measured plain steps (the
         line's intercept only while none was measured). γ ≥ 1: γ draft steps plus the line;
         a plain step plus γ draft steps while no speculative round was measured."""
+        return self._cost(gamma, self._line())
+
+    def _cost(self, gamma: int, line: tuple[float, float] | None) -> float:
         if gamma == 0 and 0 in self.round_time:
             return self.round_time[0]
         draft = gamma * (self.t_draft or 0.0)
-        line = self._line()
         if line is not None:
             return max(draft + line[0] + line[1] * gamma, 1e-9)
         return max(draft + next(iter(self.round_time.values()), 0.0), 1e-9)
@@ -265,9 +273,14 @@ class CostModel:
         """(γ, expected tokens per second) maximising N(γ) / T(γ)."""
         if self.t_draft is None or not self.round_time:
             return min(4, max_length), 0.0
-        return max(
-            ((g, self.rate(g)) for g in range(min_length, max_length + 1)), key=lambda pair: pair[1]
-        )
+        tokens = self.acceptance.curve(max_length)
+        line = self._line()
+        best = (min_length, -1.0)
+        for g in range(min_length, max_length + 1):
+            rate = tokens[g] / self._cost(g, line)
+            if rate > best[1]:
+                best = (g, rate)
+        return best
 
 
 def _counts() -> tuple[list[float], list[float]]:
@@ -285,7 +298,7 @@ class Acceptance:
     max_length: int = MAX_DRAFT
     cost: CostModel = field(default_factory=CostModel)
 
-    def plan(self) -> Plan:
+    def plan(self, source: str | None = None) -> Plan:
         return Plan(self.cost.best_length(self.max_length)[0])
 
     def observe(self, stats: RoundStats) -> None:
@@ -309,7 +322,7 @@ class Auto:
     _gap: int = 4
     _plain_rounds: int = 0
 
-    def plan(self) -> Plan:
+    def plan(self, source: str | None = None) -> Plan:
         return Plan(self._length())
 
     def _length(self) -> int:
@@ -335,6 +348,29 @@ class Auto:
 
 
 @dataclass
+class PerSource:
+    """An adaptive policy per member of a drafter chain (`lookup+draft`), each learning only
+    from the rounds its member drafted. One policy over the chain mixed two drafters that
+    differ in both price and acceptance: prompt lookup's drafts cost nothing and pay best
+    long, the draft model's cost a step each and pay best at 3-4. Priced as one, the model's
+    rounds drafted ~6 where 4 paid 5% more. `main` plans for the chain's last member (and
+    for any source not in `apart`)."""
+
+    main: DraftLengthPolicy
+    apart: dict[str, DraftLengthPolicy]
+
+    @property
+    def max_length(self) -> int:
+        return self.main.max_length
+
+    def plan(self, source: str | None = None) -> Plan:
+        return self.apart.get(source or "", self.main).plan(source)
+
+    def observe(self, stats: RoundStats) -> None:
+        self.apart.get(stats.source or "", self.main).observe(stats)
+
+
+@dataclass
 class DynamicExit:
     """DEL: per exit layer an acceptance/cost model; each round drafts from the exit and with
     the γ that promise the most tokens per second. Exits not tried recently get a probe round
@@ -353,7 +389,7 @@ class DynamicExit:
         self.costs = {k: CostModel() for k in self.exits}
         self.exit_layer = self.exits[0]
 
-    def plan(self) -> Plan:
+    def plan(self, source: str | None = None) -> Plan:
         return Plan(self._length(), exit_layer=self.exit_layer)
 
     def _length(self) -> int:

@@ -41,6 +41,7 @@ from edgespec.runtime.policies import (
     DraftLengthPolicy,
     DynamicExit,
     FixedLength,
+    PerSource,
 )
 from edgespec.runtime.remote import FallbackVerifier, RemoteVerifier
 from edgespec.runtime.round import Drafter, Verifier
@@ -226,7 +227,8 @@ def build(graphs: BundleGraphs, config: LoadConfig) -> tuple[Verifier, Drafter, 
     if c.mode == "split":
         if c.verifier is not None:
             raise InputError("split mode verifies on the server: drop verifier=")
-        return _split_verifier(b, spec), b.drafter(spec, None), policy
+        drafter = b.drafter(spec, None)
+        return _split_verifier(b, spec), drafter, per_source(policy, drafter)
     if c.mode == "self-spec":
         exit_drafter = next((p for p in spec.split("+") if p.startswith("exit:")), None)
         if exit_drafter is None:
@@ -236,7 +238,17 @@ def build(graphs: BundleGraphs, config: LoadConfig) -> tuple[Verifier, Drafter, 
         target = b.target(exit_drafter)
     else:
         target = b.target(c.verifier or "full")
-    return LocalVerifier(target), b.drafter(spec, target), policy
+    drafter = b.drafter(spec, target)
+    return LocalVerifier(target), drafter, per_source(policy, drafter)
+
+
+def per_source(policy: DraftLengthPolicy, drafter: Drafter) -> DraftLengthPolicy:
+    """An adaptive policy over a chain prices each member apart (see `PerSource`): the
+    members before the last, which propose only sometimes (prompt lookup), get their own."""
+    if not isinstance(drafter, Chain) or not isinstance(policy, Auto | Acceptance | DynamicExit):
+        return policy
+    kind = Acceptance if isinstance(policy, Acceptance) else Auto
+    return PerSource(policy, {d.name: kind() for d in drafter.drafters[:-1]})
 
 
 def _policy(c: LoadConfig, exits: list[int], device_profile: dict | None) -> DraftLengthPolicy:

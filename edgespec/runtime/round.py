@@ -7,7 +7,9 @@ what a verifier answers.
             argmax ("greedy"), samples from the rows in `q` ("sampled"), or a deterministic
             guess with no distribution ("point", prompt lookup); `tail` carries the hidden
             states an early-exit head computed, for a verifier that runs only `tail@k`
-  Drafter   begin / propose(seq, plan) / commit: it is told how many tokens to propose
+  Drafter   begin / source(seq) / propose(seq, plan) / commit: it is told how many tokens
+            to propose; `source` names who will propose them (a chain's member), so the
+            policy can price each member apart
   Verifier  prefill / submit -> Pending / truncate: local graphs, a server, or both
   Verdict   the verifier's answer: accepted count, the target's next token, and timings
 
@@ -75,10 +77,15 @@ class Drafter(Protocol):
     # whether it may draft past tokens that are not committed yet (while a remote verifier
     # is busy); prompt lookup may not: its n-gram index must only see committed tokens
     drafts_ahead: bool
+    name: str  # what it is ("draft", "exit", "lookup", "lookup+draft", "none")
 
     def begin(self, prompt: list[int], capacity: int, cached: int = 0) -> None:
         """Start a generation (prefill any state of its own); `cached` as in
         `Verifier.prefill`: state built on the first `cached` prompt tokens may be kept."""
+
+    def source(self, seq: list[int]) -> str | None:
+        """The name of the drafter that will propose after seq (a chain: its first member
+        that has something to propose), None if nothing will be proposed. Never drafts."""
 
     def propose(
         self, seq: list[int], plan: Plan, params: SamplingParams, rng: np.random.Generator
