@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+from edgespec.runtime.estimates import expected_tokens
 from edgespec.runtime.policies import (
     Acceptance,
     Auto,
     Confidence,
     DynamicExit,
     PerSource,
-    expected_tokens,
 )
 from edgespec.runtime.registry import make_policy
 from edgespec.runtime.stats import RoundStats
@@ -141,7 +141,7 @@ def test_a_burst_of_slow_rounds_before_a_plain_stretch_does_not_price_speculatio
 
 
 def test_alpha_is_fitted_to_the_tokens_rounds_yield():
-    from edgespec.runtime.policies import CostModel, alpha_for, expected_tokens
+    from edgespec.runtime.estimates import CostModel, alpha_for
 
     for alpha in (0.2, 0.6, 0.9):
         assert abs(alpha_for(expected_tokens(alpha, 4), 4) - alpha) < 1e-6
@@ -157,7 +157,7 @@ def test_alpha_is_fitted_to_the_tokens_rounds_yield():
 
 
 def test_a_round_tells_exactly_what_every_shorter_draft_would_have_accepted():
-    from edgespec.runtime.policies import CostModel
+    from edgespec.runtime.estimates import CostModel
 
     cost = CostModel()
     for _ in range(80):  # every round drafts 6 and the third draft is always wrong
@@ -184,7 +184,7 @@ def test_auto_drafts_long_inside_a_run_of_accepted_drafts_and_short_after_a_miss
 
 
 def test_after_a_round_accepted_whole_auto_expects_the_run_to_go_on():
-    from edgespec.runtime.policies import CostModel
+    from edgespec.runtime.estimates import CostModel
 
     cost = CostModel()
     for i in range(120):  # stretches of 10 rounds accepting all 4 drafts, then 10 accepting 0

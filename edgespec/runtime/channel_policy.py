@@ -35,7 +35,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 
-from edgespec.runtime.policies import MAX_DRAFT, expected_tokens
+from edgespec.runtime.estimates import MAX_DRAFT, expected_tokens
 from edgespec.runtime.round import Plan
 from edgespec.runtime.stats import RoundStats
 

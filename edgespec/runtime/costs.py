@@ -12,14 +12,8 @@ import os
 import platform
 from pathlib import Path
 
-from edgespec.runtime.policies import (
-    Acceptance,
-    Auto,
-    CostModel,
-    DraftLengthPolicy,
-    DynamicExit,
-    PerSource,
-)
+from edgespec.runtime.estimates import CostModel
+from edgespec.runtime.policies import Acceptance, Auto, DraftLengthPolicy, DynamicExit, PerSource
 
 FILE = "calibration.json"
 

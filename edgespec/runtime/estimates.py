@@ -1,0 +1,241 @@
+"""What a round drafting γ tokens is expected to yield and to cost, learned online: the
+estimators the adaptive draft-length policies (`policies.py`) maximise N(γ) / T(γ) with.
+
+  AcceptanceModel   N(γ), expected tokens of a round, from per-position acceptance
+  CostModel         T(γ), a round's seconds (draft steps + a verify-plus-overhead line), and
+                    the γ with the most expected tokens per second
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from edgespec.runtime.stats import RoundStats
+
+MAX_DRAFT = 12
+# shrinks the round-time line's slope while the γ seen spread less than ~±0.5 around their mean
+RIDGE = 0.25
+# pseudo-rounds of the pooled acceptance in the after-a-full-round / after-a-cut estimates
+STATE_PRIOR = 2.0
+# pseudo-rounds of the all-positions acceptance in each position's estimate
+SHRINK = 1.0
+
+
+def expected_tokens(alpha: float, gamma: int) -> float:
+    """E[tokens per round] when each draft is accepted with probability alpha."""
+    if alpha >= 1.0:
+        return gamma + 1.0
+    return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
+
+
+def alpha_for(tokens: float, gamma: float) -> float:
+    """The per-token acceptance α at which drafting γ yields `tokens` per round on average
+    (the inverse of `expected_tokens` in α, by bisection; γ may be fractional)."""
+    tokens = min(max(tokens, 1.0), gamma + 1.0)
+    lo, hi = 0.0, 0.999
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        if (1.0 - mid ** (gamma + 1)) / (1.0 - mid) < tokens:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
+@dataclass
+class AcceptanceModel:
+    """N(γ), the expected tokens of a round drafting γ, from acceptance measured online.
+
+    Per-position acceptance (a discrete hazard): h(k) = P(draft k accepted | drafts 1..k-1
+    accepted), counted over recent rounds (exponentially forgotten per drafting round), so
+    N(γ) = 1 + Σ_{k≤γ} Π_{j≤k} h(j). A round that drafted γ and accepted a tells exactly what
+    every shorter draft would have accepted, so rounds at any γ inform every shorter one,
+    whatever mixture of γ the policy used. Drafts are accepted in runs (a repetitive stretch
+    accepts long drafts whole, a novel one almost none), so h grows with k on real text, and
+    a run tends to go on: h is counted separately after a round accepted whole and after one
+    cut short (shrunk towards the pooled count). One per-token α fitted at the γ being
+    drafted (what edgespec did before) predicts too few tokens for longer drafts and kept
+    `auto` drafting 3-4 where 5-6 paid best. Positions beyond those measured are priced like
+    the acceptance over all positions (each h(k) is shrunk towards it with SHRINK
+    pseudo-rounds: a position reached twice says little on its own)."""
+
+    prior: float = 0.6  # acceptance of a typical decent drafter, before any round
+    decay: float = 0.04  # forgetting per drafting round (~25 rounds)
+    after_full: bool = False  # the last drafting round accepted all its drafts
+    # (drafts reached, drafts accepted) per position 1..MAX_DRAFT: over all rounds, and
+    # after a round accepted whole / cut short
+    _all: tuple[list[float], list[float]] = field(default_factory=lambda: _counts())
+    _after: dict[bool, tuple[list[float], list[float]]] = field(
+        default_factory=lambda: {True: _counts(), False: _counts()}
+    )
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        """One round that drafted `drafted` tokens and had `accepted` of them accepted."""
+        drafted, accepted = min(drafted, MAX_DRAFT), min(accepted, drafted, MAX_DRAFT)
+        if drafted <= 0:
+            return
+        keep = 1 - self.decay
+        tried = min(accepted + 1, drafted)  # drafts the verifier got to judge
+        for table in (self._all, self._after[self.after_full]):
+            reached, passed = table
+            for k in range(1, MAX_DRAFT + 1):
+                reached[k] = reached[k] * keep + (k <= tried)
+                passed[k] = passed[k] * keep + (k <= accepted)
+        self.after_full = accepted == drafted
+
+    def expected(self, gamma: int, pooled: bool = False) -> float:
+        """N(γ): expected tokens of a round drafting γ (accepted drafts + the target's one),
+        given how the last round ended (runs: after a round accepted whole, the next one is
+        likelier to be, too); `pooled`: over all rounds, whatever came before."""
+        return self.curve(gamma, pooled)[gamma]
+
+    def curve(self, longest: int, pooled: bool = False) -> list[float]:
+        """[N(0), N(1), .., N(longest)] in one pass (the policies price every γ each round)."""
+        reached, passed = self._all
+        reached_s, passed_s = self._all if pooled else self._after[self.after_full]
+        overall = (sum(passed) + 2 * self.prior) / (sum(reached) + 2)  # all positions
+        survive, tokens = 1.0, [1.0]
+        for k in range(1, longest + 1):
+            if k <= MAX_DRAFT:  # beyond: every further draft survives like the last
+                h = (passed[k] + SHRINK * overall) / (reached[k] + SHRINK)
+                survive *= (passed_s[k] + STATE_PRIOR * h) / (reached_s[k] + STATE_PRIOR)
+            tokens.append(tokens[-1] + survive)
+        return tokens
+
+    @property
+    def alpha(self) -> float:
+        """The per-token acceptance of a geometric model with the same N(4) (for reports)."""
+        return alpha_for(self.expected(4, pooled=True), 4)
+
+
+@dataclass
+class CostModel:
+    """Online estimates for one drafter: how many tokens a round drafting γ yields, N(γ)
+    (`AcceptanceModel`), and what it costs, T(γ); the policies maximise N(γ) / T(γ).
+
+    T(γ) = γ·t_draft + rest(γ): t_draft is measured per drafted token (weighted like the
+    line, so a few slow rounds do not reprice every γ for the next hundred); rest (verifying
+    γ + 1 positions and the round's own overhead) is a line a + b·γ over speculative rounds,
+    fitted by exponentially weighted least squares with its slope shrunk towards 0 while the
+    γ seen barely vary (an unmeasured slope is noise, and a noisy slope priced every longer γ
+    out). A plain step (γ = 0) is priced by its own measurements, never by the line: a
+    speculative round has costs a plain step does not (a draft call, a wider verify). A line
+    rather than a table per γ: every round refines the price of every γ, and one slow round
+    (a scheduler hiccup) cannot leave one γ looking expensive forever because the policy
+    never tries it again; a round 3x slower than predicted is clipped for the same reason."""
+
+    acceptance: AcceptanceModel = field(default_factory=AcceptanceModel)
+    decay: float = 0.15  # EWMA weight of a new round in the per-γ round times
+    t_draft: float | None = None  # seconds per drafted token
+    round_time: dict[int, float] = field(default_factory=dict)  # γ -> EWMA seconds, as seen
+    rounds: int = 0
+    fit_decay: float = 0.03  # forgetting per round of the line and t_draft (~30 rounds)
+    _sums: list[float] = field(default_factory=lambda: [0.0] * 5)  # Σw, Σwγ, Σwr, Σwγ², Σwγr
+    _seen: dict[int, int] = field(default_factory=dict)  # γ -> rounds measured
+    # exponentially weighted (seconds drafting, tokens drafted), forgotten like the line
+    _drafting: tuple[float, float] = (0.0, 0.0)
+
+    def __post_init__(self) -> None:
+        for g, t in self.round_time.items():  # calibrated: worth a few live rounds each
+            self._seen[g] = 3
+            if g > 0:
+                self._age()
+                self._fit(g, t - g * (self.t_draft or 0.0), weight=3.0)
+        if self.t_draft is not None:  # calibrated: worth a few rounds of drafts
+            self._drafting = (12 * self.t_draft, 12.0)
+
+    def observe(self, s: RoundStats) -> None:
+        self.rounds += 1
+        self._age()
+        if s.drafted:
+            self.acceptance.observe(s.drafted, s.accepted)
+            draft = s.draft_seconds  # clipped like round times below: a hiccup, not a price
+            if self.t_draft is not None:
+                draft = min(draft, 3 * s.drafted * self.t_draft)
+            self._drafting = (self._drafting[0] + draft, self._drafting[1] + s.drafted)
+            self.t_draft = self._drafting[0] / self._drafting[1]
+        g = s.drafted
+        seconds = s.seconds - s.catchup_seconds  # a one-off, not a cost of this γ
+        if self.round_time:  # a round 3x slower than expected is noise, not a price
+            seconds = min(seconds, 3 * self.cost(g))
+        # a running mean over the first rounds of a γ, then an EWMA: the first measurement
+        # (maybe a noisy one) does not linger, which matters for rarely run γ = 0 steps
+        n = self._seen[g] = self._seen.get(g, 0) + 1
+        old = self.round_time.get(g)
+        self.round_time[g] = seconds if old is None else _ewma(old, seconds, max(self.decay, 1 / n))
+        if g > 0:
+            draft = min(s.draft_seconds, seconds)
+            self._fit(g, seconds - draft)
+
+    def expected(self, gamma: int) -> float:
+        return self.acceptance.expected(gamma)
+
+    @property
+    def alpha(self) -> float:
+        return self.acceptance.alpha
+
+    def _age(self) -> None:
+        """Forget a little of what drafting was measured to cost (the line and t_draft keep
+        their values, their weight fades), once a round, plain rounds too: after a stretch of
+        plain steps the next probe's fresh times outweigh old ones, e.g. the slow first rounds
+        of a generation after other models ran, which otherwise kept speculation priced out
+        for hundreds of rounds."""
+        keep = 1 - self.fit_decay
+        self._sums = [v * keep for v in self._sums]
+        self._drafting = (self._drafting[0] * keep, self._drafting[1] * keep)
+
+    def _fit(self, gamma: int, seconds: float, weight: float = 1.0) -> None:
+        w, x, y, xx, xy = self._sums
+        g = float(gamma)
+        self._sums = [w + weight, x + weight * g, y + weight * seconds]
+        self._sums += [xx + weight * g * g, xy + weight * g * seconds]
+
+    def _line(self) -> tuple[float, float] | None:
+        """(a, b) of rest(γ) = a + b·γ for γ ≥ 1 (the round less its drafting), or None
+        before any speculative round."""
+        w, x, y, xx, xy = self._sums
+        if w <= 0:
+            return None
+        mean_g, mean_t = x / w, y / w
+        spread = max(xx / w - mean_g**2, 0.0)
+        slope = max((xy / w - mean_g * mean_t) / (spread + RIDGE), 0.0)
+        return mean_t - slope * mean_g, slope
+
+    def cost(self, gamma: int) -> float:
+        """Estimated seconds of a round drafting γ tokens. γ = 0: measured plain steps (the
+        line's intercept only while none was measured). γ ≥ 1: γ draft steps plus the line;
+        a plain step plus γ draft steps while no speculative round was measured."""
+        return self._cost(gamma, self._line())
+
+    def _cost(self, gamma: int, line: tuple[float, float] | None) -> float:
+        if gamma == 0 and 0 in self.round_time:
+            return self.round_time[0]
+        draft = gamma * (self.t_draft or 0.0)
+        if line is not None:
+            return max(draft + line[0] + line[1] * gamma, 1e-9)
+        return max(draft + next(iter(self.round_time.values()), 0.0), 1e-9)
+
+    def rate(self, gamma: int) -> float:
+        """Expected tokens per second when drafting γ per round."""
+        return self.expected(gamma) / self.cost(gamma)
+
+    def best_length(self, max_length: int, min_length: int = 1) -> tuple[int, float]:
+        """(γ, expected tokens per second) maximising N(γ) / T(γ)."""
+        if self.t_draft is None or not self.round_time:
+            return min(4, max_length), 0.0
+        tokens = self.acceptance.curve(max_length)
+        line = self._line()
+        best = (min_length, -1.0)
+        for g in range(min_length, max_length + 1):
+            rate = tokens[g] / self._cost(g, line)
+            if rate > best[1]:
+                best = (g, rate)
+        return best
+
+
+def _counts() -> tuple[list[float], list[float]]:
+    return [0.0] * (MAX_DRAFT + 1), [0.0] * (MAX_DRAFT + 1)
+
+
+def _ewma(old: float, new: float, decay: float) -> float:
+    return old + decay * (new - old)
