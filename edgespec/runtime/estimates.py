@@ -19,6 +19,12 @@ RIDGE = 0.25
 STATE_PRIOR = 2.0
 # pseudo-rounds of the all-positions acceptance in each position's estimate
 SHRINK = 1.0
+# a round (or its drafting) more than this times slower than predicted is clipped to it: most
+# likely another process took the CPU. At 3x, one round at 2.8x its price early in a
+# generation (a few rounds measured) tripled the line's slope and kept `auto` at γ = 1 for
+# ~25 rounds where 5 paid (bench_policy, 256-token replays at α = 0.9: 0.938 -> 0.949 of the
+# best fixed γ; 2,000 tokens: 0.981-0.985 -> 0.985-0.993)
+SLOW = 1.5
 
 
 def expected_tokens(alpha: float, gamma: int) -> float:
@@ -122,7 +128,7 @@ class CostModel:
     speculative round has costs a plain step does not (a draft call, a wider verify). A line
     rather than a table per γ: every round refines the price of every γ, and one slow round
     (a scheduler hiccup) cannot leave one γ looking expensive forever because the policy
-    never tries it again; a round 3x slower than predicted is clipped for the same reason."""
+    never tries it again; a round over SLOW times its price is clipped for the same reason."""
 
     acceptance: AcceptanceModel = field(default_factory=AcceptanceModel)
     decay: float = 0.15  # EWMA weight of a new round in the per-γ round times
@@ -147,25 +153,24 @@ class CostModel:
     def observe(self, s: RoundStats) -> None:
         self.rounds += 1
         self._age()
+        draft = s.draft_seconds  # clipped like round times below: a hiccup, not a price
         if s.drafted:
             self.acceptance.observe(s.drafted, s.accepted)
-            draft = s.draft_seconds  # clipped like round times below: a hiccup, not a price
             if self.t_draft is not None:
-                draft = min(draft, 3 * s.drafted * self.t_draft)
+                draft = min(draft, SLOW * s.drafted * self.t_draft)
             self._drafting = (self._drafting[0] + draft, self._drafting[1] + s.drafted)
             self.t_draft = self._drafting[0] / self._drafting[1]
         g = s.drafted
         seconds = s.seconds - s.catchup_seconds  # a one-off, not a cost of this γ
-        if self.round_time:  # a round 3x slower than expected is noise, not a price
-            seconds = min(seconds, 3 * self.cost(g))
+        if self.round_time:  # a round much slower than expected is noise, not a price
+            seconds = min(seconds, SLOW * self.cost(g))
         # a running mean over the first rounds of a γ, then an EWMA: the first measurement
         # (maybe a noisy one) does not linger, which matters for rarely run γ = 0 steps
         n = self._seen[g] = self._seen.get(g, 0) + 1
         old = self.round_time.get(g)
         self.round_time[g] = seconds if old is None else _ewma(old, seconds, max(self.decay, 1 / n))
         if g > 0:
-            draft = min(s.draft_seconds, seconds)
-            self._fit(g, seconds - draft)
+            self._fit(g, seconds - min(draft, seconds))
 
     def expected(self, gamma: int) -> float:
         return self.acceptance.expected(gamma)
