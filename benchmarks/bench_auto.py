@@ -318,11 +318,16 @@ def bundle_view(bundle: Path, out: Path) -> Path:
 
 
 def edgespec_configs(
-    blind: Path, calibrated: Path, fixed_modes: list[str], quantized: dict[str, Path]
+    blind: Path,
+    calibrated: Path,
+    fixed_modes: list[str],
+    quantized: dict[str, Path],
+    one_policy: bool = False,
 ) -> list[tuple[str, Path, dict[str, Any]]]:
     """Every edgespec row: (label, bundle, load options). `quantized`: the bundles whose draft
     is quantized apart from the fp32 target (`--draft-quantize`), by method; fixed-mode
-    `spec:int8` is spec on the int8 draft's bundle."""
+    `spec:int8` is spec on the int8 draft's bundle. `one_policy`: each spec+lookup auto row
+    also with one policy over the chain (`ONE_POLICY`, see `load_row`)."""
     rows: list[tuple[str, Path, dict[str, Any]]] = [("ar", blind, {"mode": "ar"})]
     rows.append(("spec auto", blind, {"mode": "spec", "draft_policy": "auto"}))
     rows.append(("spec auto (calibrated)", calibrated, {"mode": "spec", "draft_policy": "auto"}))
@@ -343,6 +348,11 @@ def edgespec_configs(
         for label, drafter in (("spec", "draft"), ("spec+lookup", "lookup+draft")):
             options = {"mode": "spec", "drafter": drafter, "draft_policy": "auto"}
             rows.append((f"{label} auto ({q} draft)", folder, options))
+    if one_policy:
+        for label, folder in [("", blind), *((f" ({q} draft)", f) for q, f in quantized.items())]:
+            options = {"mode": "spec", "drafter": "lookup+draft", "draft_policy": "auto"}
+            options[ONE_POLICY] = 1
+            rows.append((f"spec+lookup auto, one policy{label}", folder, options))
     for setup in fixed_modes:  # every fixed γ beside each auto row it is compared with
         mode, _, exit_layer = setup.partition("@")
         mode, _, q = mode.partition(":")
@@ -351,6 +361,23 @@ def edgespec_configs(
             options = {"mode": mode, "draft_policy": f"fixed:{g}", **extra}
             rows.append((f"{setup} fixed:{g}", quantized[q] if q else blind, options))
     return rows
+
+
+# an edgespec row option, not Model.load's: price the chain's members as one (before stop 27)
+ONE_POLICY = "one_policy"
+
+
+def load_row(folder: Path, threads: int, options: dict[str, Any]) -> Any:
+    """edgespec.load(folder, **options); with ONE_POLICY, a chain's adaptive policy without
+    its per-member split (`PerSource.main` alone sees every round), for an A/B in one run."""
+    import edgespec
+
+    options = dict(options)
+    one = options.pop(ONE_POLICY, False)
+    model = edgespec.load(folder, threads=threads, **options)
+    if one:
+        model.policy = model.policy.main
+    return model
 
 
 # --------------------------------------------------------------------------- the run
@@ -580,6 +607,11 @@ def check_targets(pset: PromptSet, rows: list[Row]) -> list[str]:
             top = max(peers, key=lambda r: r.tokens_per_s)
             what = f"{a.tokens_per_s:.1f} tok/s vs {top.engine} {top.tokens_per_s:.1f}"
             out.append(_check(pset, auto, a.tokens_per_s > top.tokens_per_s, what))
+    for r in rows:  # --one-policy: the chain priced per member against priced as one
+        apart = by.get(r.engine.replace(", one policy", ""))
+        if ", one policy" in r.engine and apart is not None:
+            ratio = apart.tokens_per_s / r.tokens_per_s
+            out.append(f"{pset.name}: {apart.engine[9:]}: {ratio:.3f}x its chain under one policy")
     if pset.name == "code":  # on-device speculation: >= 2x ar on code for the trained pair
         best = max((r for r in rows if r.engine.startswith("edgespec")), key=lambda r: r.vs_ar)
         what = (
@@ -622,13 +654,18 @@ def main() -> None:
         help="comma list of int8/int4: also the fp32 target with its draft quantized apart "
         "(bundle-draft-int8, exported once); spec/spec+lookup auto rows, `--fixed-modes spec:int8`",
     )
+    ap.add_argument(
+        "--one-policy",
+        action="store_true",
+        help="also each spec+lookup auto row with one policy over the chain's two drafters "
+        "(as before stop 27), for an A/B against pricing each apart",
+    )
     ap.add_argument("--json", type=Path)
     ap.add_argument("--genai-worker", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.genai_worker:
         genai_worker(args.genai_worker)
         return
-    import edgespec
     from edgespec.runtime.calibrate import calibrate
 
     bundle = args.models / "bundle"
@@ -678,10 +715,11 @@ def main() -> None:
         summary: list[str] = []
         for name in args.sets.split(","):
             texts = load_prompts(args.models, name, args.prompts)
+            fixed_modes = [m for m in args.fixed_modes.split(",") if m]
             models = {
-                label: edgespec.load(folder, threads=args.threads, **options)
+                label: load_row(folder, args.threads, options)
                 for label, folder, options in edgespec_configs(
-                    blind, calibrated, [m for m in args.fixed_modes.split(",") if m], quantized
+                    blind, calibrated, fixed_modes, quantized, args.one_policy
                 )
             }
             ids = [models["ar"].encode(t) for t in texts]
