@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Build llama.cpp from source, in its own venv, for the llama.cpp rows of bench_ar.py / bench_auto.py.
 #
-# Takes: VENV (default /work/venv-llamacpp), SRC (default /work/llamacpp-src), JOBS (default 2).
+# Takes: VENV (default /work/venv-llamacpp), SRC (default /work/llamacpp-src), JOBS (default 2),
+#        AMX (default off; "on" builds llama.cpp's AMX kernels, for hosts where they run).
 # Guarantees, when it exits 0:
 #   $VENV/bin/python           has torch==2.13.0 (CPU), transformers, gguf, numpy, sentencepiece and
 #                              the `llama_cpp` Python package (ctypes bindings, no compiled code);
@@ -42,9 +43,17 @@ if ! "$VENV/bin/python" -c "import llama_cpp" >/dev/null 2>&1; then
 fi
 
 # Native build of the vendored tree: shared libllama + the tools the benchmarks call.
+# AMX stays off unless AMX=on: a VM may list amx_* in /proc/cpuinfo without letting a process
+# use the tiles (this project's Xeon VM: llama.cpp's Q8_0/Q4_0 prompt path died with a general
+# protection fault and SIGILL in libggml-cpu). Decoding one token at a time never uses AMX.
+AMX_FLAGS=""
+if [ "${AMX:-off}" != on ]; then
+    AMX_FLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+fi
 cmake -S "$SRC/llama.cpp" -B "$SRC/build" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON \
     -DLLAMA_CURL=OFF -DGGML_NATIVE=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF \
-    -DLLAMA_BUILD_EXAMPLES=ON -DLLAMA_BUILD_TOOLS=ON >/dev/null
+    -DLLAMA_BUILD_EXAMPLES=ON -DLLAMA_BUILD_TOOLS=ON \
+    -DCMAKE_C_FLAGS="$AMX_FLAGS" -DCMAKE_CXX_FLAGS="$AMX_FLAGS" >/dev/null
 cmake --build "$SRC/build" -j "$JOBS" --target llama llama-quantize llama-bench llama-speculative \
     llama-speculative-simple llama-lookup llama-simple
 
