@@ -48,6 +48,7 @@ import argparse
 import json
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -660,6 +661,12 @@ def main() -> None:
         help="also each spec+lookup auto row with one policy over the chain's two drafters "
         "(as before stop 27), for an A/B against pricing each apart",
     )
+    ap.add_argument(
+        "--rows",
+        default=".*",
+        help="regex: only the edgespec rows whose label matches it in full ('ar' always runs), "
+        "e.g. 'spec (auto|fixed:.*)': fewer models loaded side by side",
+    )
     ap.add_argument("--json", type=Path)
     ap.add_argument("--genai-worker", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -716,11 +723,11 @@ def main() -> None:
         for name in args.sets.split(","):
             texts = load_prompts(args.models, name, args.prompts)
             fixed_modes = [m for m in args.fixed_modes.split(",") if m]
+            configs = edgespec_configs(blind, calibrated, fixed_modes, quantized, args.one_policy)
             models = {
                 label: load_row(folder, args.threads, options)
-                for label, folder, options in edgespec_configs(
-                    blind, calibrated, fixed_modes, quantized, args.one_policy
-                )
+                for label, folder, options in configs
+                if label == "ar" or re.fullmatch(args.rows, label)
             }
             ids = [models["ar"].encode(t) for t in texts]
             pset = PromptSet(name, ids, args.temperature if SETS[name][2] else 0.0, texts)

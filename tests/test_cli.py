@@ -117,6 +117,10 @@ def test_calibrate_stores_round_costs_that_seed_the_auto_policy(spec_bundles, tm
     model = edgespec.load(b, mode="spec", threads=1)
     assert model.policy.cost.round_time[0] == entry["spec"]["round_seconds"]["0"]
     assert edgespec.load(b, mode="spec", threads=2).policy.cost.round_time == {}  # other device
+    # a chain: each member's policy starts from its own entry (prompt lookup's from "lookup")
+    chain = edgespec.load(b, mode="spec", drafter="lookup+draft", threads=1).policy
+    assert chain.main.cost.round_time[0] == entry["spec"]["round_seconds"]["0"]
+    assert chain.apart["lookup"].cost.round_time[1] == entry["lookup"]["round_seconds"]["1"]
 
 
 def test_bench_compares_modes_and_checks_outputs(spec_bundles):

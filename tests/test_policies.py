@@ -232,3 +232,20 @@ def test_a_cheap_drafter_of_a_chain_drafts_longer_than_the_costly_one():
     assert p.plan("lookup").length >= 8
     assert p.plan("draft").length <= 4
     assert p.plan(None).length == p.plan("draft").length  # the chain's last member: main
+
+
+def test_a_policy_settled_at_neighbouring_lengths_learns_the_full_verify_slope():
+    """Rounds at γ = 2 and 3 only: their spread is small, but after many of them the slope is
+    measured, and must not stay shrunk (shrunk by half it priced γ = 4 as cheap as 3 and kept
+    `auto` drafting 3.2 on the trained pair where 2 paid 9% more)."""
+    from edgespec.runtime.estimates import CostModel
+
+    cost = CostModel()
+    for i in range(80):
+        g = 2 + i % 2
+        rest = 0.0020 + 0.00035 * g  # each verified position costs 16% of a plain step
+        cost.observe(RoundStats("decode", 3, g + 1, rest + g * 0.0005, g, 2, g * 0.0005, rest))
+    slope = cost._line()[1]
+    assert 0.75 * 0.00035 < slope <= 0.00035  # the old shrink: half of it, however many rounds
+    true = 0.0020 + 0.00035 * 4 + 4 * 0.0005
+    assert abs(cost.cost(4) - true) < 0.04 * true

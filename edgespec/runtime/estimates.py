@@ -13,8 +13,12 @@ from dataclasses import dataclass, field
 from edgespec.runtime.stats import RoundStats
 
 MAX_DRAFT = 12
-# shrinks the round-time line's slope while the γ seen spread less than ~±0.5 around their mean
-RIDGE = 0.25
+# the round-time line's slope is shrunk towards 0 as if by rounds adding Σw(γ - γ̄)² = RIDGE
+# (8 rounds at γ̄ ± 0.5): decisive while few rounds varied γ, negligible once many have. It was
+# a fixed share of the spread (slope = cov / (var + 0.25)), which halved the slope of a policy
+# that settled at two neighbouring γ however many rounds it had seen: every longer γ looked
+# cheap, and `auto` drafted 3.2 on the trained pair where 2 paid 9% more (stop 27)
+RIDGE = 2.0
 # pseudo-rounds of the pooled acceptance in the after-a-full-round / after-a-cut estimates
 STATE_PRIOR = 2.0
 # pseudo-rounds of the all-positions acceptance in each position's estimate
@@ -122,8 +126,8 @@ class CostModel:
     T(γ) = γ·t_draft + rest(γ): t_draft is measured per drafted token (weighted like the
     line, so a few slow rounds do not reprice every γ for the next hundred); rest (verifying
     γ + 1 positions and the round's own overhead) is a line a + b·γ over speculative rounds,
-    fitted by exponentially weighted least squares with its slope shrunk towards 0 while the
-    γ seen barely vary (an unmeasured slope is noise, and a noisy slope priced every longer γ
+    fitted by exponentially weighted least squares with its slope shrunk towards 0 while few
+    rounds varied γ (an unmeasured slope is noise, and a noisy slope priced every longer γ
     out). A plain step (γ = 0) is priced by its own measurements, never by the line: a
     speculative round has costs a plain step does not (a draft call, a wider verify). A line
     rather than a table per γ: every round refines the price of every γ, and one slow round
@@ -202,8 +206,8 @@ class CostModel:
         if w <= 0:
             return None
         mean_g, mean_t = x / w, y / w
-        spread = max(xx / w - mean_g**2, 0.0)
-        slope = max((xy / w - mean_g * mean_t) / (spread + RIDGE), 0.0)
+        spread = max(xx - x * mean_g, 0.0)  # Σw(γ - γ̄)²
+        slope = max((xy - x * mean_t) / (spread + RIDGE), 0.0)
         return mean_t - slope * mean_g, slope
 
     def cost(self, gamma: int) -> float:
