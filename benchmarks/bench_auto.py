@@ -667,6 +667,7 @@ def main() -> None:
         help="regex: only the edgespec rows whose label matches it in full ('ar' always runs), "
         "e.g. 'spec (auto|fixed:.*)': fewer models loaded side by side",
     )
+    ap.add_argument("--load-seed", type=int, default=0, help="seed of the rows' load order")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--genai-worker", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -724,11 +725,15 @@ def main() -> None:
             texts = load_prompts(args.models, name, args.prompts)
             fixed_modes = [m for m in args.fixed_modes.split(",") if m]
             configs = edgespec_configs(blind, calibrated, fixed_modes, quantized, args.one_policy)
+            configs = [c for c in configs if c[0] == "ar" or re.fullmatch(args.rows, c[0])]
+            # loaded in a seeded shuffled order: on a host where the first-loaded model ran
+            # up to 40% slower than the same model loaded later (stop 27), loading ar, then
+            # the auto rows, then the fixed rows biased every comparison the same way
+            random.Random(args.load_seed).shuffle(configs)
             models = {
-                label: load_row(folder, args.threads, options)
-                for label, folder, options in configs
-                if label == "ar" or re.fullmatch(args.rows, label)
+                label: load_row(folder, args.threads, options) for label, folder, options in configs
             }
+            print(f"{name}: load order: {', '.join(models)}", flush=True)
             ids = [models["ar"].encode(t) for t in texts]
             pset = PromptSet(name, ids, args.temperature if SETS[name][2] else 0.0, texts)
             tallies = bench_set(
