@@ -728,12 +728,14 @@ def main() -> None:
             configs = [c for c in configs if c[0] == "ar" or re.fullmatch(args.rows, c[0])]
             # loaded in a seeded shuffled order: on a host where the first-loaded model ran
             # up to 40% slower than the same model loaded later (stop 27), loading ar, then
-            # the auto rows, then the fixed rows biased every comparison the same way
-            random.Random(args.load_seed).shuffle(configs)
-            models = {
-                label: load_row(folder, args.threads, options) for label, folder, options in configs
+            # the auto rows, then the fixed rows biased every comparison the same way. The
+            # tables keep the configs' order.
+            order = random.Random(args.load_seed).sample(configs, len(configs))
+            loaded = {
+                label: load_row(folder, args.threads, options) for label, folder, options in order
             }
-            print(f"{name}: load order: {', '.join(models)}", flush=True)
+            print(f"{name}: load order: {', '.join(loaded)}", flush=True)
+            models = {label: loaded[label] for label, _, _ in configs}
             ids = [models["ar"].encode(t) for t in texts]
             pset = PromptSet(name, ids, args.temperature if SETS[name][2] else 0.0, texts)
             tallies = bench_set(
