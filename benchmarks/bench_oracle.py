@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from bench_ar import SHAPES, build_checkpoint, loadavg, prompt_ids
+from bench_ar import SHAPES, build_checkpoint, cpu_name, loadavg, prompt_ids
 
 SHAPES.setdefault(
     "smollm2-360m",
@@ -242,22 +242,26 @@ def expected_tokens(alpha: float, gamma: float) -> float:
 
 
 def bundle_for(args: argparse.Namespace, draft_quantize: str | None = None) -> Path:
-    """The fp32 360M target with exits 8, 16 and the 135M draft, fp32 or `draft_quantize`."""
+    """The 360M target (`--dtype`) with exits 8, 16 and the 135M draft, in the target's dtype
+    or `draft_quantize`."""
     target = build_checkpoint("smollm2-360m", args.seed, args.cache, False)
     draft = build_checkpoint("smollm2-135m", args.seed, args.cache, False)
     bundle = target.parent / "edgespec-oracle-bundle"
+    if args.dtype != "fp32":
+        bundle = bundle.with_name(f"{bundle.name}-{args.dtype}")
     if draft_quantize:
         bundle = bundle.with_name(f"{bundle.name}-draft-{draft_quantize}")
     if not (bundle / "manifest.json").exists():
         from edgespec.export import export_bundle
 
         print(
-            f"exporting the 360M target + 135M draft ({draft_quantize or 'fp32'}) + exits 8, 16",
+            f"exporting the 360M target ({args.dtype}) + 135M draft "
+            f"({draft_quantize or args.dtype}) + exits 8, 16",
             file=sys.stderr,
         )
         export_bundle(
             target, bundle, draft=draft, exit_layers=EXITS, draft_quantize=draft_quantize,
-            overwrite=True,
+            dtype=args.dtype, overwrite=True,
         )  # fmt: skip
     return bundle
 
@@ -286,6 +290,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--prompt-len", type=int, default=32)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument(
+        "--device", default="cpu", help="a device profile (cuda: onnxruntime-gpu and a GPU)"
+    )
+    ap.add_argument("--dtype", default="fp32", choices=["fp32", "fp16"], help="the bundle's")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument(
         "--cache",
@@ -305,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     n = args.new_tokens
     opts = {"max_new_tokens": n, "ignore_eos": True}
     warmup = {"max_new_tokens": args.warmup_tokens or n, "ignore_eos": True}
-    ar = edgespec.load(bundle, threads=args.threads)
+    ar = edgespec.load(bundle, threads=args.threads, device=args.device)
     ar.generate(prompt, max_new_tokens=4, ignore_eos=True)  # warm-up
     longest = max(n, warmup["max_new_tokens"]) + 16  # the oracle's drafts come from here
     reference = prompt + list(ar.generate(prompt, max_new_tokens=longest, ignore_eos=True).tokens)
@@ -320,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
         mode, _, draft_quantize = mode.partition(":")
         extra = {"exit_layer": int(exit_layer)} if exit_layer else {}
         folder = bundle_for(args, draft_quantize) if draft_quantize else bundle
-        model = edgespec.load(folder, mode=mode, threads=args.threads, **extra)
+        model = edgespec.load(folder, mode=mode, threads=args.threads, device=args.device, **extra)
         drafter = model.drafter
         for alpha in [float(a) for a in args.alphas.split(",")]:
             # a fresh policy per α, warmed up by one generation at that α (other coins): what
@@ -366,6 +374,9 @@ def main(argv: list[str] | None = None) -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         meta = {
             "threads": args.threads,
+            "device": args.device,
+            "dtype": args.dtype,
+            "host": host_name(args.device),
             "new_tokens": n,
             "warmup_tokens": warmup["max_new_tokens"],
             "repeats": args.repeats,
@@ -381,6 +392,22 @@ def main(argv: list[str] | None = None) -> int:
 
         try_plot("oracle", args.json)
     return 0
+
+
+def host_name(device: str) -> str:
+    """The processor, and the GPU too where the device is CUDA (nvidia-smi's name)."""
+    import subprocess
+
+    if device != "cuda":
+        return cpu_name()
+    try:
+        gpu = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=10, check=True,
+        ).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        gpu = "unknown GPU"
+    return f"{gpu} ({cpu_name()})"
 
 
 def row_for(
@@ -443,7 +470,8 @@ def row_for(
 def print_table(rows: list[Row], ar_tps: float, args: argparse.Namespace, load: float) -> None:
     print(
         f"\nar {ar_tps:.2f} tok/s decode, median over the cells (each row's speed-up is over "
-        f"`ar` run in turns within its cell); {args.threads} threads; {args.new_tokens} new "
+        f"`ar` run in turns within its cell); {args.device}, {args.dtype}, {args.threads} threads; "
+        f"{args.new_tokens} new "
         "tokens; "
         f"load average {load:.1f} at start, {loadavg():.1f} at end\n"
     )

@@ -41,6 +41,13 @@ from edgespec.cli.common import ExportProgress, _friendly, _report_compat
     type=click.IntRange(0, 4),
     help="int8/int4 compute: 4 = int8 activations (fast), 0 = float.",
 )
+@click.option(
+    "--batched-verify/--no-batched-verify",
+    default=None,
+    help="Graphs with which a verifier server batches rounds of several devices (they need "
+    "onnxruntime >= 1.32); --no-batched-verify: graphs for older onnxruntime, e.g. "
+    "onnxruntime-gpu 1.31.  [default: what the onnxruntime installed here loads]",
+)
 @click.option("--revision", default=None, help="Hub revision (branch, tag or commit).")
 @click.option("--no-verify", is_flag=True, help="Skip the check against transformers.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing bundle in --out.")
@@ -93,6 +100,7 @@ def export(
     draft_quantize: str | None,
     block_size: int | None,
     accuracy_level: int,
+    batched_verify: bool | None,
     revision: str | None,
     no_verify: bool,
     overwrite: bool,
@@ -137,6 +145,7 @@ def export(
             draft_quantize=draft_quantize,
             block_size=block_size,
             accuracy_level=accuracy_level,
+            batched_verify=batched_verify,
             revision=revision,
             verify=not no_verify,
             overwrite=overwrite,

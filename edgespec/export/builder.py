@@ -108,6 +108,8 @@ class GraphBuilder:
     block_size: int | None = None  # weights per scale (None: the method's default)
     accuracy_level: int = 4  # MatMulNBits' compute type (4: int8 activations)
     matmul_head: bool = False  # LM head as a plain MatMul on a transposed copy (for QDQ)
+    # attention takes query_seqlens (batched verify rounds; onnxruntime >= 1.32 loads it)
+    query_seqlens: bool = True
     nodes: list[onnx.NodeProto] = field(default_factory=list)
     inputs: list[onnx.ValueInfoProto] = field(default_factory=list)
     outputs: list[onnx.ValueInfoProto] = field(default_factory=list)
@@ -258,7 +260,7 @@ class GraphBuilder:
         seqlens_k: str,
         total_len: str,
         rotary: tuple[str, str] | None,
-        query_seqlens: str,
+        query_seqlens: str | None,
         window: int | None = None,
     ) -> str:
         """GroupQueryAttention over a packed QKV projection (or separate q, k, v), KV written
@@ -267,7 +269,8 @@ class GraphBuilder:
         `query_seqlens` [batch] (valid new positions per row, the rest right padding) lets
         rows of one call take different numbers of new positions after different pasts: a
         batch of verify rounds runs at full width in one call (without it onnxruntime
-        refuses batch > 1 with more than one new position after a past)."""
+        refuses batch > 1 with more than one new position after a past). None: graphs for
+        onnxruntime < 1.32, whose attention has no such input."""
         past_k = self.add_input(f"past_key.{layer}", self.onnx_dtype, kv_shape(shape))
         past_v = self.add_input(f"past_value.{layer}", self.onnx_dtype, kv_shape(shape))
         q_k_v = [qkv, "", ""] if isinstance(qkv, str) else list(qkv)
@@ -276,8 +279,9 @@ class GraphBuilder:
         ins += list(rotary) if rotary is not None else ["", ""]
         if rotary is not None:
             attrs |= {"do_rotary": 1, "rotary_interleaved": 0}
-        # position_ids .. k_norm_weight unused; query_seqlens is input 16 of the contrib op
-        ins += [""] * 7 + [query_seqlens]
+        if query_seqlens is not None:
+            # position_ids .. k_norm_weight unused; query_seqlens is input 16 of the contrib op
+            ins += [""] * 7 + [query_seqlens]
         if shape.scale is not None:
             attrs["scale"] = float(shape.scale)
         if shape.softcap is not None:
@@ -305,18 +309,18 @@ class GraphBuilder:
             "Slice", [hidden, starts, self.const(np.array([2**62])), self.const(np.array([1]))]
         )
 
-    def positions(self, seqlens_k: str, query_seqlens: str, input_ids: str) -> str:
+    def positions(self, seqlens_k: str, query_seqlens: str | None, input_ids: str) -> str:
         """Absolute positions [B, S] of the new tokens: seqlens_k + 1 - Q + arange(S), Q the
-        row's valid positions (query_seqlens; padding rows run past them, unread)."""
+        row's valid positions (query_seqlens; padding rows run past them, unread), or S
+        where the graph has no query_seqlens."""
         seq = self.op1("Gather", [self.op1("Shape", [input_ids]), self.const(np.array(1))], axis=0)
         steps = self.op1("Range", [self.const(np.array(0)), seq, self.const(np.array(1))])
-        first = self.op1(
-            "Sub",
-            [
-                self.op1("Cast", [seqlens_k], to=TensorProto.INT64),
-                self.op1("Cast", [query_seqlens], to=TensorProto.INT64),
-            ],
+        valid = (
+            seq
+            if query_seqlens is None
+            else self.op1("Cast", [query_seqlens], to=TensorProto.INT64)
         )
+        first = self.op1("Sub", [self.op1("Cast", [seqlens_k], to=TensorProto.INT64), valid])
         first = self.op1("Add", [first, self.const(np.array(1))])
         first = self.op1("Unsqueeze", [first, self.const(np.array([1]))])
         return self.op1("Add", [first, steps])

@@ -45,6 +45,11 @@ class ExportConfig:
     variant: "shared-backbone" writes an edge bundle holding only head@`backbone_layers` (a
     frozen draft for split decoding, see edgespec.backbone); `fit_exit_adapter`: a calibration
     text file on which an adapter is fitted into every head@k (export/exit_adapter.py).
+    batched_verify: graphs whose attention takes `query_seqlens`, so that a verifier server
+    runs the verify rounds of several devices, of different widths, in one call; such graphs
+    need onnxruntime >= 1.32 to load. False: graphs for older onnxruntime (onnxruntime-gpu's
+    newest release is 1.31); a server then verifies rounds one by one. None: whichever the
+    onnxruntime installed here loads.
     on_progress: called with a short description of each step as it starts.
     """
 
@@ -67,12 +72,17 @@ class ExportConfig:
     backbone_layers: int | None = None
     fit_exit_adapter: str | Path | None = None
     adapter_steps: int = 300
+    batched_verify: bool | None = None
     on_progress: Callable[[str], None] | None = None
     # derived in __post_init__: the weight quantization of the target and of the draft, checked
     quant: QuantConfig | None = field(init=False, default=None, repr=False)
     draft_quant: QuantConfig | None = field(init=False, default=None, repr=False)
 
     def __post_init__(self) -> None:
+        if self.batched_verify is None:
+            from edgespec.runtime.graph import ort_takes_query_seqlens
+
+            self.batched_verify = ort_takes_query_seqlens()
         self.exit_layers = tuple(
             _check_variant(
                 self.variant,

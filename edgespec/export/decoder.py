@@ -131,7 +131,9 @@ def build_graph(w: DecoderWeights, role: str, gb: GraphBuilder) -> None:
     seqlens = gb.add_input("seqlens_k", TensorProto.INT32, ["batch"])
     total = gb.add_input("total_seq_len", TensorProto.INT32, [])
     keep = gb.add_input("num_logits_to_keep", TensorProto.INT64, [])
-    query = gb.add_input("query_seqlens", TensorProto.INT32, ["batch"])
+    query = (
+        gb.add_input("query_seqlens", TensorProto.INT32, ["batch"]) if gb.query_seqlens else None
+    )
     if kind == "tail":
         x = gb.add_input("hidden", dt, ["batch", "sequence", w.embed.shape[1]])
     else:

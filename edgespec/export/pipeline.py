@@ -134,6 +134,7 @@ def export_bundle(
     static_graphs: list[GraphInfo] = []
     packages = []
     qdq = None
+    batched = bool(c.batched_verify)
     if c.quant is not None and c.quant.method == "qdq-int8":
         qdq = QdqCalibration(calibration_ids(tokenizer, c.quant.calibration_prompts, info))
     try:
@@ -144,7 +145,9 @@ def export_bundle(
             roles = [f"head@{c.backbone_layers}"]
         for role in roles:
             steps(f"building {role} graph")
-            graphs.append(_write_graph(weights, role, "target", out, store, c.dtype, c.quant, qdq))
+            graphs.append(
+                _write_graph(weights, role, "target", out, store, c.dtype, c.quant, qdq, batched)
+            )
         if draft_model is not None:
             steps("building draft graph")
             draft_weights = extract(draft_model, prefix="draft.")
@@ -152,7 +155,7 @@ def export_bundle(
                 qdq = QdqCalibration(qdq.prompt_ids)
             dq = c.draft_quant
             graphs.append(
-                _write_graph(draft_weights, "draft", "draft", out, store, c.dtype, dq, qdq)
+                _write_graph(draft_weights, "draft", "draft", out, store, c.dtype, dq, qdq, batched)
             )
         if c.coreml:
             from edgespec.export.coreml import write_coreml_package  # needs coremltools
@@ -255,17 +258,26 @@ def _write_graph(
     dtype: str,
     quant: QuantConfig | None,
     qdq: QdqCalibration | None = None,
+    batched: bool = True,
 ) -> GraphInfo:
     weight_only = quant.method if quant is not None and qdq is None else None
     kw = {"block_size": quant.block_size, "accuracy_level": quant.accuracy_level} if quant else {}
     if qdq is None:
-        gb = GraphBuilder(store=store, dtype=np.dtype(DTYPES[dtype]), quantize=weight_only, **kw)
+        gb = GraphBuilder(
+            store=store,
+            dtype=np.dtype(DTYPES[dtype]),
+            quantize=weight_only,
+            query_seqlens=batched,
+            **kw,
+        )
         build_graph(weights, role, gb)
         proto = gb.model(f"edgespec_{role}")
     else:  # float graph in a scratch file, quantized, then its tensors into the bundle's file
         with tempfile.TemporaryDirectory() as tmp:
             scratch = WeightStore(Path(tmp) / "float.bin")
-            gb = GraphBuilder(store=scratch, dtype=np.dtype(np.float32), matmul_head=True)
+            gb = GraphBuilder(
+                store=scratch, dtype=np.dtype(np.float32), matmul_head=True, query_seqlens=batched
+            )
             build_graph(weights, role, gb)
             scratch.close()
             proto = gb.model(f"edgespec_{role}")

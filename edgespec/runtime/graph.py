@@ -16,7 +16,22 @@ import numpy as np
 import onnxruntime as ort
 
 from edgespec.bundle import BundleError, GraphInfo, ModelInfo
-from edgespec.runtime.kv_cache import KVCache
+from edgespec.runtime.kv_cache import Device, KVCache
+
+# providers whose attention kernels run on the accelerator's memory: a session whose first
+# provider is one of these keeps its KV cache there (onnxruntime's device type)
+KV_DEVICES = {"CUDAExecutionProvider": "cuda"}
+
+# GroupQueryAttention's query_seqlens input (16), which lets a verifier batch rounds of
+# different widths, is in onnxruntime from this release on (onnxruntime-gpu's newest is 1.31)
+QUERY_SEQLENS_SINCE = (1, 32)
+
+
+def ort_takes_query_seqlens(version: str = ort.__version__) -> bool:
+    """Whether this onnxruntime loads graphs whose attention takes query_seqlens."""
+    parts = [int(p) for p in version.split("+")[0].split(".")[:2] if p.isdigit()]
+    return tuple(parts) >= QUERY_SEQLENS_SINCE
+
 
 ORT_TYPES = {
     "tensor(float)": "float32",
@@ -72,6 +87,15 @@ class GraphSession:
     ) -> None:
         self.graph, self.model, self.kv_dtype = graph, model, kv_dtype
         path = folder / graph.file
+        if any(i.name == "query_seqlens" for i in graph.inputs) and not ort_takes_query_seqlens():
+            since = ".".join(map(str, QUERY_SEQLENS_SINCE))
+            raise BundleError(
+                f"{path.name} needs onnxruntime >= {since} (its attention takes query_seqlens, "
+                f"for batched verify rounds); this is onnxruntime {ort.__version__}. Upgrade "
+                "onnxruntime, or re-export the bundle here with `--no-batched-verify` (graphs "
+                "for older onnxruntime, onnxruntime-gpu 1.31 among them; a verifier server "
+                "then runs its rounds one by one)"
+            )
         try:
             self.session = ort.InferenceSession(str(path), options, providers=providers)
         except Exception as e:  # onnxruntime raises its own untyped Fail/InvalidGraph errors
@@ -79,6 +103,7 @@ class GraphSession:
                 f"onnxruntime cannot load {path}: {e}; re-export the bundle"
             ) from None
         check_io(self.session, graph, path)
+        self.kv_device = kv_device(self.session, kv_dtype)
         self.output_names = [o.name for o in graph.outputs if not o.name.startswith("present_")]
         self.takes_hidden = any(i.name == "hidden" for i in graph.inputs)
         # rows of one call may add different numbers of positions (see run_batch)
@@ -97,13 +122,19 @@ class GraphSession:
         self._total = np.zeros((), np.int32)
         self._keep = np.zeros((), np.int64)
         self._query = np.zeros(1, np.int32)
-        for name, array in (
+        self._scalars = [
             ("seqlens_k", self._seqlens),
             ("total_seq_len", self._total),
             ("num_logits_to_keep", self._keep),
             *([("query_seqlens", self._query)] if self.batched else []),
-        ):
+        ]
+        for name, array in self._scalars:
             self._io.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(array))
+        # onnxruntime copies an input bound in host memory to the device of the node that
+        # reads it when it is bound, not at each run: on a GPU the in-place updates would
+        # never reach GroupQueryAttention's seqlens_k (every call saw the first call's), nor
+        # a host-memory KV cache's new positions. There they are bound again each call
+        self._rebind = self.session.get_providers()[0] != "CPUExecutionProvider"
 
     def run(
         self,
@@ -134,8 +165,11 @@ class GraphSession:
                 io.bind_cpu_input("input_ids", np.ascontiguousarray(input_ids, dtype=np.int64))
             self._seqlens[0], self._total[()], self._keep[()] = total - 1, total, keep
             self._query[0] = new.shape[1]
+            if self._rebind:
+                for name, array in self._scalars:
+                    io.bind_cpu_input(name, array)
             self._bind_outputs(io)  # first: get_outputs() keeps binding order
-            if cache is not self._bound_cache:
+            if cache is not self._bound_cache or self._stale(cache):
                 self._bind_cache(io, cache)
                 self._bound_cache = cache
             return self._run_bound(io)
@@ -160,7 +194,7 @@ class GraphSession:
         two rebinds nothing."""
         with self._lock:
             new = input_ids if input_ids is not None else hidden
-            assert new is not None and new.shape[0] == cache.keys[0].shape[0] == len(widths)
+            assert new is not None and new.shape[0] == cache.shape[0] == len(widths)
             if not self.batched:
                 raise ValueError(
                     f"{self.graph.file} has no query_seqlens input: re-export the bundle"
@@ -187,10 +221,17 @@ class GraphSession:
             io.bind_cpu_input("num_logits_to_keep", np.array(width if logits else 0, np.int64))
             io.bind_cpu_input("query_seqlens", widths)
             self._bind_outputs(io)
-            if cache is not self._batch_cache:
+            if cache is not self._batch_cache or self._stale(cache):
                 self._bind_cache(io, cache)
                 self._batch_cache = cache
             return self._run_bound(io)
+
+    def _stale(self, cache: KVCache) -> bool:
+        """A host-memory cache bound to a GPU session: the device holds the copy made when it
+        was bound, so it is bound again (copied) each call. Correct but slow: the verifier
+        server's KV pool (serve/batching.py) is such a cache; a model's own cache lives on
+        the GPU (`kv_device`)."""
+        return self._rebind and cache.device is None
 
     def _bind_cache(self, io: ort.IOBinding, cache: KVCache) -> None:
         """The cache's buffers as both past (read) and present (written in place)."""
@@ -212,6 +253,19 @@ class GraphSession:
         raw = getattr(io, "_iobinding", None)
         outputs = raw.get_outputs() if raw is not None else io.get_outputs()
         return {name: outputs[j].numpy() for j, name in enumerate(self.output_names)}
+
+
+def kv_device(session: ort.InferenceSession, kv_dtype: np.dtype) -> Device | None:
+    """Where a session's KV cache should live: on its accelerator when its attention runs
+    there, else in host memory (None). onnxruntime's CUDA GroupQueryAttention takes fp16 and
+    bf16 only: an fp32 graph's attention falls back to the CPU, which reads a host cache in
+    place but would copy a device cache to the host and back at every layer."""
+    provider = session.get_providers()[0]
+    device = KV_DEVICES.get(provider)
+    if device is None or np.dtype(kv_dtype) == np.float32:
+        return None
+    options = session.get_provider_options().get(provider, {})
+    return device, int(options.get("device_id", 0))
 
 
 def check_io(session: ort.InferenceSession, graph: GraphInfo, path: Path) -> None:

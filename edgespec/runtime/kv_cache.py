@@ -4,6 +4,11 @@ The graphs' GroupQueryAttention reads `past_*` and writes the new positions of `
 in place when both are bound to the same buffer, so a decode step never copies the cache,
 and rejecting drafted tokens is `truncate(n)`: lowering the length, never a copy. One cache
 holds every layer of one model; `length` is the number of positions valid in all layers.
+
+The buffers live where the attention runs: host memory (numpy, the default), or an
+accelerator's memory (`device`, e.g. ("cuda", 0)) when the graph's attention runs there. A
+cache in host memory bound to a CUDA session would cross the bus whole, both ways, at every
+step (a 360M model's fp16 cache is ~80 MB at 2,048 positions).
 """
 
 from __future__ import annotations
@@ -13,20 +18,43 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnxruntime as ort
 
+Device = tuple[str, int]  # onnxruntime's device type ("cuda", ...) and its index
+
 
 @dataclass
 class KVCache:
     layers: list[int]
-    keys: list[np.ndarray]  # [1, kv_heads, capacity, head_dim] each
+    keys: list[np.ndarray]  # [1, kv_heads, capacity, head_dim] each; empty on a device
     values: list[np.ndarray]
     length: int = 0
     bound: dict[str, ort.OrtValue] = field(default_factory=dict)
+    device: Device | None = None  # None: the buffers are `keys`/`values` in host memory
+    shape: tuple[int, ...] = ()  # of each buffer
+    dtype: np.dtype | None = None
+
+    def __post_init__(self) -> None:
+        if self.keys:
+            self.shape, self.dtype = tuple(self.keys[0].shape), self.keys[0].dtype
 
     @classmethod
     def allocate(
-        cls, layers: list[int], kv_heads: int, head_dim: int, capacity: int, dtype: np.dtype
+        cls,
+        layers: list[int],
+        kv_heads: int,
+        head_dim: int,
+        capacity: int,
+        dtype: np.dtype,
+        device: Device | None = None,
     ) -> KVCache:
         shape = (1, kv_heads, capacity, head_dim)
+        if device is not None:
+            cache = cls(layers, [], [], device=device, shape=shape, dtype=np.dtype(dtype))
+            zeros = np.zeros(shape, dtype)  # as the host buffers start: no stale values
+            for name in _names(layers):
+                value = ort.OrtValue.ortvalue_from_shape_and_type(shape, dtype, *device)
+                value.update_inplace(zeros)
+                cache.bound[name] = value
+            return cache
         keys = [np.zeros(shape, dtype) for _ in layers]
         values = [np.zeros(shape, dtype) for _ in layers]
         cache = cls(layers, keys, values)
@@ -38,16 +66,23 @@ class KVCache:
 
     @property
     def capacity(self) -> int:
-        return self.keys[0].shape[2] if self.keys else 1 << 62
+        return self.shape[2] if self.shape else 1 << 62
 
     def grown(self, capacity: int) -> KVCache:
         """A cache with room for `capacity` positions holding this one's valid positions: one
         copy, when a conversation that keeps its cache outgrows the buffers."""
-        k0 = self.keys[0]
-        out = KVCache.allocate(self.layers, k0.shape[1], k0.shape[3], capacity, k0.dtype)
+        _, heads, _, head_dim = self.shape
+        assert self.dtype is not None
+        out = KVCache.allocate(self.layers, heads, head_dim, capacity, self.dtype, self.device)
         n = self.length
-        for src, dst in zip(self.keys + self.values, out.keys + out.values, strict=True):
-            dst[:, :, :n] = src[:, :, :n]
+        if self.device is None:
+            for src, dst in zip(self.keys + self.values, out.keys + out.values, strict=True):
+                dst[:, :, :n] = src[:, :, :n]
+        else:  # through host memory: rare (a conversation outgrowing its buffers)
+            for name, src in self.bound.items():
+                host = np.zeros(out.shape, self.dtype)
+                host[:, :, :n] = src.numpy()[:, :, :n]
+                out.bound[name].update_inplace(host)
         out.length = n
         return out
 
@@ -55,3 +90,7 @@ class KVCache:
         if not 0 <= length <= self.length:
             raise ValueError(f"cannot truncate a cache of length {self.length} to {length}")
         self.length = length
+
+
+def _names(layers: list[int]) -> list[str]:
+    return [f"{kind}.{i}" for i in layers for kind in ("key", "value")]

@@ -60,8 +60,14 @@ class Stack:
             self.cache.truncate(0)
             return
         m = self.model
+        first = self.stages[0]
         self.cache = KVCache.allocate(
-            self.layers, m.num_kv_heads, m.head_dim, capacity, self.stages[0].kv_dtype
+            self.layers,
+            m.num_kv_heads,
+            m.head_dim,
+            capacity,
+            first.kv_dtype,
+            getattr(first, "kv_device", None),  # static and Core ML graphs: host memory
         )
 
     def resume(self, capacity: int, keep: int) -> int:

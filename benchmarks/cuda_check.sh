@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# edgespec on onnxruntime's CUDA execution provider, on a machine with an NVIDIA GPU:
+#   1. every decoding mode's greedy tokens against the CPU provider's and, in fp16 with the KV
+#      cache on the GPU, against the target's own (tests/test_cuda.py, plus the device-cache
+#      and older-onnxruntime tests);
+#   2. ar / spec / self-spec tok/s of the SmolLM2-360M-shaped target with the 135M-shaped
+#      draft and exits 8, 16, in fp16, at known acceptance (bench_oracle.py --device cuda).
+# Needs onnxruntime-gpu importable by $PYTHON (default python3) and transformers + torch for
+# the exports. The CUDA/cuDNN libraries of the nvidia-* pip packages next to it are put on
+# the library path. Logs and JSON go to $1 (default benchmarks/results).
+#
+#   bash benchmarks/cuda_check.sh /tmp/cuda-results
+set -uo pipefail
+out=${1:-benchmarks/results}
+py=${PYTHON:-python3}
+mkdir -p "$out"
+cd "$(dirname "$0")/.."
+
+# onnxruntime-gpu from PyPI links libcublas, libcudart, ... that the nvidia-* wheels hold
+nvidia=$($py - <<'EOF'
+import glob, os, site
+dirs = set()
+for base in site.getsitepackages():
+    for lib in glob.glob(os.path.join(base, "nvidia", "**", "lib*.so*"), recursive=True):
+        dirs.add(os.path.dirname(lib))
+print(":".join(sorted(dirs)))
+EOF
+)
+export LD_LIBRARY_PATH="${nvidia}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # this checkout's edgespec
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
+
+{
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+    $py -c "import onnxruntime as o; print('onnxruntime', o.__version__, o.get_available_providers())"
+    $py -c "import edgespec.devices as d; print('edgespec devices here:', d.available())"
+} 2>&1 | tee "$out/cuda_machine.txt"
+
+timeout "${TEST_TIMEOUT:-300}" $py -m pytest -q -rA -p no:cacheprovider \
+    tests/test_cuda.py tests/test_kv_device.py tests/test_older_onnxruntime.py \
+    >"$out/cuda_tests.log" 2>&1
+echo "tests: exit $? (log: $out/cuda_tests.log)"
+grep -E "^(PASSED|FAILED|ERROR|SKIPPED)|passed|failed" "$out/cuda_tests.log" | tail -40
+
+timeout "${BENCH_TIMEOUT:-400}" $py benchmarks/bench_oracle.py --device cuda --dtype fp16 \
+    --setups "${SETUPS:-spec,self-spec@8,self-spec@16}" --alphas "${ALPHAS:-0.7,0.9}" \
+    --gammas "${GAMMAS:-1,2,4,6}" --policies auto --repeats 2 --new-tokens 64 --threads 4 \
+    --json "$out/oracle_cuda_fp16.json" >"$out/oracle_cuda_fp16.log" 2>&1
+echo "bench: exit $? (log: $out/oracle_cuda_fp16.log)"
+grep -v "Loading weights\|Writing model" "$out/oracle_cuda_fp16.log" | tail -45
