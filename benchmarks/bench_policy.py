@@ -61,6 +61,12 @@ COSTS = {
     # plain step, 9.5 / 7.5 ms a drafted token, a verify of γ + 1 positions ~+4% a position)
     "360m-135m-int8": Costs(0.062, 0.0095, 0.0001, 0.04),
     "360m-135m-int4": Costs(0.062, 0.0075, 0.0001, 0.04),
+    # the same shapes in fp16 on an NVIDIA H200 (bench_oracle --device cuda, stop 28): a
+    # launch-bound 4.8 ms step, verifying 7 positions costs ~what 1 does, the 30-layer draft
+    # 3.5 ms a token, exit 8 1.5 ms, exit 16 2.5 ms
+    "h200-360m-135m": Costs(0.0048, 0.0035, 0.0001, 0.015),
+    "h200-self-spec@8": Costs(0.0048, 0.0015, 0.0001, 0.015),
+    "h200-self-spec@16": Costs(0.0048, 0.0025, 0.0001, 0.015),
     # the trained 11M pair: 2.4 ms target step, a 2-layer draft, per-call overheads matter
     "trained": Costs(0.0024, 0.0006, 0.0003, 0.08),
     # its self-spec at exit 2 of 8 layers: a head step (2 layers + the LM head) per draft
