@@ -305,8 +305,13 @@ def main(argv: list[str] | None = None) -> int:
     args.cache = args.cache.expanduser()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import edgespec
+    from edgespec.devices import DeviceError, get_profile
     from edgespec.runtime.registry import make_policy
 
+    try:  # before the exports, which take minutes
+        get_profile(args.device)
+    except DeviceError as e:
+        raise SystemExit(f"bench_oracle.py: {e}") from None
     load_start = loadavg()
     bundle = bundle_for(args)
     prompt = prompt_ids(args.seed, args.prompt_len)

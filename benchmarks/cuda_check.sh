@@ -13,7 +13,7 @@
 set -uo pipefail
 out=${1:-benchmarks/results}
 py=${PYTHON:-python3}
-mkdir -p "$out"
+mkdir -p "$out" && out=$(cd "$out" && pwd)  # absolute: the script runs from the repo root
 cd "$(dirname "$0")/.."
 
 # onnxruntime-gpu from PyPI links libcublas, libcudart, ... that the nvidia-* wheels hold
@@ -35,6 +35,12 @@ export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
     $py -c "import onnxruntime as o; print('onnxruntime', o.__version__, o.get_available_providers())"
     $py -c "import edgespec.devices as d; print('edgespec devices here:', d.available())"
 } 2>&1 | tee "$out/cuda_machine.txt"
+if ! $py -c "import sys, edgespec.devices as d; sys.exit('cuda' not in d.available())"; then
+    echo "no CUDA execution provider here: install onnxruntime-gpu (it needs the CUDA 13 and" \
+        "cuDNN 9 libraries, e.g. pip install 'onnxruntime-gpu[cuda,cudnn]') on a machine with" \
+        "an NVIDIA GPU" >&2
+    exit 1
+fi
 
 timeout "${TEST_TIMEOUT:-300}" $py -m pytest -q -rA -p no:cacheprovider \
     tests/test_cuda.py tests/test_kv_device.py tests/test_older_onnxruntime.py \

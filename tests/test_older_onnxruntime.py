@@ -21,14 +21,17 @@ MODES = [
 ]
 
 
-@pytest.fixture(scope="module")
-def unbatched(checkpoints, tmp_path_factory):
+def export_unbatched(checkpoints, arch, out):
     from edgespec.export import export_bundle
 
-    out = tmp_path_factory.mktemp("older_ort") / ARCH
-    draft = checkpoints[DRAFT_FOR[ARCH]]
-    export_bundle(checkpoints[ARCH], out, draft=draft, exit_layers=SPEC_EXITS, batched_verify=False)
+    draft = checkpoints[DRAFT_FOR[arch]]
+    export_bundle(checkpoints[arch], out, draft=draft, exit_layers=SPEC_EXITS, batched_verify=False)
     return out
+
+
+@pytest.fixture(scope="module")
+def unbatched(checkpoints, tmp_path_factory):
+    return export_unbatched(checkpoints, ARCH, tmp_path_factory.mktemp("older_ort") / ARCH)
 
 
 def generate(bundle, mode="ar", **options):
@@ -44,6 +47,30 @@ def test_a_bundle_for_older_onnxruntime_decodes_the_batched_bundles_tokens(
         i.name == "query_seqlens" for g in load_manifest(unbatched).graphs for i in g.inputs
     )
     assert generate(unbatched, mode, **options) == generate(spec_bundles[ARCH], mode, **options)
+
+
+def test_learned_positions_without_query_seqlens_decode_the_batched_bundles_tokens(
+    checkpoints, spec_bundles, tmp_path
+):
+    """gpt2's position embeddings are gathered at positions computed in the graph, from
+    query_seqlens where there is one and from the call's width where there is not."""
+    bundle = export_unbatched(checkpoints, "gpt2", tmp_path / "gpt2")
+    for mode, options in MODES:
+        assert generate(bundle, mode, **options) == generate(spec_bundles["gpt2"], mode, **options)
+
+
+def test_export_cli_writes_graphs_for_older_onnxruntime_on_request(checkpoints, tmp_path):
+    from click.testing import CliRunner
+
+    from edgespec.cli import main
+
+    out = tmp_path / "b"
+    r = CliRunner().invoke(
+        main, ["export", str(checkpoints[ARCH]), "--out", str(out), "--no-batched-verify"]
+    )
+    assert r.exit_code == 0, r.output
+    assert not any(i.name == "query_seqlens" for g in load_manifest(out).graphs for i in g.inputs)
+    assert len(generate(out)) == 24
 
 
 def test_a_verifier_server_runs_a_bundle_for_older_onnxruntime_round_by_round(

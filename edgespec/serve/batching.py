@@ -118,15 +118,17 @@ class KVPool:
 
 
 def batchable(stages: list[GraphSession]) -> bool:
-    """Whether the graphs take `query_seqlens` (static graphs and bundles exported before it
-    do not: their rounds run alone; said once in the log)."""
+    """Whether the graphs take `query_seqlens` (static graphs, bundles exported for
+    onnxruntime < 1.32 and bundles exported before it do not: their rounds run alone; said
+    once in the log)."""
     global _told
     ok = all(getattr(g, "batched", False) for g in stages)
     if not ok and not _told:
         _told = True
         log.warning(
-            "the verifier's graphs take no query_seqlens (static graphs, or exported before "
-            "it): verify rounds run one by one; re-export the bundle to batch them"
+            "the verifier's graphs take no query_seqlens (static graphs, exported with "
+            "--no-batched-verify for onnxruntime < 1.32, or before it): verify rounds run one "
+            "by one; re-export the bundle with onnxruntime >= 1.32 to batch them"
         )
     return ok
 
