@@ -16,11 +16,10 @@ CONFIGS = [
     ("self-spec", {"exit_layer": 2, "draft_policy": "fixed:3"}),
     ("spec", {"drafter": "lookup+draft", "draft_policy": "auto"}),
 ]
+IDS = [f"{m}-{i}" for i, (m, _) in enumerate(CONFIGS)]
 
 
-@pytest.mark.parametrize(
-    "mode,options", CONFIGS, ids=[f"{m}-{i}" for i, (m, _) in enumerate(CONFIGS)]
-)
+@pytest.mark.parametrize("mode,options", CONFIGS, ids=IDS)
 def test_a_cache_in_device_buffers_decodes_the_same_tokens_as_one_in_host_memory(
     spec_bundles, mode, options
 ):
@@ -53,3 +52,19 @@ def test_a_device_cache_grows_keeping_its_valid_positions_and_zeroing_the_rest()
         assert got.shape == (1, 2, 16, 4) and got.dtype == np.float16
         np.testing.assert_array_equal(got[:, :, :4], written[name][:, :, :4])
         assert not got[:, :, 4:].any()
+
+
+@pytest.mark.parametrize("mode,options", CONFIGS, ids=IDS)
+def test_inputs_bound_again_each_call_decode_the_same_tokens(spec_bundles, mode, options):
+    """What a session on a GPU does: onnxruntime copies a bound host input at bind time, so
+    the scalars and a host-memory cache are bound again before each call."""
+    bundle = spec_bundles["llama-gqa-tied"]
+    prompt = "def f(x):\n    return"
+    want = edgespec.load(bundle, mode=mode, **options).generate(
+        prompt, max_new_tokens=24, ignore_eos=True
+    )
+    model = edgespec.load(bundle, mode=mode, **options)
+    for session in model.graphs.opened.values():
+        session._rebind = True
+    got = model.generate(prompt, max_new_tokens=24, ignore_eos=True)
+    assert got.tokens == want.tokens

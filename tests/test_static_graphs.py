@@ -325,3 +325,17 @@ def test_a_device_profile_that_needs_static_shapes_runs_the_static_graphs(
     assert got.tokens == references["qwen2"]
     with pytest.raises(BundleError, match="no static graphs.*--static"):
         edgespec.load(bundles["qwen2"], device="cpu-as-npu")
+
+
+@pytest.mark.parametrize("mode, options", MODES, ids=str)
+def test_static_graphs_bound_again_each_call_decode_the_same_tokens(
+    mode, options, static_bundles, references
+):
+    """What a provider with memory of its own (CUDA, DirectML) needs: onnxruntime copies a
+    bound host input at bind time, so the in-place inputs are bound again before each run."""
+    model = edgespec.load(static_bundles["llama-gqa-tied"], mode=mode, static=True, **options)
+    for session in model.graphs.opened.values():
+        for call in session.calls:
+            call._rebind = True
+    got = model.generate(prompt_ids(), max_new_tokens=N_NEW, ignore_eos=True)
+    assert got.tokens == references["llama-gqa-tied"]

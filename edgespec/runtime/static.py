@@ -136,9 +136,16 @@ class _FixedWidth:
         w, c = self.width, max_context
         self._mask[0, 0, :, c:] = np.where(np.tri(w, dtype=bool), 0.0, MASKED)
         self._io = self.session.io_binding()
-        for t in graph.inputs:
-            if not t.name.startswith("past_"):
-                self._io.bind_ortvalue_input(t.name, _ortvalue(self.buffers[t.name]))
+        self._inputs = {
+            t.name: _ortvalue(self.buffers[t.name])
+            for t in graph.inputs
+            if not t.name.startswith("past_")
+        }
+        for name, value in self._inputs.items():
+            self._io.bind_ortvalue_input(name, value)
+        # a provider with memory of its own copies a bound host input when it is bound, not
+        # at each run (runtime/graph.py): there the in-place inputs are bound again each call
+        self._rebind = self.session.get_providers()[0] != "CPUExecutionProvider"
         for t in graph.outputs:
             self._io.bind_ortvalue_output(t.name, _ortvalue(self.buffers[t.name]))
         self._bound_cache: KVCache | None = None
@@ -163,7 +170,7 @@ class _FixedWidth:
     def __call__(self, cache: KVCache, past: int, chunk: np.ndarray) -> dict[str, np.ndarray]:
         """One call for up to W positions starting at `past`; the real new keys/values are
         copied into the cache; returns the output buffers (overwritten by the next call)."""
-        if cache is not self._bound_cache:
+        if cache is not self._bound_cache or self._rebind:
             self._bind(cache)
         n, w, c = len(chunk), self.width, self.capacity
         self._x[0, :n] = chunk
@@ -173,6 +180,9 @@ class _FixedWidth:
         mask[:n, :past] = 0.0  # real rows see the valid cache ...
         mask[:n, past:c] = MASKED  # ... and nothing beyond it
         mask[n:, :c] = MASKED  # padding rows see no cache (only new columns, never kept)
+        if self._rebind:
+            for name, value in self._inputs.items():
+                self._io.bind_ortvalue_input(name, value)
         self.session.run_with_iobinding(self._io)
         for keys, values, new_k, new_v in self._slots:
             keys[:, :, past : past + n] = new_k[:, :, :n]
