@@ -476,9 +476,7 @@ def print_table(rows: list[Row], ar_tps: float, args: argparse.Namespace, load: 
     print(
         f"\nar {ar_tps:.2f} tok/s decode, median over the cells (each row's speed-up is over "
         f"`ar` run in turns within its cell); {args.device}, {args.dtype}, {args.threads} threads; "
-        f"{args.new_tokens} new "
-        "tokens; "
-        f"load average {load:.1f} at start, {loadavg():.1f} at end\n"
+        f"{args.new_tokens} new tokens; load average {load:.1f} at start, {loadavg():.1f} at end\n"
     )
     print(
         "| setup | α | policy | γ | tok/s | ar tok/s | speed-up | ideal | of ideal | "

@@ -130,11 +130,9 @@ class GraphSession:
         ]
         for name, array in self._scalars:
             self._io.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(array))
-        # onnxruntime copies an input bound in host memory to the device of the node that
-        # reads it when it is bound, not at each run: on a GPU the in-place updates would
-        # never reach GroupQueryAttention's seqlens_k (every call saw the first call's), nor
-        # a host-memory KV cache's new positions. There they are bound again each call
-        self._rebind = self.session.get_providers()[0] != "CPUExecutionProvider"
+        # on a GPU the in-place updates would never reach GroupQueryAttention's seqlens_k
+        # (every call saw the first call's), nor a host-memory KV cache's new positions
+        self._rebind = copies_on_bind(self.session)
 
     def run(
         self,
@@ -253,6 +251,14 @@ class GraphSession:
         raw = getattr(io, "_iobinding", None)
         outputs = raw.get_outputs() if raw is not None else io.get_outputs()
         return {name: outputs[j].numpy() for j, name in enumerate(self.output_names)}
+
+
+def copies_on_bind(session: ort.InferenceSession) -> bool:
+    """Whether inputs bound in host memory must be bound again before each run: onnxruntime
+    copies such an input to the device of the node that reads it when it is bound, not at each
+    run, so an array updated in place after binding reaches a GPU's kernels only if bound
+    again. Any provider but the CPU's is treated so (re-binding is always correct)."""
+    return session.get_providers()[0] != "CPUExecutionProvider"
 
 
 def kv_device(session: ort.InferenceSession, kv_dtype: np.dtype) -> Device | None:

@@ -24,7 +24,7 @@ import numpy as np
 import onnxruntime as ort
 
 from edgespec.bundle import BundleError, GraphInfo, ModelInfo, static_width
-from edgespec.runtime.graph import check_io
+from edgespec.runtime.graph import check_io, copies_on_bind
 from edgespec.runtime.kv_cache import KVCache
 
 MASKED = -30000.0  # must match edgespec.export.static.MASKED (exp() of it is 0 in fp32)
@@ -143,9 +143,7 @@ class _FixedWidth:
         }
         for name, value in self._inputs.items():
             self._io.bind_ortvalue_input(name, value)
-        # a provider with memory of its own copies a bound host input when it is bound, not
-        # at each run (runtime/graph.py): there the in-place inputs are bound again each call
-        self._rebind = self.session.get_providers()[0] != "CPUExecutionProvider"
+        self._rebind = copies_on_bind(self.session)  # then the in-place inputs each call
         for t in graph.outputs:
             self._io.bind_ortvalue_output(t.name, _ortvalue(self.buffers[t.name]))
         self._bound_cache: KVCache | None = None
