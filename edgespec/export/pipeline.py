@@ -134,7 +134,7 @@ def export_bundle(
     static_graphs: list[GraphInfo] = []
     packages = []
     qdq = None
-    batched = bool(c.batched_verify)
+    sink = GraphSink(out, store, c.dtype, batched=bool(c.batched_verify))
     if c.quant is not None and c.quant.method == "qdq-int8":
         qdq = QdqCalibration(calibration_ids(tokenizer, c.quant.calibration_prompts, info))
     try:
@@ -145,18 +145,14 @@ def export_bundle(
             roles = [f"head@{c.backbone_layers}"]
         for role in roles:
             steps(f"building {role} graph")
-            graphs.append(
-                _write_graph(weights, role, "target", out, store, c.dtype, c.quant, qdq, batched)
-            )
+            graphs.append(sink.write(weights, role, "target", c.quant, qdq))
         if draft_model is not None:
             steps("building draft graph")
             draft_weights = extract(draft_model, prefix="draft.")
             if qdq is not None:  # the draft's own hidden states
                 qdq = QdqCalibration(qdq.prompt_ids)
             dq = c.draft_quant
-            graphs.append(
-                _write_graph(draft_weights, "draft", "draft", out, store, c.dtype, dq, qdq, batched)
-            )
+            graphs.append(sink.write(draft_weights, "draft", "draft", dq, qdq))
         if c.coreml:
             from edgespec.export.coreml import write_coreml_package  # needs coremltools
 
@@ -210,7 +206,7 @@ def export_bundle(
     if c.verify and c.variant == "shared-backbone":
         steps("checking the exported head against transformers")
         k = int(c.backbone_layers or 0)
-        diff = verify_head(target, out / graphs[0].file, k, info.num_kv_heads, info.head_dim)
+        diff = verify_head(target, out / graphs[0].file, k)
         manifest.extra["export_check"] = {"max_abs_hidden_diff": diff}
     elif c.verify:
         steps("checking the exported graph against transformers")
@@ -249,40 +245,53 @@ def _prepare_out(out: Path, overwrite: bool) -> Path:
     return out
 
 
-def _write_graph(
-    weights: DecoderWeights,
-    role: str,
-    model: str,
-    out: Path,
-    store: WeightStore,
-    dtype: str,
-    quant: QuantConfig | None,
-    qdq: QdqCalibration | None = None,
-    batched: bool = True,
-) -> GraphInfo:
-    weight_only = quant.method if quant is not None and qdq is None else None
-    kw = {"block_size": quant.block_size, "accuracy_level": quant.accuracy_level} if quant else {}
-    if qdq is None:
-        gb = GraphBuilder(
-            store=store,
-            dtype=np.dtype(DTYPES[dtype]),
-            quantize=weight_only,
-            query_seqlens=batched,
-            **kw,
-        )
-        build_graph(weights, role, gb)
-        proto = gb.model(f"edgespec_{role}")
-    else:  # float graph in a scratch file, quantized, then its tensors into the bundle's file
-        with tempfile.TemporaryDirectory() as tmp:
-            scratch = WeightStore(Path(tmp) / "float.bin")
+@dataclasses.dataclass(frozen=True)
+class GraphSink:
+    """Where an export's graphs go: the bundle folder, its weights file, the float dtype and
+    whether GroupQueryAttention takes `query_seqlens` (batched verify rounds)."""
+
+    out: Path
+    store: WeightStore
+    dtype: str
+    batched: bool = True
+
+    def write(
+        self,
+        weights: DecoderWeights,
+        role: str,
+        model: str,
+        quant: QuantConfig | None,
+        qdq: QdqCalibration | None = None,
+    ) -> GraphInfo:
+        """Build `role`'s graph of `weights` (quantized as `quant` says), save it, describe it."""
+        weight_only = quant.method if quant is not None and qdq is None else None
+        kw: dict[str, Any] = {}
+        if quant is not None:
+            kw = {"block_size": quant.block_size, "accuracy_level": quant.accuracy_level}
+        if qdq is None:
             gb = GraphBuilder(
-                store=scratch, dtype=np.dtype(np.float32), matmul_head=True, query_seqlens=batched
+                store=self.store,
+                dtype=np.dtype(DTYPES[self.dtype]),
+                quantize=weight_only,
+                query_seqlens=self.batched,
+                **kw,
             )
             build_graph(weights, role, gb)
-            scratch.close()
             proto = gb.model(f"edgespec_{role}")
-            onnx.load_external_data_for_model(proto, tmp)
-        proto = externalize(qdq.quantize(proto, role), store)
-    file = role.replace("@", "_at_") + ".onnx"
-    onnx.save(proto, str(out / file))
-    return graph_info(role, file, model, len(weights.layers), gb)
+        else:  # float graph in a scratch file, quantized, then its tensors into the bundle's file
+            with tempfile.TemporaryDirectory() as tmp:
+                scratch = WeightStore(Path(tmp) / "float.bin")
+                gb = GraphBuilder(
+                    store=scratch,
+                    dtype=np.dtype(np.float32),
+                    matmul_head=True,
+                    query_seqlens=self.batched,
+                )
+                build_graph(weights, role, gb)
+                scratch.close()
+                proto = gb.model(f"edgespec_{role}")
+                onnx.load_external_data_for_model(proto, tmp)
+            proto = externalize(qdq.quantize(proto, role), self.store)
+        file = role.replace("@", "_at_") + ".onnx"
+        onnx.save(proto, str(self.out / file))
+        return graph_info(role, file, model, len(weights.layers), gb)

@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from edgespec.export.feeds import prefill_feed, proto_inputs
 from edgespec.export.nbits import BLOCK_SIZES, WEIGHT_ONLY, embedding_format
 
 QUANTIZATIONS = ("int8", "int4", "qdq-int8")
@@ -103,28 +104,13 @@ def calibration_feeds(
 ) -> list[dict[str, np.ndarray]]:
     """One prefill feed per prompt for a bundle graph: its ids, or for tail@k the hidden
     states head@k computed from them (`hidden`, one [1, S, H] array per prompt)."""
-    names = {i.name: i for i in model.graph.input}
-    feeds = []
-    dtype = np.float32
-    for n, ids in enumerate(prompts):
-        s = len(ids)
-        feed: dict[str, np.ndarray] = {
-            "seqlens_k": np.array([s - 1], np.int32),
-            "total_seq_len": np.array(s, np.int32),
-            "num_logits_to_keep": np.array(s, np.int64),
-            "query_seqlens": np.array([s], np.int32),
-        }
-        for name, vi in names.items():
-            dims = [d.dim_value for d in vi.type.tensor_type.shape.dim]
-            if name == "input_ids":
-                feed[name] = np.asarray(ids, np.int64)[None]
-            elif name == "hidden":
-                assert hidden is not None, "tail graphs are calibrated on head@k's hidden states"
-                feed[name] = hidden[n]
-            elif name.startswith("past_"):
-                feed[name] = np.zeros((1, dims[1], 0, dims[3]), dtype)
-        feeds.append({k: v for k, v in feed.items() if k in names})
-    return feeds
+    inputs = proto_inputs(model)
+    if "hidden" in inputs and hidden is None:
+        raise ValueError("tail graphs are calibrated on head@k's hidden states")
+    return [
+        prefill_feed(inputs, ids, hidden[n] if hidden is not None else None)
+        for n, ids in enumerate(prompts)
+    ]
 
 
 def qdq_quantize(model: onnx.ModelProto, feeds: list[dict[str, np.ndarray]]) -> onnx.ModelProto:

@@ -20,6 +20,7 @@ import numpy as np
 
 from edgespec.export.decoder import DecoderWeights, LayerWeights, Norm
 from edgespec.export.errors import ExportError
+from edgespec.export.feeds import prefill_feed, session_inputs
 
 
 def _update(h: Any, value: Any) -> None:
@@ -58,7 +59,7 @@ def backbone_record(tokenizer: Any, weights: DecoderWeights) -> dict[str, Any]:
     }
 
 
-def verify_head(hf_model: Any, path: Path, k: int, num_kv_heads: int, head_dim: int) -> float:
+def verify_head(hf_model: Any, path: Path, k: int) -> float:
     """Max |difference| between head@k's `hidden` and transformers' hidden_states[k]."""
     import onnxruntime as ort
     import torch
@@ -71,22 +72,11 @@ def verify_head(hf_model: Any, path: Path, k: int, num_kv_heads: int, head_dim: 
         ref = hf_model(torch.from_numpy(ids), output_hidden_states=True).hidden_states[k]
     ref = ref.float().numpy()
     sess = ort.InferenceSession(str(path), session_options(None), ["CPUExecutionProvider"])
-    kv_dtype = np.float32 if sess.get_inputs()[-1].type == "tensor(float)" else np.float16
-    feeds: dict[str, np.ndarray] = {
-        "input_ids": ids,
-        "seqlens_k": np.array([ids.shape[1] - 1], np.int32),
-        "total_seq_len": np.array(ids.shape[1], np.int32),
-        "num_logits_to_keep": np.array(1, np.int64),
-        "query_seqlens": np.array([ids.shape[1]], np.int32),
-    }
-    for i in range(k):
-        for kind in ("key", "value"):
-            feeds[f"past_{kind}.{i}"] = np.zeros((1, num_kv_heads, 0, head_dim), kv_dtype)
-    takes = {i.name for i in sess.get_inputs()}  # query_seqlens only with batched verify
-    feeds = {name: value for name, value in feeds.items() if name in takes}
+    takes = session_inputs(sess)
+    feeds = prefill_feed(takes, ids)
     got = sess.run(["hidden"], feeds)[0].astype(np.float32)
     diff = float(np.abs(got - ref).max())
-    if kv_dtype == np.float32 and diff > 1e-3 * max(float(np.abs(ref).max()), 1.0):
+    if takes["past_key.0"][1] == np.float32 and diff > 1e-3 * max(float(np.abs(ref).max()), 1.0):
         raise ExportError(
             f"the exported head@{k} disagrees with transformers (max hidden difference "
             f"{diff:.3g}); this is a bug in edgespec's export, please report it"

@@ -14,6 +14,7 @@ import numpy as np
 
 from edgespec.bundle import Manifest, ModelInfo
 from edgespec.export.errors import ExportError
+from edgespec.export.feeds import prefill_feed, session_inputs
 
 
 def verify_export(
@@ -30,19 +31,7 @@ def verify_export(
     with torch.no_grad():
         ref = hf_model(torch.from_numpy(ids)).logits.float().numpy()
     sess = ort.InferenceSession(str(path), session_options(None), ["CPUExecutionProvider"])
-    kv_dtype = np.float16 if dtype == "fp16" else np.float32
-    feeds: dict[str, np.ndarray] = {
-        "input_ids": ids,
-        "seqlens_k": np.array([ids.shape[1] - 1], np.int32),
-        "total_seq_len": np.array(ids.shape[1], np.int32),
-        "num_logits_to_keep": np.array(ids.shape[1], np.int64),
-        "query_seqlens": np.array([ids.shape[1]], np.int32),
-    }
-    for i in range(info.num_layers):
-        for kind in ("key", "value"):
-            feeds[f"past_{kind}.{i}"] = np.zeros((1, info.num_kv_heads, 0, info.head_dim), kv_dtype)
-    takes = {i.name for i in sess.get_inputs()}  # query_seqlens only with batched verify
-    feeds = {name: value for name, value in feeds.items() if name in takes}
+    feeds = prefill_feed(session_inputs(sess), ids)
     got = sess.run(["logits"], feeds)[0]
     diff = float(np.abs(got - ref).max())
     scale = float(np.abs(ref).max()) or 1.0
