@@ -347,11 +347,13 @@ def edgespec_configs(
     fixed_modes: list[str],
     quantized: dict[str, Path],
     one_policy: bool = False,
+    estimates: dict[str, float] | None = None,
 ) -> list[tuple[str, Path, dict[str, Any]]]:
     """Every edgespec row: (label, bundle, load options). `quantized`: the bundles whose draft
     is quantized apart from the fp32 target (`--draft-quantize`), by method; fixed-mode
     `spec:int8` is spec on the int8 draft's bundle. `one_policy`: each spec+lookup auto row
-    also with one policy over the chain (`ONE_POLICY`, see `load_row`)."""
+    also with one policy over the chain (`ONE_POLICY`, see `load_row`). `estimates`: each
+    blind auto row also with these constants of runtime/estimates.py (`ESTIMATES`)."""
     rows: list[tuple[str, Path, dict[str, Any]]] = [("ar", blind, {"mode": "ar"})]
     rows.append(("spec auto", blind, {"mode": "spec", "draft_policy": "auto"}))
     rows.append(("spec auto (calibrated)", calibrated, {"mode": "spec", "draft_policy": "auto"}))
@@ -377,6 +379,11 @@ def edgespec_configs(
             options = {"mode": "spec", "drafter": "lookup+draft", "draft_policy": "auto"}
             options[ONE_POLICY] = 1
             rows.append((f"spec+lookup auto, one policy{label}", folder, options))
+    if estimates:  # an A/B of the estimators' constants, row by row
+        what = ", ".join(f"{k} {v:g}" for k, v in estimates.items())
+        for label, folder, options in list(rows):
+            if label.endswith(("auto", "draft)")) and folder is not calibrated:
+                rows.append((f"{label} [{what}]", folder, {**options, ESTIMATES: estimates}))
     for setup in fixed_modes:  # every fixed γ beside each auto row it is compared with
         mode, _, exit_layer = setup.partition("@")
         mode, _, q = mode.partition(":")
@@ -387,8 +394,10 @@ def edgespec_configs(
     return rows
 
 
-# an edgespec row option, not Model.load's: price the chain's members as one (before stop 27)
+# edgespec row options, not Model.load's: price the chain's members as one (before stop 27);
+# other values of runtime/estimates.py's module constants (a row in a process of its own only)
 ONE_POLICY = "one_policy"
+ESTIMATES = "estimates"
 
 
 def load_row(folder: Path, threads: int, options: dict[str, Any]) -> Any:
@@ -398,6 +407,12 @@ def load_row(folder: Path, threads: int, options: dict[str, Any]) -> Any:
 
     options = dict(options)
     one = options.pop(ONE_POLICY, False)
+    for name, value in options.pop(ESTIMATES, {}).items():
+        import edgespec.runtime.estimates as estimates
+
+        if not hasattr(estimates, name):
+            raise SystemExit(f"--ab-estimates: runtime/estimates.py has no constant {name}")
+        setattr(estimates, name, value)
     model = edgespec.load(folder, threads=threads, **options)
     if one:
         model.policy = model.policy.main
@@ -689,9 +704,10 @@ def check_targets(pset: PromptSet, rows: list[Row]) -> list[str]:
     autos = [r.engine for r in rows if r.engine.startswith("edgespec") and " auto" in r.engine]
     for auto in autos:
         a = by[auto]
-        setup = auto[len("edgespec ") :].split(" auto")[0]  # "spec", "self-spec@2", ...
-        if auto.endswith(" draft)"):  # "spec auto (int8 draft)": fixed rows "spec:int8 fixed:N"
-            setup += ":" + auto.rpartition("(")[2].split()[0]
+        base = auto.split(" [")[0]  # less an --ab-estimates row's "[SHRINK 3, ...]"
+        setup = base[len("edgespec ") :].split(" auto")[0]  # "spec", "self-spec@2", ...
+        if base.endswith(" draft)"):  # "spec auto (int8 draft)": fixed rows "spec:int8 fixed:N"
+            setup += ":" + base.rpartition("(")[2].split()[0]
         fixed = [r for r in rows if r.engine.startswith(f"edgespec {setup} fixed:")]
         if pset.name != "code":
             if setup == "spec":
@@ -790,6 +806,13 @@ def main() -> None:
         "loaded first ran 8-13%% slower and every row 10-20%% slower (stops 27-29)",
     )
     ap.add_argument(
+        "--ab-estimates",
+        default="",
+        help="NAME=VALUE,...: each blind auto row also with these constants of "
+        "runtime/estimates.py (e.g. SHRINK=3,STATE_PRIOR=2: the values before stop 29), an A/B "
+        "in one run",
+    )
+    ap.add_argument(
         "--pause", type=float, default=PAUSE, help="seconds between two timed generations"
     )
     ap.add_argument("--json", type=Path)
@@ -802,6 +825,12 @@ def main() -> None:
     if args.row_worker:
         row_worker(args.row_worker)
         return
+    ab_estimates = {}
+    for item in filter(None, args.ab_estimates.split(",")):
+        name, _, value = item.partition("=")
+        ab_estimates[name.strip()] = float(value)
+    if ab_estimates and not args.isolate:
+        raise SystemExit("--ab-estimates needs --isolate: the constants are per process")
     from edgespec.runtime.calibrate import calibrate
 
     bundle = args.models / "bundle"
@@ -852,7 +881,9 @@ def main() -> None:
         for name in args.sets.split(","):
             texts = load_prompts(args.models, name, args.prompts)
             fixed_modes = [m for m in args.fixed_modes.split(",") if m]
-            configs = edgespec_configs(blind, calibrated, fixed_modes, quantized, args.one_policy)
+            configs = edgespec_configs(
+                blind, calibrated, fixed_modes, quantized, args.one_policy, ab_estimates
+            )
             configs = [c for c in configs if c[0] == "ar" or re.fullmatch(args.rows, c[0])]
             # loaded in a seeded shuffled order: on a host where the first-loaded model ran
             # up to 40% slower than the same model loaded later (stop 27), loading ar, then

@@ -56,4 +56,5 @@ def seed_from_calibration(
     elif isinstance(policy, Auto | Acceptance):
         cost = load_cost(folder, device, threads, f"self-spec@{exit}" if exit else mode)
         if cost is not None:
+            cost.acceptance = policy.cost.acceptance  # how it learns acceptance stays
             policy.cost = cost

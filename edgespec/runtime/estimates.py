@@ -20,14 +20,23 @@ MAX_DRAFT = 12
 # cheap, and `auto` drafted 3.2 on the trained pair where 2 paid 9% more (stop 27)
 RIDGE = 2.0
 # pseudo-rounds of the pooled acceptance in the after-a-full-round / after-a-cut estimates
-STATE_PRIOR = 2.0
+# of positions 2.. (was 2, see SHRINK), and of position 1, kept at 2: after a stretch of
+# misses the next round must shorten at once (at 8 it still drafted 9 after 12 misses)
+STATE_PRIOR = 8.0
+STATE_PRIOR_FIRST = 2.0
 # pseudo-rounds of the all-positions acceptance in each position's estimate. A position past
 # the γ a policy settled at is judged only when every draft before it passes, so its estimate
 # rests on a few early rounds; at 1, one early rejection at position 2 halved h(2) and kept
-# `auto` at γ = 1 for 30 rounds at α = 0.9. At 3: replays (bench_policy, 35 cells at 256,
-# 512 and 2,000 tokens, real traces) mean auto / best fixed γ up 0.1-0.3 points, the worst
-# cell 0.938 -> 0.957 at 256 tokens and 0.963 -> 0.976 on the real traces (stop 28)
-SHRINK = 3.0
+# `auto` at γ = 1 for 30 rounds at α = 0.9 (3 from stop 28). Stop 29: `auto` picks a long γ
+# when the estimates of its far positions happen to be high, so at the γ it picked they ran
+# high: on the trained pair, rounds `auto` drafted 4 or 5 in were predicted 9-13% more tokens
+# than they gave (in a replay of the real trace, the position drafted last the most: 0.53
+# predicted, 0.35 passed), with the round times right within 2%. Shrinking harder (SHRINK
+# 3 -> 5, STATE_PRIOR 2 -> 8) takes noise out of those estimates: bench_policy replays, mean
+# auto / best fixed γ (worst cell), 256 tokens 0.9935 (0.957) -> 0.9976 (0.966), 512 0.9920
+# (0.970) -> 0.9947 (0.976), 2,000 1.0084 (0.982) -> 1.0094 (0.987), real traces 0.9876
+# (0.976) -> 0.9906 (0.974)
+SHRINK = 5.0
 # a round (or its drafting) more than this times slower than predicted is clipped to it: most
 # likely another process took the CPU. At 3x, one round at 2.8x its price early in a
 # generation (a few rounds measured) tripled the line's slope and kept `auto` at γ = 1 for
@@ -77,6 +86,10 @@ class AcceptanceModel:
     prior: float = 0.6  # acceptance of a typical decent drafter, before any round
     decay: float = 0.04  # forgetting per drafting round (~25 rounds)
     after_full: bool = False  # the last drafting round accepted all its drafts
+    # pseudo-rounds of the pooled estimate in the after-full / after-cut ones, positions 2..
+    # (None: STATE_PRIOR). A copying drafter (prompt lookup) keeps STATE_PRIOR_FIRST: its
+    # drafts pass whole or not at all, so how the last round ended says most
+    state_prior: float | None = None
     # (drafts reached, drafts accepted) per position 1..MAX_DRAFT: over all rounds, and
     # after a round accepted whole / cut short
     _all: tuple[list[float], list[float]] = field(default_factory=lambda: _counts())
@@ -109,11 +122,13 @@ class AcceptanceModel:
         reached, passed = self._all
         reached_s, passed_s = self._all if pooled else self._after[self.after_full]
         overall = (sum(passed) + 2 * self.prior) / (sum(reached) + 2)  # all positions
+        later = STATE_PRIOR if self.state_prior is None else self.state_prior
         survive, tokens = 1.0, [1.0]
         for k in range(1, longest + 1):
             if k <= MAX_DRAFT:  # beyond: every further draft survives like the last
                 h = (passed[k] + SHRINK * overall) / (reached[k] + SHRINK)
-                survive *= (passed_s[k] + STATE_PRIOR * h) / (reached_s[k] + STATE_PRIOR)
+                prior = STATE_PRIOR_FIRST if k == 1 else later
+                survive *= (passed_s[k] + prior * h) / (reached_s[k] + prior)
             tokens.append(tokens[-1] + survive)
         return tokens
 

@@ -31,6 +31,7 @@ from edgespec.runtime.drafters import (
     NoDrafter,
 )
 from edgespec.runtime.errors import InputError, SplitError
+from edgespec.runtime.estimates import STATE_PRIOR_FIRST, AcceptanceModel, CostModel
 from edgespec.runtime.link import Remote
 from edgespec.runtime.local import LocalVerifier
 from edgespec.runtime.opener import BundleGraphs
@@ -248,7 +249,12 @@ def per_source(policy: DraftLengthPolicy, drafter: Drafter) -> DraftLengthPolicy
     if not isinstance(drafter, Chain) or not isinstance(policy, Auto | Acceptance | DynamicExit):
         return policy
     kind = Acceptance if isinstance(policy, Acceptance) else Auto
-    return PerSource(policy, {d.name: kind() for d in drafter.drafters[:-1]})
+
+    def copying() -> DraftLengthPolicy:  # prompt lookup: drafts pass whole or not at all
+        acceptance = AcceptanceModel(state_prior=STATE_PRIOR_FIRST)
+        return kind(cost=CostModel(acceptance=acceptance))
+
+    return PerSource(policy, {d.name: copying() for d in drafter.drafters[:-1]})
 
 
 def _policy(c: LoadConfig, exits: list[int], device_profile: dict | None) -> DraftLengthPolicy:
