@@ -221,13 +221,14 @@ def genai_spec_dir(target: Path, draft: Path, out: Path) -> Path:
     return out
 
 
-class GenaiWorker:
-    """onnxruntime-genai in its own interpreter: one subprocess that loads the models once and
-    runs one generation per request (a JSON line in, a JSON line out)."""
+class JsonWorker:
+    """A subprocess of this script (`--FLAG SPEC`) that answers one JSON line per JSON line
+    asked; its first line says it is ready (or why it cannot run)."""
 
-    def __init__(self, python: str, spec: dict[str, Any]) -> None:
+    def __init__(self, python: str, flag: str, spec: dict[str, Any], name: str) -> None:
+        self.name = name
         self.proc = subprocess.Popen(
-            [python, str(Path(__file__).resolve()), "--genai-worker", json.dumps(spec)],
+            [python, str(Path(__file__).resolve()), flag, json.dumps(spec)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -237,19 +238,17 @@ class GenaiWorker:
     def _read(self) -> dict[str, Any]:
         line = self.proc.stdout.readline() if self.proc.stdout else ""
         if not line:
-            raise RuntimeError(f"genai worker exited (rc={self.proc.poll()})")
+            raise RuntimeError(f"{self.name} exited (rc={self.proc.poll()}); its stderr is above")
         answer = json.loads(line)
         if "error" in answer:
-            raise RuntimeError(f"genai worker: {answer['error']}")
+            raise RuntimeError(f"{self.name}: {answer['error']}")
         return answer
 
-    def run(self, config: str, ids: list[int], n_new: int, temperature: float, seed: int | None):
-        request = dict(config=config, ids=ids, n_new=n_new, temperature=temperature, seed=seed)
+    def ask(self, request: dict[str, Any]) -> dict[str, Any]:
         assert self.proc.stdin is not None
         self.proc.stdin.write(json.dumps(request) + "\n")
         self.proc.stdin.flush()
-        a = self._read()
-        return Sample(a["seconds"], a["tokens"], a["verifications"], a["drafted"], a["accepted"])
+        return self._read()
 
     def close(self) -> None:
         if self.proc.stdin:
@@ -257,10 +256,29 @@ class GenaiWorker:
         self.proc.wait(timeout=30)
 
 
+def reply_channel() -> Any:
+    """A worker's answers go to the real stdout; whatever else writes there (native logs,
+    prints) goes to stderr instead."""
+    reply = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    return reply
+
+
+class GenaiWorker(JsonWorker):
+    """onnxruntime-genai in its own interpreter: one subprocess that loads the models once and
+    runs one generation per request."""
+
+    def __init__(self, python: str, spec: dict[str, Any]) -> None:
+        super().__init__(python, "--genai-worker", spec, "genai worker")
+
+    def run(self, config: str, ids: list[int], n_new: int, temperature: float, seed: int | None):
+        a = self.ask(dict(config=config, ids=ids, n_new=n_new, temperature=temperature, seed=seed))
+        return Sample(a["seconds"], a["tokens"], a["verifications"], a["drafted"], a["accepted"])
+
+
 def genai_worker(spec_json: str) -> None:
     """Subprocess entry: load the genai models named in `spec`, then serve requests."""
-    reply = os.fdopen(os.dup(1), "w", buffering=1)
-    os.dup2(2, 1)  # whatever else writes to stdout (native logs) goes to stderr
+    reply = reply_channel()
     spec = json.loads(spec_json)
     try:
         import onnxruntime_genai as og
@@ -419,44 +437,20 @@ def load_row(folder: Path, threads: int, options: dict[str, Any]) -> Any:
     return model
 
 
-class RowWorker:
+class RowWorker(JsonWorker):
     """One edgespec row in a process of its own (`--isolate`): it loads the row's model, and
-    nothing else, then runs one generation per request (a JSON line in, a JSON line out).
-    In one process holding all ~27 rows, the row loaded first ran 8-13% slower than in other
-    runs (stops 27-28), whatever row it was; a process per row takes load order out."""
+    nothing else, then runs one generation per request. In one process holding all ~27 rows,
+    the row loaded first ran 8-13% slower than in other runs (stops 27-28), whatever row it
+    was; a process per row takes load order out."""
 
     def __init__(self, folder: Path, threads: int, options: dict[str, Any]) -> None:
         spec = {"folder": str(folder), "threads": threads, "options": options}
-        self.proc = subprocess.Popen(
-            [sys.executable, str(Path(__file__).resolve()), "--row-worker", json.dumps(spec)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        self._read()
-
-    def _read(self) -> dict[str, Any]:
-        line = self.proc.stdout.readline() if self.proc.stdout else ""
-        if not line:
-            raise RuntimeError(f"row worker exited (rc={self.proc.poll()}); its stderr is above")
-        answer = json.loads(line)
-        if "error" in answer:
-            raise RuntimeError(f"row worker: {answer['error']}")
-        return answer
+        super().__init__(sys.executable, "--row-worker", spec, "row worker")
 
     def run(self, ids: list[int], n_new: int, temperature: float, seed: int | None) -> Sample:
-        request = dict(ids=ids, n_new=n_new, temperature=temperature, seed=seed)
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps(request) + "\n")
-        self.proc.stdin.flush()
-        a = self._read()
+        a = self.ask(dict(ids=ids, n_new=n_new, temperature=temperature, seed=seed))
         a["gammas"] = Counter({int(g): n for g, n in a["gammas"].items()})
         return Sample(**a)
-
-    def close(self) -> None:
-        if self.proc.stdin:
-            self.proc.stdin.close()
-        self.proc.wait(timeout=30)
 
 
 class LocalRow:
@@ -474,8 +468,7 @@ class LocalRow:
 
 def row_worker(spec_json: str) -> None:
     """Subprocess entry of `RowWorker`: load one row, then serve requests until stdin ends."""
-    reply = os.fdopen(os.dup(1), "w", buffering=1)
-    os.dup2(2, 1)  # whatever else writes to stdout goes to stderr
+    reply = reply_channel()
     spec = json.loads(spec_json)
     try:
         model = load_row(Path(spec["folder"]), spec["threads"], spec["options"])

@@ -121,6 +121,11 @@ def test_calibrate_stores_round_costs_that_seed_the_auto_policy(spec_bundles, tm
     chain = edgespec.load(b, mode="spec", drafter="lookup+draft", threads=1).policy
     assert chain.main.cost.round_time[0] == entry["spec"]["round_seconds"]["0"]
     assert chain.apart["lookup"].cost.round_time[1] == entry["lookup"]["round_seconds"]["1"]
+    # seeding prices, not how acceptance is learnt: prompt lookup keeps its own state prior
+    from edgespec.runtime.estimates import STATE_PRIOR_FIRST
+
+    assert chain.apart["lookup"].cost.acceptance.state_prior == STATE_PRIOR_FIRST
+    assert chain.main.cost.acceptance.state_prior is None  # the module's STATE_PRIOR
 
 
 def test_bench_compares_modes_and_checks_outputs(spec_bundles):
