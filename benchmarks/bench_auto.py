@@ -877,7 +877,9 @@ def main() -> None:
             configs = edgespec_configs(
                 blind, calibrated, fixed_modes, quantized, args.one_policy, ab_estimates
             )
-            configs = [c for c in configs if c[0] == "ar" or re.fullmatch(args.rows, c[0])]
+            # an --ab-estimates row goes with its row: "spec auto [SHRINK 3]" with "spec auto"
+            keep = [c[0] == "ar" or re.fullmatch(args.rows, c[0].split(" [")[0]) for c in configs]
+            configs = [c for c, k in zip(configs, keep, strict=True) if k]
             # loaded in a seeded shuffled order: on a host where the first-loaded model ran
             # up to 40% slower than the same model loaded later (stop 27), loading ar, then
             # the auto rows, then the fixed rows biased every comparison the same way. The
