@@ -27,8 +27,8 @@ Rows, all on the same prompt ids (encoded once by edgespec's tokenizer):
 Timing is interleaved: for each (pass, prompt) every row runs once, in a shuffled order, so a
 burst of load from other tenants of a shared machine lands on all rows alike, with `--pause`
 seconds between two generations. Each edgespec row lives in a worker process of its own that
-holds only its model, as an app does (`--no-isolate`: all in this process, where rows ran
-10-20% slower and the one loaded first slower still; the cause is not found). genai lives in
+holds only its model, as an app does (`--no-isolate`: all in this process, where the row
+loaded first ran 8-13% slower in stops 27-28; the cause is not found). genai lives in
 its own venv (`--genai-python`): one long-lived worker subprocess holds its models and runs each
 generation when the main loop asks for it, so genai rows interleave with edgespec's like any
 other row. Greedy rows are checked token for token against edgespec ar (`= ar`); sampled rows
@@ -73,8 +73,8 @@ EXITS = [2, 4]
 # seconds between two timed generations (`--pause`). onnxruntime's pool threads spin for
 # 20-40 ms after a generation ends (measured: CPU time per 25 ms window); an engine in another
 # process (a row worker, genai, llama.cpp) started inside that window shares the 2 cores with
-# them. At 0.02 s, rows in processes of their own ran 10% slower and speculative rows lost a
-# sixth of their speed-up (spec+lookup, int4 draft: 1.61x ar, against 1.96x at 0.2 s)
+# them. With a process per row, 0.02 s read ar 558 tok/s and spec+lookup (int4 draft) 1.61x;
+# 0.2 s, 7 minutes later, 623 and 1.96x (a third run at 0.2 s: 560 and 1.69x; the host drifts)
 PAUSE = 0.2
 GENAI_K = 4  # genai's default max_draft_tokens
 LLAMACPP_CONFIGS = ("plain", "draft", "ngram-simple", "ngram-map-k", "ngram-mod")
@@ -796,7 +796,7 @@ def main() -> None:
         default=True,
         help="each edgespec row in a process of its own, holding only its model (as an app "
         "does), still timed in turns; --no-isolate: all rows in this process, where the row "
-        "loaded first ran 8-13%% slower and every row 10-20%% slower (stops 27-29)",
+        "loaded first ran 8-13%% slower (stops 27-28)",
     )
     ap.add_argument(
         "--ab-estimates",
