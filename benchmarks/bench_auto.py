@@ -165,14 +165,16 @@ def run_edgespec(model: Any, ids: list[int], n_new: int, temperature: float, see
 
 def verify_rate(samples: list[Sample]) -> float:
     """Decode tokens per second of the target's calls alone (edgespec rows)."""
-    seconds = sum(s.verify_seconds for s in samples)
-    return sum(s.decode_tokens for s in samples) / seconds if seconds else float("nan")
+    return _decode_tokens_per(samples, sum(s.verify_seconds for s in samples))
 
 
 def decode_rate(samples: list[Sample]) -> float:
     """Tokens per second after the prefill's token (edgespec rows): the prompt's prefill is
     the same target call in every mode, so this is the part a decoding mode can speed up."""
-    seconds = sum(s.decode_seconds for s in samples)
+    return _decode_tokens_per(samples, sum(s.decode_seconds for s in samples))
+
+
+def _decode_tokens_per(samples: list[Sample], seconds: float) -> float:
     return sum(s.decode_tokens for s in samples) / seconds if seconds else float("nan")
 
 
@@ -410,6 +412,11 @@ def edgespec_configs(
             options = {"mode": mode, "draft_policy": f"fixed:{g}", **extra}
             rows.append((f"{setup} fixed:{g}", quantized[q] if q else blind, options))
     return rows
+
+
+def row_of(label: str) -> str:
+    """The row an --ab-estimates row repeats: "spec auto [SHRINK 3]" -> "spec auto"."""
+    return label.split(" [")[0]
 
 
 # edgespec row options, not Model.load's: price the chain's members as one (before stop 27);
@@ -697,7 +704,7 @@ def check_targets(pset: PromptSet, rows: list[Row]) -> list[str]:
     autos = [r.engine for r in rows if r.engine.startswith("edgespec") and " auto" in r.engine]
     for auto in autos:
         a = by[auto]
-        base = auto.split(" [")[0]  # less an --ab-estimates row's "[SHRINK 3, ...]"
+        base = row_of(auto)
         setup = base[len("edgespec ") :].split(" auto")[0]  # "spec", "self-spec@2", ...
         if base.endswith(" draft)"):  # "spec auto (int8 draft)": fixed rows "spec:int8 fixed:N"
             setup += ":" + base.rpartition("(")[2].split()[0]
@@ -825,6 +832,7 @@ def main() -> None:
     if ab_estimates and not args.isolate:
         raise SystemExit("--ab-estimates needs --isolate: the constants are per process")
     from edgespec.runtime.calibrate import calibrate
+    from edgespec.runtime.tokenizer import Tokenizer
 
     bundle = args.models / "bundle"
     if not (bundle / "manifest.json").exists():
@@ -869,6 +877,8 @@ def main() -> None:
             llamacpp = SpeculativeRunner(env, target, draft, args.threads)
             print(f"llama.cpp: {env.version()}", flush=True)
 
+        # what Model.encode does with text (no model loaded here for it: rows live in workers)
+        tokenizer = Tokenizer.from_dir(blind)
         all_rows: list[Row] = []
         summary: list[str] = []
         for name in args.sets.split(","):
@@ -877,9 +887,8 @@ def main() -> None:
             configs = edgespec_configs(
                 blind, calibrated, fixed_modes, quantized, args.one_policy, ab_estimates
             )
-            # an --ab-estimates row goes with its row: "spec auto [SHRINK 3]" with "spec auto"
-            keep = [c[0] == "ar" or re.fullmatch(args.rows, c[0].split(" [")[0]) for c in configs]
-            configs = [c for c, k in zip(configs, keep, strict=True) if k]
+            # an --ab-estimates row goes with its row
+            configs = [c for c in configs if c[0] == "ar" or re.fullmatch(args.rows, row_of(c[0]))]
             # loaded in a seeded shuffled order: on a host where the first-loaded model ran
             # up to 40% slower than the same model loaded later (stop 27), loading ar, then
             # the auto rows, then the fixed rows biased every comparison the same way. The
@@ -899,8 +908,7 @@ def main() -> None:
                     loaded[label] = row_kind(folder, args.threads, options)
                 print(f"{name}: load order: {', '.join(loaded)}", flush=True)
                 models = {label: loaded[label] for label, _, _ in configs}
-                text = _ballast[0] if _ballast else load_row(blind, args.threads, {"mode": "ar"})
-                ids = [text.encode(t) for t in texts]
+                ids = [tokenizer.encode(t) for t in texts]
                 pset = PromptSet(name, ids, args.temperature if SETS[name][2] else 0.0, texts)
                 tallies = bench_set(
                     pset, models, genai, genai_labels, args.max_new_tokens, args.passes, llamacpp,
@@ -909,7 +917,7 @@ def main() -> None:
             finally:
                 for row in loaded.values():
                     row.close()
-            rows = rows_for(pset, tallies, notes, text.tokenizer.decode)
+            rows = rows_for(pset, tallies, notes, tokenizer.decode)
             print_table(pset, rows, args.max_new_tokens, args.threads)
             summary += check_targets(pset, rows)
             all_rows += rows

@@ -13,30 +13,31 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import onnx
 
-# onnx tensor element types and onnxruntime type strings of the graphs' KV caches
-_CACHE_DTYPES: dict[int | str, type] = {1: np.float32, 10: np.float16}
-_CACHE_DTYPES.update({"tensor(float)": np.float32, "tensor(float16)": np.float16})
-
-
-def session_inputs(session: Any) -> dict[str, tuple[list[Any], type]]:
-    """name -> (shape, cache dtype) of an onnxruntime session's inputs."""
-    inputs = session.get_inputs()
-    return {i.name: (list(i.shape), _CACHE_DTYPES.get(i.type, np.float32)) for i in inputs}
+from edgespec.runtime.graph import ORT_TYPES
 
 
-def proto_inputs(model: Any) -> dict[str, tuple[list[Any], type]]:
-    """name -> (shape, cache dtype) of an onnx ModelProto's inputs."""
+def session_inputs(session: Any) -> dict[str, tuple[list[Any], np.dtype]]:
+    """name -> (shape, dtype) of an onnxruntime session's inputs."""
+    return {
+        i.name: (list(i.shape), np.dtype(ORT_TYPES.get(i.type, "float32")))
+        for i in session.get_inputs()
+    }
+
+
+def proto_inputs(model: onnx.ModelProto) -> dict[str, tuple[list[Any], np.dtype]]:
+    """name -> (shape, dtype) of an onnx ModelProto's inputs."""
     out = {}
     for vi in model.graph.input:
         t = vi.type.tensor_type
         shape = [d.dim_value or d.dim_param for d in t.shape.dim]
-        out[vi.name] = (shape, _CACHE_DTYPES.get(t.elem_type, np.float32))
+        out[vi.name] = (shape, onnx.helper.tensor_dtype_to_np_dtype(t.elem_type))
     return out
 
 
 def prefill_feed(
-    inputs: dict[str, tuple[list[Any], type]],
+    inputs: dict[str, tuple[list[Any], np.dtype]],
     ids: Sequence[int] | np.ndarray,
     hidden: np.ndarray | None = None,
 ) -> dict[str, np.ndarray]:

@@ -104,9 +104,7 @@ def calibration_feeds(
 ) -> list[dict[str, np.ndarray]]:
     """One prefill feed per prompt for a bundle graph: its ids, or for tail@k the hidden
     states head@k computed from them (`hidden`, one [1, S, H] array per prompt)."""
-    inputs = proto_inputs(model)
-    if "hidden" in inputs and hidden is None:
-        raise ValueError("tail graphs are calibrated on head@k's hidden states")
+    inputs = proto_inputs(model)  # a tail graph without `hidden`: prefill_feed says so
     return [
         prefill_feed(inputs, ids, hidden[n] if hidden is not None else None)
         for n, ids in enumerate(prompts)

@@ -87,7 +87,9 @@ class GraphSession:
     ) -> None:
         self.graph, self.model, self.kv_dtype = graph, model, kv_dtype
         path = folder / graph.file
-        if any(i.name == "query_seqlens" for i in graph.inputs) and not ort_takes_query_seqlens():
+        # rows of one call may add different numbers of positions (see run_batch)
+        self.batched = any(i.name == "query_seqlens" for i in graph.inputs)
+        if self.batched and not ort_takes_query_seqlens():
             since = ".".join(map(str, QUERY_SEQLENS_SINCE))
             raise BundleError(
                 f"{path.name} needs onnxruntime >= {since} (its attention takes query_seqlens, "
@@ -106,8 +108,6 @@ class GraphSession:
         self.kv_device = kv_device(self.session, kv_dtype)
         self.output_names = [o.name for o in graph.outputs if not o.name.startswith("present_")]
         self.takes_hidden = any(i.name == "hidden" for i in graph.inputs)
-        # rows of one call may add different numbers of positions (see run_batch)
-        self.batched = any(i.name == "query_seqlens" for i in graph.inputs)
         # One binding reused across calls: the KV buffers are rebound only when the cache
         # changes, and the scalar inputs are OrtValues over numpy arrays updated in place.
         # Rebuilding all of that per call cost ~40% of a small draft model's step.
