@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from bench_auto import SETS, load_prompts
+from auto_rows import SETS, load_prompts
 from common import DEFAULT_MODELS
 
 

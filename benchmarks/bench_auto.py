@@ -51,14 +51,11 @@ can take a mode past it; the summary checks the code set's best row against 2x b
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import random
 import re
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
 from collections import Counter
@@ -66,101 +63,27 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from auto_rows import (
+    EXITS,
+    SETS,
+    PromptSet,
+    bundle_view,
+    edgespec_configs,
+    genai_export,
+    genai_spec_dir,
+    load_prompts,
+    row_of,
+)
+from auto_workers import GenaiWorker, LocalRow, RowWorker, Sample, load_row
 from common import DEFAULT_MODELS, cached_bundle
 
-FIXED = [1, 2, 3, 4, 6, 8]
-EXITS = [2, 4]
 # seconds between two timed generations (`--pause`). onnxruntime's pool threads spin for
 # 20-40 ms after a generation ends (measured: CPU time per 25 ms window); an engine in another
 # process (a row worker, genai, llama.cpp) started inside that window shares the 2 cores with
 # them. With a process per row, 0.02 s read ar 558 tok/s and spec+lookup (int4 draft) 1.61x;
 # 0.2 s, 7 minutes later, 623 and 1.96x (a third run at 0.2 s: 560 and 1.69x; the host drifts)
 PAUSE = 0.2
-GENAI_K = 4  # genai's default max_draft_tokens
 LLAMACPP_CONFIGS = ("plain", "draft", "ngram-simple", "ngram-map-k", "ngram-mod")
-# label -> (genai model, speculative options). n-gram runs on the plain model.
-GENAI_CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
-    "plain": ("plain", {}),
-    f"spec K={GENAI_K}": ("spec", {"max_draft_tokens": GENAI_K}),
-    "spec adaptive": ("spec", {"max_draft_tokens": GENAI_K, "min_adaptive_k": 2}),
-    "ngram": ("plain", {"ngram_size": 3, "max_draft_tokens": GENAI_K}),
-}
-
-
-# --------------------------------------------------------------------------- prompt sets
-@dataclass
-class PromptSet:
-    name: str
-    ids: list[list[int]]
-    temperature: float  # 0: greedy
-    texts: list[str] = field(default_factory=list)  # the prompts as text (llama.cpp's CLI)
-    other_cores: float = 0.0  # mean CPU other processes used while this set was timed
-
-    def seed(self, i: int) -> int | None:
-        return 1000 + i if self.temperature > 0 else None
-
-
-# name -> (prompt file, style kept or None for all, sampled?)
-SETS: dict[str, tuple[str, str | None, bool]] = {
-    "code": ("prompts_code.jsonl", None, False),  # good: greedy code
-    "words": ("prompts_text.jsonl", "words", False),  # bad: greedy random words
-    "text": ("prompts_text.jsonl", None, True),  # high-entropy, sampled
-}
-
-
-def load_prompts(folder: Path, name: str, n: int) -> list[str]:
-    file, style, _ = SETS[name]
-    rows = [json.loads(line) for line in (folder / file).read_text().splitlines() if line.strip()]
-    return [r["prompt"] for r in rows if style is None or r.get("style") == style][:n]
-
-
-# --------------------------------------------------------------------------- one generation
-@dataclass
-class Sample:
-    """One timed generation."""
-
-    seconds: float
-    tokens: list[int]
-    verifications: int  # target calls after the prefill
-    drafted: int
-    accepted: int
-    gammas: Counter = field(default_factory=Counter)  # draft length per round (edgespec)
-    count: int = -1  # tokens produced when `tokens` is not known (llama.cpp's CLI: text only)
-    text: str | None = None  # llama.cpp's CLI: its printed prompt + output
-    # edgespec: after the prefill, tokens produced, seconds spent in the target's calls and
-    # seconds in all (from the prefill's token to the last: what bench_ar calls decoding)
-    decode_tokens: int = 0
-    verify_seconds: float = 0.0
-    decode_seconds: float = 0.0
-
-    @property
-    def n(self) -> int:
-        return self.count if self.count >= 0 else len(self.tokens)
-
-
-def run_edgespec(model: Any, ids: list[int], n_new: int, temperature: float, seed: int | None):
-    tokens: list[int] = []
-    gammas: Counter = Counter()
-    drafted = accepted = decoded = 0
-    verifying = 0.0
-    start = prefilled = time.perf_counter()
-    for chunk in model.stream(
-        ids, max_new_tokens=n_new, temperature=temperature, seed=seed, ignore_eos=True
-    ):
-        tokens += chunk.tokens
-        if chunk.stats.phase == "prefill":
-            prefilled = time.perf_counter()
-        else:
-            gammas[chunk.stats.drafted] += 1
-            drafted += chunk.stats.drafted
-            accepted += chunk.stats.accepted
-            decoded += chunk.stats.new_tokens
-            verifying += chunk.stats.verify_seconds
-    end = time.perf_counter()
-    return Sample(
-        end - start, tokens, sum(gammas.values()), drafted, accepted, gammas,
-        decode_tokens=decoded, verify_seconds=verifying, decode_seconds=end - prefilled,
-    )  # fmt: skip
 
 
 def verify_rate(samples: list[Sample]) -> float:
@@ -176,319 +99,6 @@ def decode_rate(samples: list[Sample]) -> float:
 
 def _decode_tokens_per(samples: list[Sample], seconds: float) -> float:
     return sum(s.decode_tokens for s in samples) / seconds if seconds else float("nan")
-
-
-# --------------------------------------------------------------------------- genai
-def genai_export(checkpoint: Path, out: Path, python: str, threads: int) -> None:
-    """genai's model builder on the local checkpoint, offline, fp32 CPU; threads in its config."""
-    if not (out / ".complete").exists():
-        shutil.rmtree(out, ignore_errors=True)
-        scratch = out.parent / f"{out.name}-builder-cache"
-        env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-        cmd = [
-            python, "-m", "onnxruntime_genai.models.builder",
-            "-i", str(checkpoint), "-o", str(out), "-p", "fp32", "-e", "cpu", "-c", str(scratch),
-        ]  # fmt: skip
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-        shutil.rmtree(scratch, ignore_errors=True)
-        if proc.returncode != 0 or not (out / "genai_config.json").exists():
-            raise RuntimeError(f"genai builder failed: {(proc.stdout + proc.stderr)[-3000:]}")
-        (out / ".complete").write_text("ok")
-    path = out / "genai_config.json"
-    config = json.loads(path.read_text())
-    options = config["model"]["decoder"].setdefault("session_options", {})
-    options.update(intra_op_num_threads=threads, inter_op_num_threads=1)
-    path.write_text(json.dumps(config, indent=4))
-
-
-def genai_spec_dir(target: Path, draft: Path, out: Path) -> Path:
-    """A composite genai model: `model.type = "speculative"`, the target's decoder block and the
-    draft's decoder block as `model.draft`, and a `speculative` section (onnxruntime-genai PRs
-    #2233/#2287, docs/SpeculativeDecoding.md). genai refuses ".." in a config path, so the two
-    exports are linked in as subfolders."""
-    shutil.rmtree(out, ignore_errors=True)
-    out.mkdir(parents=True)
-    config = json.loads((target / "genai_config.json").read_text())
-    decoder = config["model"]["decoder"]
-    drafter = json.loads((draft / "genai_config.json").read_text())["model"]["decoder"]
-    for name, folder, block in (("target", target, decoder), ("draft", draft, drafter)):
-        (out / name).symlink_to(folder.resolve(), target_is_directory=True)
-        block["filename"] = f"{name}/{block['filename']}"
-    config["model"].update(type="speculative", decoder=decoder, draft=drafter)
-    config["speculative"] = {"max_draft_tokens": GENAI_K}
-    (out / "genai_config.json").write_text(json.dumps(config, indent=4))
-    for f in target.iterdir():  # tokenizer files
-        if f.name.startswith(("tokenizer", "special_tokens")):
-            shutil.copy(f, out / f.name)
-    return out
-
-
-class JsonWorker:
-    """A subprocess of this script (`--FLAG SPEC`) that answers one JSON line per JSON line
-    asked; its first line says it is ready (or why it cannot run)."""
-
-    def __init__(self, python: str, flag: str, spec: dict[str, Any], name: str) -> None:
-        self.name = name
-        self.proc = subprocess.Popen(
-            [python, str(Path(__file__).resolve()), flag, json.dumps(spec)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        self.ready = self._read()
-
-    def _read(self) -> dict[str, Any]:
-        line = self.proc.stdout.readline() if self.proc.stdout else ""
-        if not line:
-            raise RuntimeError(f"{self.name} exited (rc={self.proc.poll()}); its stderr is above")
-        answer = json.loads(line)
-        if "error" in answer:
-            raise RuntimeError(f"{self.name}: {answer['error']}")
-        return answer
-
-    def ask(self, request: dict[str, Any]) -> dict[str, Any]:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps(request) + "\n")
-        self.proc.stdin.flush()
-        return self._read()
-
-    def close(self) -> None:
-        if self.proc.stdin:
-            self.proc.stdin.close()
-        self.proc.wait(timeout=30)
-
-
-def reply_channel() -> Any:
-    """A worker's answers go to the real stdout; whatever else writes there (native logs,
-    prints) goes to stderr instead."""
-    reply = os.fdopen(os.dup(1), "w", buffering=1)
-    os.dup2(2, 1)
-    return reply
-
-
-class GenaiWorker(JsonWorker):
-    """onnxruntime-genai in its own interpreter: one subprocess that loads the models once and
-    runs one generation per request."""
-
-    def __init__(self, python: str, spec: dict[str, Any]) -> None:
-        super().__init__(python, "--genai-worker", spec, "genai worker")
-
-    def run(self, config: str, ids: list[int], n_new: int, temperature: float, seed: int | None):
-        a = self.ask(dict(config=config, ids=ids, n_new=n_new, temperature=temperature, seed=seed))
-        return Sample(a["seconds"], a["tokens"], a["verifications"], a["drafted"], a["accepted"])
-
-
-def genai_worker(spec_json: str) -> None:
-    """Subprocess entry: load the genai models named in `spec`, then serve requests."""
-    reply = reply_channel()
-    spec = json.loads(spec_json)
-    try:
-        import onnxruntime_genai as og
-
-        models = {name: og.Model(path) for name, path in spec["models"].items()}
-        configs = {k: v for k, v in GENAI_CONFIGS.items() if v[0] in models}
-        errors = {}
-        for label, (name, options) in list(configs.items()):  # warm-up; drop what cannot run
-            try:
-                _genai_generate(og, models[name], options, [1, 2, 3, 4], 8, 0.0, None, 4096)
-            except Exception as e:  # noqa: BLE001 - reported as the row's note
-                errors[label] = f"{type(e).__name__}: {e}"
-                del configs[label]
-        reply.write(
-            json.dumps({"configs": list(configs), "errors": errors, "version": og.__version__})
-            + "\n"
-        )
-    except Exception as e:  # noqa: BLE001 - the parent reports it
-        reply.write(json.dumps({"error": f"{type(e).__name__}: {e}"}) + "\n")
-        return
-    for line in sys.stdin:
-        r = json.loads(line)
-        name, options = configs[r["config"]]
-        try:
-            answer = _genai_generate(
-                og, models[name], options, r["ids"], r["n_new"], r["temperature"], r["seed"],
-                spec["vocab_size"],
-            )  # fmt: skip
-        except Exception as e:  # noqa: BLE001
-            answer = {"error": f"{r['config']}: {type(e).__name__}: {e}"}
-        reply.write(json.dumps(answer) + "\n")
-
-
-def _genai_generate(og, model, options, ids, n_new, temperature, seed, vocab_size) -> dict:
-    import numpy as np
-
-    total = len(ids) + n_new
-    params = og.GeneratorParams(model)
-    search: dict[str, Any] = dict(max_length=total, min_length=total, do_sample=temperature > 0)
-    if temperature > 0:  # the full distribution, as edgespec's top_k=0
-        search.update(temperature=temperature, top_k=vocab_size, top_p=1.0, random_seed=seed)
-    params.set_search_options(**search)
-    if options:
-        params.set_speculative_options(**options)
-    start = time.perf_counter()
-    generator = og.Generator(model, params)
-    generator.append_tokens(np.asarray([ids], dtype=np.int32))
-    while not generator.is_done():
-        generator.generate_next_token()
-    seconds = time.perf_counter() - start
-    tokens = [int(t) for t in generator.get_sequence(0)[len(ids) :]]
-    stats = dict(generator.get_speculative_stats()) if options else {}
-    del generator
-    return {
-        "seconds": seconds,
-        "tokens": tokens,
-        # every target call after the prefill: verify, re-anchor and plain (lookup miss) steps
-        "verifications": (
-            stats["target_forward_passes"] + stats["standard_fallback_steps"]
-            if stats
-            else len(tokens) - 1
-        ),
-        "drafted": int(stats.get("draft_tokens_evaluated", 0)),
-        "accepted": int(stats.get("draft_tokens_accepted", 0)),
-        "stats": {k: v for k, v in stats.items() if isinstance(v, int | float | bool)},
-    }
-
-
-# --------------------------------------------------------------------------- edgespec
-def bundle_view(bundle: Path, out: Path) -> Path:
-    """The bundle's files, symlinked into `out`, without its calibration.json: a private
-    place to calibrate (or not) that leaves the shared bundle alone."""
-    shutil.rmtree(out, ignore_errors=True)
-    out.mkdir(parents=True)
-    for f in bundle.iterdir():
-        if f.name != "calibration.json":
-            (out / f.name).symlink_to(f.resolve())
-    return out
-
-
-def edgespec_configs(
-    blind: Path,
-    calibrated: Path,
-    fixed_modes: list[str],
-    quantized: dict[str, Path],
-    one_policy: bool = False,
-    estimates: dict[str, float] | None = None,
-) -> list[tuple[str, Path, dict[str, Any]]]:
-    """Every edgespec row: (label, bundle, load options). `quantized`: the bundles whose draft
-    is quantized apart from the fp32 target (`--draft-quantize`), by method; fixed-mode
-    `spec:int8` is spec on the int8 draft's bundle. `one_policy`: each spec+lookup auto row
-    also with one policy over the chain (`ONE_POLICY`, see `load_row`). `estimates`: each
-    blind auto row also with these constants of runtime/estimates.py (`ESTIMATES`)."""
-    rows: list[tuple[str, Path, dict[str, Any]]] = [("ar", blind, {"mode": "ar"})]
-    rows.append(("spec auto", blind, {"mode": "spec", "draft_policy": "auto"}))
-    rows.append(("spec auto (calibrated)", calibrated, {"mode": "spec", "draft_policy": "auto"}))
-    rows.append(("lookup auto", blind, {"mode": "lookup", "draft_policy": "auto"}))
-    for k in EXITS:  # the target's own early exits (self-speculation)
-        options = {"mode": "self-spec", "exit_layer": k, "draft_policy": "auto"}
-        rows.append((f"self-spec@{k} auto", blind, options))
-    # prompt lookup first, the draft model where lookup finds nothing (edgespec's n-gram
-    # drafter combined with its draft model, the pair genai's two modes each use alone)
-    rows.append(
-        (
-            "spec+lookup auto",
-            blind,
-            {"mode": "spec", "drafter": "lookup+draft", "draft_policy": "auto"},
-        )
-    )
-    for q, folder in quantized.items():  # the same fp32 target, a draft that reads less
-        for label, drafter in (("spec", "draft"), ("spec+lookup", "lookup+draft")):
-            options = {"mode": "spec", "drafter": drafter, "draft_policy": "auto"}
-            rows.append((f"{label} auto ({q} draft)", folder, options))
-    if one_policy:
-        for label, folder in [("", blind), *((f" ({q} draft)", f) for q, f in quantized.items())]:
-            options = {"mode": "spec", "drafter": "lookup+draft", "draft_policy": "auto"}
-            options[ONE_POLICY] = 1
-            rows.append((f"spec+lookup auto, one policy{label}", folder, options))
-    if estimates:  # an A/B of the estimators' constants, row by row
-        what = ", ".join(f"{k} {v:g}" for k, v in estimates.items())
-        for label, folder, options in list(rows):
-            if label.endswith(("auto", "draft)")) and folder is not calibrated:
-                rows.append((f"{label} [{what}]", folder, {**options, ESTIMATES: estimates}))
-    for setup in fixed_modes:  # every fixed γ beside each auto row it is compared with
-        mode, _, exit_layer = setup.partition("@")
-        mode, _, q = mode.partition(":")
-        extra = {"exit_layer": int(exit_layer)} if exit_layer else {}
-        for g in FIXED:
-            options = {"mode": mode, "draft_policy": f"fixed:{g}", **extra}
-            rows.append((f"{setup} fixed:{g}", quantized[q] if q else blind, options))
-    return rows
-
-
-def row_of(label: str) -> str:
-    """The row an --ab-estimates row repeats: "spec auto [SHRINK 3]" -> "spec auto"."""
-    return label.split(" [")[0]
-
-
-# edgespec row options, not Model.load's: price the chain's members as one (before stop 27);
-# other values of runtime/estimates.py's module constants (a row in a process of its own only)
-ONE_POLICY = "one_policy"
-ESTIMATES = "estimates"
-
-
-def load_row(folder: Path, threads: int, options: dict[str, Any]) -> Any:
-    """edgespec.load(folder, **options); with ONE_POLICY, a chain's adaptive policy without
-    its per-member split (`PerSource.main` alone sees every round), for an A/B in one run."""
-    import edgespec
-
-    options = dict(options)
-    one = options.pop(ONE_POLICY, False)
-    for name, value in options.pop(ESTIMATES, {}).items():
-        import edgespec.runtime.estimates as estimates
-
-        if not hasattr(estimates, name):
-            raise SystemExit(f"--ab-estimates: runtime/estimates.py has no constant {name}")
-        setattr(estimates, name, value)
-    model = edgespec.load(folder, threads=threads, **options)
-    if one:
-        model.policy = model.policy.main
-    return model
-
-
-class RowWorker(JsonWorker):
-    """One edgespec row in a process of its own (`--isolate`): it loads the row's model, and
-    nothing else, then runs one generation per request. In one process holding all ~27 rows,
-    the row loaded first ran 8-13% slower than in other runs (stops 27-28), whatever row it
-    was; a process per row takes load order out."""
-
-    def __init__(self, folder: Path, threads: int, options: dict[str, Any]) -> None:
-        spec = {"folder": str(folder), "threads": threads, "options": options}
-        super().__init__(sys.executable, "--row-worker", spec, "row worker")
-
-    def run(self, ids: list[int], n_new: int, temperature: float, seed: int | None) -> Sample:
-        a = self.ask(dict(ids=ids, n_new=n_new, temperature=temperature, seed=seed))
-        a["gammas"] = Counter({int(g): n for g, n in a["gammas"].items()})
-        return Sample(**a)
-
-
-class LocalRow:
-    """One edgespec row in this process (the default)."""
-
-    def __init__(self, folder: Path, threads: int, options: dict[str, Any]) -> None:
-        self.model = load_row(folder, threads, options)
-
-    def run(self, ids: list[int], n_new: int, temperature: float, seed: int | None) -> Sample:
-        return run_edgespec(self.model, ids, n_new, temperature, seed)
-
-    def close(self) -> None:
-        pass
-
-
-def row_worker(spec_json: str) -> None:
-    """Subprocess entry of `RowWorker`: load one row, then serve requests until stdin ends."""
-    reply = reply_channel()
-    spec = json.loads(spec_json)
-    try:
-        model = load_row(Path(spec["folder"]), spec["threads"], spec["options"])
-    except Exception as e:  # noqa: BLE001 - the parent reports it
-        reply.write(json.dumps({"error": f"{type(e).__name__}: {e}"}) + "\n")
-        return
-    reply.write(json.dumps({"ready": True}) + "\n")
-    for line in sys.stdin:
-        r = json.loads(line)
-        sample = run_edgespec(model, r["ids"], r["n_new"], r["temperature"], r["seed"])
-        # not asdict(): it rebuilds a Counter from its (key, count) pairs, counting the pairs
-        fields = {f.name: getattr(sample, f.name) for f in dataclasses.fields(sample)}
-        reply.write(json.dumps({**fields, "gammas": dict(sample.gammas)}) + "\n")
 
 
 # --------------------------------------------------------------------------- the run
@@ -817,15 +427,7 @@ def main() -> None:
         "--pause", type=float, default=PAUSE, help="seconds between two timed generations"
     )
     ap.add_argument("--json", type=Path)
-    ap.add_argument("--genai-worker", default=None, help=argparse.SUPPRESS)
-    ap.add_argument("--row-worker", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.genai_worker:
-        genai_worker(args.genai_worker)
-        return
-    if args.row_worker:
-        row_worker(args.row_worker)
-        return
     ab_estimates = {}
     for item in filter(None, args.ab_estimates.split(",")):
         name, _, value = item.partition("=")
