@@ -42,6 +42,8 @@ import json
 import os
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -238,6 +240,28 @@ class Prices:
         return run.stats.decode_tokens / seconds
 
 
+@contextmanager
+def estimates_of(policy: str) -> Iterator[None]:
+    """`auto[NAME=VALUE;...]`: runtime/estimates.py's constants set to those values while
+    this policy decodes, the package's otherwise: an A/B of the estimators in one run, each
+    variant learning only from its own rounds."""
+    import edgespec.runtime.estimates as estimates
+
+    spec = policy.partition("[")[2].rstrip("]")
+    values = dict(item.split("=") for item in filter(None, spec.split(";")))
+    unknown = [name for name in values if not hasattr(estimates, name)]
+    if unknown:
+        raise SystemExit(f"--policies {policy}: runtime/estimates.py has no constant {unknown[0]}")
+    saved = {name: getattr(estimates, name) for name in values}
+    for name, value in values.items():
+        setattr(estimates, name, float(value))
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(estimates, name, value)
+
+
 def coin_seed(args: argparse.Namespace, repeat: int) -> int:
     """The coins of timed run `repeat`: every policy's run `repeat` meets the same ones, and
     each repeat another alignment of rounds on them (the warm-up's are `--seed` + 1). With one
@@ -282,7 +306,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--alphas", default="0.5,0.7,0.8,0.9")
     ap.add_argument("--gammas", default="1,2,3,4,6,8", help="fixed γ values")
     ap.add_argument(
-        "--policies", default="auto", help="adaptive policies run beside them ('' for none)"
+        "--policies",
+        default="auto",
+        help="adaptive policies run beside them ('' for none); 'auto[SHRINK=3;STATE_PRIOR=2]' "
+        "runs auto with runtime/estimates.py's constants set so, an A/B in one run",
     )
     ap.add_argument(
         "--setups",
@@ -356,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
             # an app sees once its model has decoded a little with this drafter; then the
             # policies take turns, `--repeats` times each, so that the machine's drift falls
             # on all of them alike, and each keeps learning across its runs as in an app
-            learned = {p: make_policy(p) for p in policies}
+            learned = {p: make_policy(p.partition("[")[0]) for p in policies}
             runs: dict[str, list[Any]] = {p: [] for p in policies}
             for p in policies:
                 model.policy = learned[p]
@@ -364,7 +391,8 @@ def main(argv: list[str] | None = None) -> int:
                     reference, alpha, args.seed + 1, vocab, len(prompt), warmup["max_new_tokens"]
                 )
                 model.drafter = oracle_drafter(drafter, warm)
-                model.generate(prompt, **warmup)
+                with estimates_of(p):
+                    model.generate(prompt, **warmup)
             ar_runs = []  # plain `ar` takes its turn too: each speed-up is within one cell
             for repeat in range(args.repeats):
                 coins = Oracle(reference, alpha, coin_seed(args, repeat), vocab, len(prompt), n)
@@ -372,7 +400,8 @@ def main(argv: list[str] | None = None) -> int:
                 ar_runs.append(timed(ar, prompt, opts))
                 for p in policies:
                     model.policy = learned[p]
-                    runs[p].append(timed(model, prompt, opts))
+                    with estimates_of(p):
+                        runs[p].append(timed(model, prompt, opts))
             cell_ar = float(np.median([r.stats.decode_tokens_per_s for r in ar_runs]))
             prices = Prices([*ar_runs, *(r for p in policies for r in runs[p])])
             ar_cells.setdefault(setup, []).append(cell_ar)

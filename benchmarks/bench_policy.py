@@ -20,7 +20,8 @@ and, with `--cold TOKENS,ROUNDS,FACTOR`, the first ROUNDS rounds of every TOKENS
 generation FACTOR times slower (an app, or bench_auto, that runs other models in between).
 Named cost sets: `360m-135m` (bench_oracle's SmolLM2-360M target, 135M draft), `self-spec@8`,
 `self-spec@16` (draft = that share of the target's layers), `trained` (bench_auto's pair),
-`trained@2` (its self-spec at exit 2).
+`trained@2` (its self-spec at exit 2), `360m-135m-int4-step` and `self-spec@8-step` (the Xeon
+host's, whose verify steps up at 7 positions).
 
     python benchmarks/bench_policy.py                      # every scenario, a table
     python benchmarks/bench_policy.py --scenarios geo:0.8 --costs 360m-135m --tokens 4000
@@ -50,6 +51,10 @@ class Costs:
     t_draft: float  # one drafted token (s)
     overhead: float = 0.0  # per speculative round: loop, acceptance, cache bookkeeping (s)
     slope: float = 0.05  # each extra verified position costs this share of a plain step
+    # from γ = step_at on, a verify costs `step` more (this share of a plain step): GEMM
+    # tiles, e.g. 7 positions cost 8 ms more than 6 on the 360M shape (stop 30)
+    step_at: int = 0
+    step: float = 0.0
 
 
 COSTS = {
@@ -61,6 +66,10 @@ COSTS = {
     # plain step, 9.5 / 7.5 ms a drafted token, a verify of γ + 1 positions ~+4% a position)
     "360m-135m-int8": Costs(0.062, 0.0095, 0.0001, 0.04),
     "360m-135m-int4": Costs(0.062, 0.0075, 0.0001, 0.04),
+    # the same on the Xeon host (bench_oracle, stop 30): a 57.7 ms plain step, 6.2 ms a drafted
+    # token, a verify of 4-6 positions +1.2 ms a position, then 8 ms more from 7 positions on
+    "360m-135m-int4-step": Costs(0.0577, 0.0062, 0.0001, 0.021, 6, 0.14),
+    "self-spec@8-step": Costs(0.0577, 0.0197, 0.0001, 0.021, 6, 0.11),
     # the same shapes in fp16 on an NVIDIA H200 (bench_oracle --device cuda, stop 28): a
     # launch-bound 4.8 ms step, verifying 7 positions costs ~what 1 does, the 30-layer draft
     # 3.5 ms a token, exit 8 1.5 ms, exit 16 2.5 ms
@@ -129,7 +138,8 @@ def replay(
             draft_s, verify_s, total = 0.0, costs.t_target * factor, costs.t_target * factor
         else:
             draft_s = g * costs.t_draft * factor
-            verify_s = costs.t_target * (1 + costs.slope * g) * factor
+            step = costs.step if costs.step_at and g >= costs.step_at else 0.0
+            verify_s = costs.t_target * (1 + costs.slope * g + step) * factor
             total = draft_s + verify_s + costs.overhead * factor
         policy.observe(RoundStats("decode", run + 1, g + 1, total, g, run, draft_s, verify_s))
         pos += run + 1
