@@ -8,14 +8,13 @@ worker (`auto_workers.py`).
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from auto_workers import ESTIMATES, GENAI_K, ONE_POLICY
+from bench_ar import export_genai, set_genai_threads
 
 FIXED = [1, 2, 3, 4, 6, 8]
 EXITS = [2, 4]
@@ -50,25 +49,12 @@ def load_prompts(folder: Path, name: str, n: int) -> list[str]:
 
 # --------------------------------------------------------------------------- genai
 def genai_export(checkpoint: Path, out: Path, python: str, threads: int) -> None:
-    """genai's model builder on the local checkpoint, offline, fp32 CPU; threads in its config."""
+    """genai's model builder on the local checkpoint (bench_ar's export), once; threads in
+    its config."""
     if not (out / ".complete").exists():
-        shutil.rmtree(out, ignore_errors=True)
-        scratch = out.parent / f"{out.name}-builder-cache"
-        env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-        cmd = [
-            python, "-m", "onnxruntime_genai.models.builder",
-            "-i", str(checkpoint), "-o", str(out), "-p", "fp32", "-e", "cpu", "-c", str(scratch),
-        ]  # fmt: skip
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-        shutil.rmtree(scratch, ignore_errors=True)
-        if proc.returncode != 0 or not (out / "genai_config.json").exists():
-            raise RuntimeError(f"genai builder failed: {(proc.stdout + proc.stderr)[-3000:]}")
+        export_genai(checkpoint, out, python)
         (out / ".complete").write_text("ok")
-    path = out / "genai_config.json"
-    config = json.loads(path.read_text())
-    options = config["model"]["decoder"].setdefault("session_options", {})
-    options.update(intra_op_num_threads=threads, inter_op_num_threads=1)
-    path.write_text(json.dumps(config, indent=4))
+    set_genai_threads(out, threads)
 
 
 def genai_spec_dir(target: Path, draft: Path, out: Path) -> Path:
