@@ -38,6 +38,8 @@ class LoadConfig:
     shared_threads: bool = True
     static: bool = False  # the bundle's fixed-shape graphs (NPUs)
     coreml: bool = False  # the bundle's Core ML packages (macOS 15+)
+    # back the weights with 2 MiB pages where the system allows (Linux; runtime/huge_pages.py)
+    huge_pages: bool = True
     # sampling: model drafters draw from their top-k / top-p ids only (runtime/draft_q.py:
     # lossless; in split mode what a drafted token costs on the uplink)
     draft_support: DraftSupport = DEFAULT_SUPPORT

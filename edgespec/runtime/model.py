@@ -111,7 +111,9 @@ class Model:
         static = c.static or (
             get_profile(c.device).static_shapes and not c.coreml and c.mode != "split"
         )
-        options = GraphOptions(c.device, c.threads, c.shared_threads, static, c.coreml)
+        options = GraphOptions(
+            c.device, c.threads, c.shared_threads, static, c.coreml, c.huge_pages
+        )
         return cls.from_graphs(open_bundle(bundle, options), c)
 
     @classmethod

@@ -18,6 +18,7 @@ import numpy as np
 
 from edgespec.bundle import BundleError, Manifest, load_manifest
 from edgespec.devices import Profile, get_profile
+from edgespec.runtime import huge_pages
 from edgespec.runtime.coreml import open_coreml
 from edgespec.runtime.graph import GraphSession, session_options
 from edgespec.runtime.static import StaticGraphSession
@@ -31,6 +32,7 @@ class GraphOptions:
     shared_threads: bool = True
     static: bool = False
     coreml: bool = False
+    huge_pages: bool = True  # back the opened graphs' memory with 2 MiB pages (huge_pages.py)
 
 
 class BundleGraphs:
@@ -60,7 +62,11 @@ class BundleGraphs:
         """role -> a session (GraphSession, or StaticGraphSession / CoreMLSession); the same
         one each time the role is asked for."""
         if role not in self.opened:
+            hugify = self.options.huge_pages and not self.options.coreml
+            before = huge_pages.regions() if hugify else set()
             self.opened[role] = self._open(role)
+            if hugify:  # the memory the session just took: its weights (best effort)
+                huge_pages.collapse(before)
         return self.opened[role]
 
     def _open(self, role: str) -> GraphSession:
