@@ -10,7 +10,8 @@ fp32 13.2 -> 13.8, 2 threads, stop 30). It costs load time: 1.3 s for SmolLM2-13
 of fp32 weights and 5 s for Qwen2.5-0.5B's 1.9 GB on that VM, whose guest memory the host
 backs lazily (4 ms a 2 MiB page); 0.15 s per 500 MB where the memory had been used before.
 `huge_pages=False` (LoadConfig) skips it. numpy already asks for huge pages for its own large
-arrays (the KV cache). Nothing changes but where pages sit in memory: the same bytes, the same results.
+arrays (the KV cache). Nothing changes but where pages sit in memory: the same bytes, the
+same results.
 
 Best effort: on other systems, on older kernels, or with huge pages off (`never`), nothing
 happens and nothing is raised.
