@@ -79,7 +79,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from common import REPO, base_precision, loadavg, worker_answer
+from common import BENCH_CACHE, REPO, base_precision, loadavg, worker_answer
 from llamacpp_engine import BYTES_PER_WEIGHT
 
 ENGINES = ("edgespec", "transformers", "genai", "llamacpp")
@@ -1004,7 +1004,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--cache",
         type=Path,
-        default=Path(os.environ.get("EDGESPEC_BENCH_CACHE", "~/.cache/edgespec-bench")),
+        default=BENCH_CACHE,
         help="where checkpoints and exported models are kept (default ~/.cache/edgespec-bench)",
     )
     p.add_argument(

@@ -19,13 +19,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
 from pathlib import Path
 
-from common import loadavg, table_header, table_row
+from common import BENCH_CACHE, loadavg, table_header, table_row
 
 SETTINGS = {"2 MiB pages": True, "4 KiB pages": False}
 
@@ -68,11 +67,7 @@ def main() -> int:
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--prompt-len", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument(
-        "--cache",
-        type=Path,
-        default=Path(os.environ.get("EDGESPEC_BENCH_CACHE", "~/.cache/edgespec-bench")),
-    )
+    ap.add_argument("--cache", type=Path, default=BENCH_CACHE, help="bench_ar.py's checkpoints")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     start_load = loadavg()

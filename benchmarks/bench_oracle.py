@@ -50,6 +50,7 @@ from typing import Any
 
 import numpy as np
 from bench_ar import SHAPES, build_checkpoint, cpu_name, loadavg, prompt_ids
+from common import BENCH_CACHE
 
 SHAPES.setdefault(
     "smollm2-360m",
@@ -338,11 +339,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--dtype", default="fp32", choices=["fp32", "fp16"], help="the bundle's")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument(
-        "--cache",
-        type=Path,
-        default=Path(os.environ.get("EDGESPEC_BENCH_CACHE", "~/.cache/edgespec-bench")),
-    )
+    ap.add_argument("--cache", type=Path, default=BENCH_CACHE, help="bench_ar.py's checkpoints")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     args.cache = args.cache.expanduser()

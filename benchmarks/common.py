@@ -22,6 +22,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 # trained models, prompts and bundles (benchmarks/train_models.py writes them)
 DEFAULT_MODELS = Path(os.environ.get("EDGESPEC_BENCH", Path.home() / ".cache" / "edgespec-bench"))
+# bench_ar.py's checkpoints and bundles of the real shapes (bench_oracle, bench_huge_pages)
+BENCH_CACHE = Path(os.environ.get("EDGESPEC_BENCH_CACHE", "~/.cache/edgespec-bench"))
 
 
 def base_precision(precision: str) -> str:
