@@ -249,3 +249,30 @@ def test_a_policy_settled_at_neighbouring_lengths_learns_the_full_verify_slope()
     assert 0.75 * 0.00035 < slope <= 0.00035  # the old shrink: half of it, however many rounds
     true = 0.0020 + 0.00035 * 4 + 4 * 0.0005
     assert abs(cost.cost(4) - true) < 0.04 * true
+
+
+def test_greedy_drafting_stops_after_a_token_drafted_below_the_confidence_threshold():
+    # greedy drafting skips the softmax unless the plan has a confidence stop; with one, a
+    # draft whose top probability is under the threshold is the last of the round
+    import numpy as np
+
+    from edgespec.runtime.drafters import draft_tokens
+    from edgespec.runtime.round import Plan
+    from edgespec.runtime.sampling import SamplingParams
+
+    vocab = 4096
+    sure, unsure = np.zeros(vocab, np.float32), np.zeros(vocab, np.float32)
+    sure[7] = 30.0  # p(7) ~ 1
+    unsure[9] = 1.0  # p(9) ~ e / (e + 4095): far below 0.5
+    calls: list[list[int]] = []
+
+    def step(ids: list[int]) -> np.ndarray:
+        calls.append(ids)
+        return unsure if len(calls) == 2 else sure
+
+    rng, greedy = np.random.default_rng(0), SamplingParams()
+    tokens, _, _ = draft_tokens(step, [1], Plan(5, min_confidence=0.5), greedy, rng)
+    assert tokens == [7, 9]
+    calls.clear()
+    tokens, _, _ = draft_tokens(step, [1], Plan(5), greedy, rng)
+    assert tokens == [7, 9, 7, 7, 7]

@@ -29,12 +29,21 @@ from edgespec.runtime.stack import Stack
 
 
 def _pick(
-    logits: np.ndarray, params: SamplingParams, rng: np.random.Generator, support: DraftSupport
+    logits: np.ndarray,
+    params: SamplingParams,
+    rng: np.random.Generator,
+    support: DraftSupport,
+    confidence_stop: bool = True,
 ) -> tuple[int, float, SparseQ | None]:
     """(draft token, drafter confidence, when sampling the distribution it was drawn from:
-    the tempered distribution cut to `support`, see draft_q)."""
+    the tempered distribution cut to `support`, see draft_q). Greedy without a confidence
+    stop skips the confidence (reported as 1): a softmax over the vocabulary costs 8 µs at
+    4,096 ids, 66 µs at 49,152 and 0.8 ms at 151,936 (Qwen2.5's), where argmax costs 0.4-8 µs,
+    and a draft step of the trained int4 draft costs ~230 µs."""
     if params.greedy:
         d = int(logits.argmax())
+        if not confidence_stop:
+            return d, 1.0, None
         confidence = 1.0 / float(np.exp(logits.astype(np.float64) - logits[d]).sum())
         return d, confidence, None
     q, confidence = from_logits(logits, params, support)
@@ -55,7 +64,7 @@ def draft_tokens(
     tokens: list[int] = []
     qs: list[SparseQ] = []
     while len(tokens) < plan.length:
-        d, confidence, q = _pick(step(feed), params, rng, support)
+        d, confidence, q = _pick(step(feed), params, rng, support, plan.min_confidence > 0)
         tokens.append(d)
         if q is not None:
             qs.append(q)
