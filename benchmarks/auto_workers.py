@@ -226,12 +226,10 @@ def load_row(folder: Path, threads: int, options: dict[str, Any]) -> Any:
 
     options = dict(options)
     one = options.pop(ONE_POLICY, False)
-    for name, value in options.pop(ESTIMATES, {}).items():
-        import edgespec.runtime.estimates as estimates
+    if ESTIMATES in options:
+        from common import set_estimates  # the row worker's interpreter, not genai's
 
-        if not hasattr(estimates, name):
-            raise SystemExit(f"--ab-estimates: runtime/estimates.py has no constant {name}")
-        setattr(estimates, name, value)
+        set_estimates(options.pop(ESTIMATES), "--ab-estimates")
     model = edgespec.load(folder, threads=threads, **options)
     if one:
         model.policy = model.policy.main

@@ -50,7 +50,7 @@ from typing import Any
 
 import numpy as np
 from bench_ar import SHAPES, build_checkpoint, cpu_name, loadavg, prompt_ids
-from common import BENCH_CACHE
+from common import BENCH_CACHE, set_estimates
 
 SHAPES.setdefault(
     "smollm2-360m",
@@ -246,21 +246,13 @@ def estimates_of(policy: str) -> Iterator[None]:
     """`auto[NAME=VALUE;...]`: runtime/estimates.py's constants set to those values while
     this policy decodes, the package's otherwise: an A/B of the estimators in one run, each
     variant learning only from its own rounds."""
-    import edgespec.runtime.estimates as estimates
-
     spec = policy.partition("[")[2].rstrip("]")
     values = dict(item.split("=") for item in filter(None, spec.split(";")))
-    unknown = [name for name in values if not hasattr(estimates, name)]
-    if unknown:
-        raise SystemExit(f"--policies {policy}: runtime/estimates.py has no constant {unknown[0]}")
-    saved = {name: getattr(estimates, name) for name in values}
-    for name, value in values.items():
-        setattr(estimates, name, float(value))
+    saved = set_estimates(values, f"--policies {policy}")
     try:
         yield
     finally:
-        for name, value in saved.items():
-            setattr(estimates, name, value)
+        set_estimates(saved, f"--policies {policy}")
 
 
 def coin_seed(args: argparse.Namespace, repeat: int) -> int:

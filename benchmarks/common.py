@@ -104,6 +104,21 @@ def load_line() -> str:
     return f"machine: {os.cpu_count()} cores, load average {one:.2f}, {five:.2f}, {fifteen:.2f}"
 
 
+def set_estimates(values: dict[str, Any], flag: str) -> dict[str, Any]:
+    """Set constants of runtime/estimates.py (an A/B of the estimators; `flag` names the
+    option in the error for an unknown one; a value given as text is read as a float);
+    returns their previous values, as they were, to set back."""
+    import edgespec.runtime.estimates as estimates
+
+    unknown = [name for name in values if not hasattr(estimates, name)]
+    if unknown:
+        raise SystemExit(f"{flag}: runtime/estimates.py has no constant {unknown[0]}")
+    saved = {name: getattr(estimates, name) for name in values}
+    for name, value in values.items():
+        setattr(estimates, name, float(value) if isinstance(value, str) else value)
+    return saved
+
+
 def worker_answer(
     cmd: list[str],
     model: dict[str, str],

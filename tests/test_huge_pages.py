@@ -19,32 +19,27 @@ def anonymous(size: int) -> mmap.mmap:
     return mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
 
 
-def anon_huge_bytes(lo: int | None = None, hi: int | None = None) -> int:
-    """AnonHugePages of this process (or of the mappings inside [lo, hi)), from smaps."""
-    total, inside = 0, lo is None
-    for line in Path("/proc/self/smaps").read_text().splitlines():
-        head = line.split()[0]
-        if "-" in head and not head.endswith(":"):
-            start, end = (int(x, 16) for x in head.split("-"))
-            inside = lo is None or (lo <= start and end <= hi)
-        elif head == "AnonHugePages:" and inside:
-            total += int(line.split()[1]) * 1024
-    return total
+def anon_huge_bytes() -> int:
+    """AnonHugePages of this process, from the kernel's own accounting."""
+    rollup = Path("/proc/self/smaps_rollup").read_text().splitlines()
+    return sum(int(line.split()[1]) * 1024 for line in rollup if line.startswith("AnonHuge"))
 
 
 def collapses_here() -> bool:
+    """Whether this system collapses a new region (only that one: this runs at collection)."""
     if huge_pages._libc_madvise() is None:
         return False
+    before = huge_pages.regions()
     region = anonymous(16 * MB)
     try:
         region.write(b"x" * (16 * MB))
-        return huge_pages.collapse() > 0
+        return huge_pages.collapse(before) > 0
     finally:
         region.close()
 
 
 needs_collapse = pytest.mark.skipif(
-    not Path("/proc/self/smaps").exists() or not collapses_here(),
+    not Path("/proc/self/smaps_rollup").exists() or not collapses_here(),
     reason="this system cannot collapse memory into huge pages (not Linux 6.1+, or THP never)",
 )
 
