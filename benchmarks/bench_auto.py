@@ -39,6 +39,13 @@ files), so the shared bundle's calibration.json is never written.
 `decoding vs ar` (edgespec rows): decode tokens/s after the prompt's prefill over ar's, as
 bench_ar.py splits prefill and decode; the prefill is the same target call in every mode.
 
+`auto` against the best fixed γ in hindsight (the summary): the fixed row that the other
+passes rank first, judged on the pass left out, averaged over passes (auto_table.py's
+`held_out_ratio`): the best of six noisy rows judged on the runs that picked it reads high.
+With `--fresh-processes` each pass starts every row in a new process, so that the passes are
+independent draws of a process's own speed (identical rows in two processes differed by up to
+6.6% in stop 30's A/A run, and the difference lasted the whole run).
+
 `verify-bound` (edgespec's speculative rows, in the note): the row's decode speed-up over ar
 if drafting and the decode loop cost nothing, at the tokens per verification it realized:
 its decode tokens over the seconds its rounds spent in target calls, against ar's. No drafter
@@ -58,8 +65,8 @@ import re
 import shutil
 import tempfile
 import time
-from collections import Counter
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Iterable
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +81,7 @@ from auto_rows import (
     load_prompts,
     row_of,
 )
+from auto_table import Row, Tally, check_targets, print_table, rows_for
 from auto_workers import GenaiWorker, LocalRow, RowWorker, Sample, load_row
 from common import DEFAULT_MODELS, cached_bundle
 
@@ -86,37 +94,26 @@ PAUSE = 0.2
 LLAMACPP_CONFIGS = ("plain", "draft", "ngram-simple", "ngram-map-k", "ngram-mod")
 
 
-def verify_rate(samples: list[Sample]) -> float:
-    """Decode tokens per second of the target's calls alone (edgespec rows)."""
-    return _decode_tokens_per(samples, sum(s.verify_seconds for s in samples))
-
-
-def decode_rate(samples: list[Sample]) -> float:
-    """Tokens per second after the prefill's token (edgespec rows): the prompt's prefill is
-    the same target call in every mode, so this is the part a decoding mode can speed up."""
-    return _decode_tokens_per(samples, sum(s.decode_seconds for s in samples))
-
-
-def _decode_tokens_per(samples: list[Sample], seconds: float) -> float:
-    return sum(s.decode_tokens for s in samples) / seconds if seconds else float("nan")
-
-
 # --------------------------------------------------------------------------- the run
 class OtherCpu:
     """Mean cores that processes other than `pids` kept busy since construction (/proc)."""
 
     def __init__(self, pids: list[int]) -> None:
-        self.pids = pids
+        self.pids = list(pids)
+        self.retired = 0.0  # CPU seconds of our processes that have exited since
         self.start = self._sample()
+
+    def swap(self, old: int, new: int) -> None:
+        """`old` is about to exit and `new` replaces it (--fresh-processes): what `old` used
+        stays ours, and `new` is ours from its start."""
+        self.retired += _cpu_seconds(old)
+        self.pids = [new if p == old else p for p in self.pids]
 
     def _sample(self) -> tuple[float, float]:
         tick = os.sysconf("SC_CLK_TCK")
         fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]
         busy = sum(int(f) for i, f in enumerate(fields) if i not in (3, 4)) / tick  # not idle
-        ours = 0.0
-        for pid in self.pids:
-            stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            ours += (int(stat[11]) + int(stat[12])) / tick  # utime, stime
+        ours = self.retired + sum(_cpu_seconds(pid) for pid in self.pids)
         return time.perf_counter(), busy - ours
 
     def other_cores(self) -> float:
@@ -124,40 +121,9 @@ class OtherCpu:
         return max(0.0, (b1 - b0) / (t1 - t0))
 
 
-@dataclass
-class Tally:
-    samples: list[list[Sample]] = field(default_factory=list)  # [pass][prompt]
-
-    def total(self, passes: list[int] | None = None) -> tuple[int, float]:
-        rows = [r for p, r in enumerate(self.samples) if passes is None or p in passes]
-        picked = [s for r in rows for s in r]
-        return sum(s.n for s in picked), sum(s.seconds for s in picked)
-
-    def rate(self, passes: list[int] | None = None) -> float:
-        tokens, seconds = self.total(passes)
-        return tokens / seconds if seconds else 0.0
-
-    def flat(self) -> list[Sample]:
-        return [s for row in self.samples for s in row]
-
-
-@dataclass
-class Row:
-    prompts: str
-    engine: str
-    tokens_per_s: float
-    vs_ar: float  # aggregate tokens/s over edgespec ar's, same passes
-    vs_ar_passes: list[float]  # the same ratio pass by pass
-    tokens_per_verification: float
-    acceptance: float
-    same_as_ar: str  # greedy: "yes" / "NO" / "k/n" (genai); sampled: "-"
-    gammas: dict[int, int] = field(default_factory=dict)  # edgespec: rounds per draft length
-    note: str = ""
-    # edgespec: the speed-up over ar's decoding if drafting and the loop cost nothing, at the
-    # tokens per verification this row realized: its rounds' target calls alone
-    verify_bound: float = float("nan")
-    # edgespec: decode tokens/s (after the prompt's prefill) over ar's, as bench_ar splits them
-    decode_vs_ar: float = float("nan")
+def _cpu_seconds(pid: int) -> float:
+    stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
 
 
 def bench_set(
@@ -169,19 +135,29 @@ def bench_set(
     passes: int,
     llamacpp: Any = None,
     pause: float = PAUSE,
+    restart: Callable[[str], RowWorker] | None = None,
 ) -> dict[str, Tally]:
     """Every row on every prompt, `passes` times, interleaved: for each (pass, prompt) each row
-    runs once, in a shuffled order."""
+    runs once, in a shuffled order. `restart(label)`: each pass after the first gets a new
+    worker process per row (`--fresh-processes`), loaded in a shuffled order."""
     labels = [*models, *(f"genai {g}" for g in genai_labels)]
     if llamacpp is not None and pset.temperature == 0:  # its CLI rows run greedy only
         labels += [f"llama.cpp {c}" for c in LLAMACPP_CONFIGS]
-    for row in models.values():  # warm-up (auto then starts each set blind, as a new user)
-        row.run(pset.ids[0], 8, pset.temperature, pset.seed(0))
+    _warm_up(models.values(), pset)
     tallies = {label: Tally() for label in labels}
     workers = [r.proc.pid for r in models.values() if isinstance(r, RowWorker)]
     monitor = OtherCpu([os.getpid(), *workers, *([genai.proc.pid] if genai else [])])
     order = random.Random(0)
     for p in range(passes):
+        if p and restart is not None:
+            for label in order.sample(list(models), len(models)):
+                old = models[label]
+                assert isinstance(old, RowWorker)
+                new = restart(label)
+                monitor.swap(old.proc.pid, new.proc.pid)
+                old.close()
+                models[label] = new
+            _warm_up(models.values(), pset)
         for t in tallies.values():
             t.samples.append([])
         for i, ids in enumerate(pset.ids):
@@ -207,161 +183,28 @@ def bench_set(
     return tallies
 
 
+class RowRestarter:
+    """A new worker process for a row label (`--fresh-processes`)."""
+
+    def __init__(self, configs: list[tuple[str, Path, dict[str, Any]]], threads: int) -> None:
+        self.where = {label: (folder, options) for label, folder, options in configs}
+        self.threads = threads
+
+    def __call__(self, label: str) -> RowWorker:
+        folder, options = self.where[label]
+        return RowWorker(folder, self.threads, options)
+
+
+def _warm_up(rows: Iterable[LocalRow | RowWorker], pset: PromptSet) -> None:
+    for row in rows:  # auto then starts each set blind, as a new user
+        row.run(pset.ids[0], 8, pset.temperature, pset.seed(0))
+
+
 def run_llamacpp(runner: Any, config: str, ids: list[int], text: str, n_new: int) -> Sample:
     a = runner.run(config, ids, text, n_new)
     verifications = a.n_tokens - 1 - a.accepted  # one target call per round after the prompt
     return Sample(a.seconds, a.tokens, verifications, a.drafted, a.accepted, count=a.n_tokens,
                   text=a.text)  # fmt: skip
-
-
-def same_text(sample: Sample, prompt: str, reference: str) -> bool:
-    """llama.cpp's CLI prints the prompt, then the new text: does it continue like ar?"""
-    printed = (sample.text or "").lstrip("\n")
-    return printed.startswith(prompt) and printed[len(prompt) :].startswith(reference)
-
-
-def rows_for(
-    pset: PromptSet, tallies: dict[str, Tally], notes: dict[str, str], decode: Any = None
-) -> list[Row]:
-    ar = tallies["ar"]
-    reference = [s.tokens for s in ar.samples[0]]
-    passes = range(len(ar.samples))
-    ar_verify_rate = verify_rate(ar.flat())
-    ar_decode_rate = decode_rate(ar.flat())
-    rows = []
-    for label, t in tallies.items():
-        samples = t.flat()
-        verifications = sum(s.verifications for s in samples)
-        produced = sum(s.n - 1 for s in samples)  # after the prefill's token
-        drafted, accepted = sum(s.drafted for s in samples), sum(s.accepted for s in samples)
-        same = "-"
-        if pset.temperature == 0:
-            hits = sum(s.tokens == reference[i] for row in t.samples for i, s in enumerate(row))
-            if label.startswith("llama.cpp") and samples[0].text is not None and decode:
-                hits = sum(
-                    same_text(s, pset.texts[i], decode(reference[i]))
-                    for row in t.samples
-                    for i, s in enumerate(row)
-                )
-            if label.startswith(("genai", "llama.cpp")):
-                same = f"{hits}/{len(samples)}"
-            else:
-                same = "yes" if hits == len(samples) else "NO"
-        gammas: Counter = Counter()
-        for s in samples:
-            gammas.update(s.gammas)
-        edgespec = not label.startswith(("genai", "llama.cpp"))
-        bound = verify_rate(samples) / ar_verify_rate if edgespec else float("nan")
-        decoding = decode_rate(samples) / ar_decode_rate if edgespec else float("nan")
-        rows.append(
-            Row(
-                pset.name,
-                label if label.startswith(("genai", "llama.cpp")) else f"edgespec {label}",
-                t.rate(),
-                t.rate() / ar.rate(),
-                [t.rate([p]) / ar.rate([p]) for p in passes],
-                produced / verifications if verifications else 1.0,
-                accepted / drafted if drafted else float("nan"),
-                same,
-                dict(sorted(gammas.items())),
-                notes.get(label, ""),
-                bound,
-                decoding,
-            )
-        )
-    return rows
-
-
-def gamma_summary(gammas: dict[int, int]) -> str:
-    total = sum(gammas.values())
-    if not total or set(gammas) <= {0}:
-        return ""
-    mean = sum(g * n for g, n in gammas.items()) / total
-    return f"γ=0 in {gammas.get(0, 0) / total:.0%} of rounds, mean γ {mean:.1f}"
-
-
-def print_table(pset: PromptSet, rows: list[Row], n_new: int, threads: int) -> None:
-    how = "greedy" if pset.temperature == 0 else f"sampled, temperature {pset.temperature:g}"
-    print(
-        f"\n### {pset.name} prompts ({len(pset.ids)} prompts, {how}, {n_new} new tokens, "
-        f"{threads} threads; other processes used {pset.other_cores:.1f} cores meanwhile)\n"
-    )
-    greedy = pset.temperature == 0
-    head = "| engine | tokens/s | vs edgespec ar | decoding vs ar | tokens/verification |"
-    print(head + " acceptance |" + (" = ar |" if greedy else "") + " note |")
-    print("|---|---:|---:|---:|---:|---:|" + (":---:|" if greedy else "") + "---|")
-    for r in rows:
-        acc = "-" if r.acceptance != r.acceptance else f"{r.acceptance:.0%}"
-        speculative = r.engine != "edgespec ar" and r.verify_bound == r.verify_bound  # not nan
-        bound = f"verify-bound {r.verify_bound:.2f}x" if speculative else ""
-        note = "; ".join(x for x in (gamma_summary(r.gammas), bound, r.note) if x)
-        same = f" {r.same_as_ar} |" if greedy else ""
-        decoding = "-" if r.decode_vs_ar != r.decode_vs_ar else f"{r.decode_vs_ar:.2f}x"
-        print(
-            f"| {r.engine} | {r.tokens_per_s:.1f} | {r.vs_ar:.2f}x "
-            f"({min(r.vs_ar_passes):.2f}-{max(r.vs_ar_passes):.2f}) | {decoding} | "
-            f"{r.tokens_per_verification:.2f} | {acc} |{same} {note} |"
-        )
-
-
-def check_targets(pset: PromptSet, rows: list[Row]) -> list[str]:
-    """The issue's targets, as measured: bad set, auto >= 0.97x ar; good set, each auto row
-    within 3% of the best fixed γ of its mode in hindsight (>= 0.97x) and faster than genai's
-    fastest speculative row."""
-    by = {r.engine: r for r in rows}
-    peers = [r for r in rows if r.engine.startswith("genai") and "plain" not in r.engine]
-    out = []
-    autos = [r.engine for r in rows if r.engine.startswith("edgespec") and " auto" in r.engine]
-    for auto in autos:
-        a = by[auto]
-        base = row_of(auto)
-        setup = base[len("edgespec ") :].split(" auto")[0]  # "spec", "self-spec@2", ...
-        if base.endswith(" draft)"):  # "spec auto (int8 draft)": fixed rows "spec:int8 fixed:N"
-            setup += ":" + base.rpartition("(")[2].split()[0]
-        fixed = [r for r in rows if r.engine.startswith(f"edgespec {setup} fixed:")]
-        if pset.name != "code":
-            if setup == "spec":
-                out.append(
-                    _check(pset, auto, a.vs_ar >= 0.97, f"{a.vs_ar:.2f}x ar (target >= 0.97x)")
-                )
-            continue
-        if fixed:
-            best = max(fixed, key=lambda r: r.tokens_per_s)
-            ratio = a.tokens_per_s / best.tokens_per_s
-            what = (
-                f"{a.tokens_per_s:.1f} tok/s = {ratio:.3f}x best fixed {best.engine[9:]} "
-                f"{best.tokens_per_s:.1f} (target >= 0.97x)"
-            )
-            out.append(_check(pset, auto, ratio >= 0.97, what))
-        if peers and setup == "spec":
-            top = max(peers, key=lambda r: r.tokens_per_s)
-            what = f"{a.tokens_per_s:.1f} tok/s vs {top.engine} {top.tokens_per_s:.1f}"
-            out.append(_check(pset, auto, a.tokens_per_s > top.tokens_per_s, what))
-    for r in rows:  # --one-policy: the chain priced per member against priced as one
-        apart = by.get(r.engine.replace(", one policy", ""))
-        if ", one policy" in r.engine and apart is not None:
-            ratio = apart.tokens_per_s / r.tokens_per_s
-            out.append(f"{pset.name}: {apart.engine[9:]}: {ratio:.3f}x its chain under one policy")
-    if pset.name == "code":  # on-device speculation: >= 2x ar on code for the trained pair
-        # the shipping rows: an --ab-estimates row runs other constants than the package's
-        mine = [r for r in rows if r.engine.startswith("edgespec") and row_of(r.engine) == r.engine]
-        best = max(mine, key=lambda r: r.vs_ar)
-        what = (
-            f"{best.vs_ar:.2f}x ar end to end (target >= 2x; its verify-bound: "
-            f"{best.verify_bound:.2f}x, the best row's "
-            f"{max(r.verify_bound for r in rows if r.verify_bound > 0):.2f}x)"
-        )
-        out.append(_check(pset, best.engine, best.vs_ar >= 2.0, what))
-        # the same goal on decoding alone (the prompt's prefill, one target call that no mode
-        # changes, is 6-12% of a greedy code run and dilutes every speed-up)
-        best = max(mine, key=lambda r: r.decode_vs_ar)
-        what = f"{best.decode_vs_ar:.2f}x ar decoding alone (target >= 2x)"
-        out.append(_check(pset, best.engine, best.decode_vs_ar >= 2.0, what))
-    return out
-
-
-def _check(pset: PromptSet, row: str, ok: bool, what: str) -> str:
-    return f"{pset.name}: {row[9:]}: {what}: {'met' if ok else 'MISSED'}"
 
 
 def main() -> None:
@@ -417,6 +260,14 @@ def main() -> None:
         "loaded first ran 8-13%% slower (stops 27-28)",
     )
     ap.add_argument(
+        "--fresh-processes",
+        action="store_true",
+        help="with --isolate: every pass after the first runs each row in a new process "
+        "(loaded in a shuffled order), so that passes are independent draws of what a "
+        "process's placement in memory costs it; identical rows in separate processes differed "
+        "by up to 6.6%% in one run (stop 30), a difference that stays with the process",
+    )
+    ap.add_argument(
         "--ab-estimates",
         default="",
         help="NAME=VALUE,...: each blind auto row also with these constants of "
@@ -432,6 +283,8 @@ def main() -> None:
     for item in filter(None, args.ab_estimates.split(",")):
         name, _, value = item.partition("=")
         ab_estimates[name.strip()] = float(value)
+    if args.fresh_processes and not args.isolate:
+        raise SystemExit("--fresh-processes needs --isolate: only a row's own process can restart")
     if ab_estimates and not args.isolate:
         raise SystemExit("--ab-estimates needs --isolate: the constants are per process")
     from edgespec.runtime.calibrate import calibrate
@@ -506,6 +359,8 @@ def main() -> None:
                 model.generate(texts[0], max_new_tokens=8, ignore_eos=True)
             row_kind = RowWorker if args.isolate else LocalRow
             loaded: dict[str, LocalRow | RowWorker] = {}
+            models: dict[str, LocalRow | RowWorker] = {}
+            restart = RowRestarter(configs, args.threads) if args.fresh_processes else None
             try:
                 for label, folder, options in order:
                     loaded[label] = row_kind(folder, args.threads, options)
@@ -515,10 +370,10 @@ def main() -> None:
                 pset = PromptSet(name, ids, args.temperature if SETS[name][2] else 0.0, texts)
                 tallies = bench_set(
                     pset, models, genai, genai_labels, args.max_new_tokens, args.passes, llamacpp,
-                    args.pause,
+                    args.pause, restart,
                 )  # fmt: skip
             finally:
-                for row in loaded.values():
+                for row in [*loaded.values(), *models.values()]:  # closing twice is harmless
                     row.close()
             rows = rows_for(pset, tallies, notes, tokenizer.decode)
             print_table(pset, rows, args.max_new_tokens, args.threads)

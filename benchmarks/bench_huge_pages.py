@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -26,10 +27,21 @@ from pathlib import Path
 
 from common import BENCH_CACHE, loadavg, table_header, table_row
 
-SETTINGS = {"2 MiB pages": True, "4 KiB pages": False}
+# name: (LoadConfig.huge_pages, glibc's malloc asked for huge pages at interpreter start)
+SETTINGS = {
+    "2 MiB pages": (True, False),
+    "4 KiB pages": (False, False),
+    # GLIBC_TUNABLES=glibc.malloc.hugetlb=1: malloc marks what it maps MADV_HUGEPAGE, so the
+    # weights land in huge pages as onnxruntime writes them, with nothing left to collapse
+    "malloc hugetlb": (True, True),
+    "malloc hugetlb only": (False, True),
+}
+TUNABLE = "glibc.malloc.hugetlb=1"
 
 
-def one_process(bundle: Path, huge: bool, args: argparse.Namespace) -> dict[str, float]:
+def one_process(
+    bundle: Path, huge: bool, tunable: bool, args: argparse.Namespace
+) -> dict[str, float]:
     """Load and decode in a fresh interpreter; its median decode tok/s, load s, huge MB."""
     code = f"""
 import json, statistics, time
@@ -50,9 +62,14 @@ huge = sum(
 )
 print(json.dumps({{"tps": statistics.median(rates), "load_s": load, "huge_mb": huge / 1024}}))
 """
+    env = dict(os.environ)
+    env.pop("GLIBC_TUNABLES", None)
+    if tunable:
+        env["GLIBC_TUNABLES"] = TUNABLE
     out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=900
-    )
+        [sys.executable, "-c", code],
+        capture_output=True, text=True, check=False, timeout=900, env=env,
+    )  # fmt: skip
     if out.returncode != 0:
         raise SystemExit(f"bench_huge_pages.py: {bundle} failed:\n{out.stderr[-2000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -68,8 +85,20 @@ def main() -> int:
     ap.add_argument("--prompt-len", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--cache", type=Path, default=BENCH_CACHE, help="bench_ar.py's checkpoints")
+    ap.add_argument(
+        "--settings",
+        default="2 MiB pages,4 KiB pages",
+        help="comma list of: " + ", ".join(SETTINGS) + " (the first two make the table's ratio)",
+    )
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
+    settings = {}
+    for name in args.settings.split(","):
+        if name not in SETTINGS:
+            raise SystemExit(f"unknown setting {name!r}: pick from {', '.join(SETTINGS)}")
+        settings[name] = SETTINGS[name]
+    if len(settings) < 2:
+        raise SystemExit("--settings needs two settings at least: the table compares them")
     start_load = loadavg()
     rows = []
     for shape in args.shapes.split(","):
@@ -80,10 +109,10 @@ def main() -> int:
             bundle = found[0] / f"edgespec-{precision}"
             if not (bundle / "manifest.json").exists():
                 raise SystemExit(f"no bundle {bundle}: run bench_ar.py --precisions {precision}")
-            runs: dict[str, list[dict[str, float]]] = {name: [] for name in SETTINGS}
+            runs: dict[str, list[dict[str, float]]] = {name: [] for name in settings}
             for _ in range(args.rounds):
-                for name, huge in SETTINGS.items():
-                    runs[name].append(one_process(bundle, huge, args))
+                for name, (huge, tunable) in settings.items():
+                    runs[name].append(one_process(bundle, huge, tunable, args))
                     r = runs[name][-1]
                     print(f"{shape} {precision} {name}: {r['tps']:.1f} tok/s", file=sys.stderr)
             row: dict[str, object] = {"shape": shape, "precision": precision}
@@ -92,19 +121,23 @@ def main() -> int:
                 row[name] = {key: statistics.median(g[key] for g in got) for key in keys}
                 row[name]["rounds_tps"] = [g["tps"] for g in got]  # type: ignore[index]
             rows.append(row)
-    on, off = SETTINGS
+    on, off, *more = settings
     print(
         f"\n{args.threads} threads, {args.new_tokens} new tokens after {args.prompt_len}, median "
         f"of {args.repeats} per process, {args.rounds} processes per setting in turns; load "
         f"average {start_load:.1f} at start, {loadavg():.1f} at end\n"
     )
-    print(table_header(["shape", "precision", f"{on} tok/s", f"{off} tok/s", "ratio",
-                        "load s (2 MiB / 4 KiB)", "MB in huge pages"], "llrrrrr"))  # fmt: skip
+    names = [on, off, *more]
+    print(table_header(["shape", "precision", *(f"{n} tok/s" for n in names), "ratio",
+                        f"load s ({' / '.join(names)})", "MB in huge pages"],
+                       "ll" + "r" * (len(names) + 3)))  # fmt: skip
     for row in rows:
-        a, b = row[on], row[off]  # type: ignore[index]
-        ratio, load = a["tps"] / b["tps"], f"{a['load_s']:.2f} / {b['load_s']:.2f}"
-        print(table_row([row["shape"], row["precision"], f"{a['tps']:.1f}", f"{b['tps']:.1f}",
-                         f"**{ratio:.3f}x**", load, f"{a['huge_mb']:.0f}"]))  # fmt: skip
+        got = [row[n] for n in names]  # type: ignore[index]
+        ratio = got[0]["tps"] / got[1]["tps"]
+        load = " / ".join(f"{g['load_s']:.2f}" for g in got)
+        huge = " / ".join(f"{g['huge_mb']:.0f}" for g in got)
+        print(table_row([row["shape"], row["precision"], *(f"{g['tps']:.1f}" for g in got),
+                         f"**{ratio:.3f}x**", load, huge]))  # fmt: skip
     if args.json:
         meta = {"threads": args.threads, "new_tokens": args.new_tokens, "rounds": args.rounds,
                 "repeats": args.repeats, "load_start_end": [start_load, loadavg()]}  # fmt: skip
