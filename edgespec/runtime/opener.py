@@ -63,7 +63,7 @@ class BundleGraphs:
         one each time the role is asked for."""
         if role not in self.opened:
             hugify = self.options.huge_pages and not self.options.coreml
-            before = huge_pages.regions() if hugify else set()
+            before = huge_pages.snapshot() if hugify else {}
             self.opened[role] = self._open(role)
             if hugify:  # the memory the session just took: its weights (best effort)
                 huge_pages.collapse(before)
