@@ -15,6 +15,7 @@ from typing import Any
 
 from auto_workers import ESTIMATES, GENAI_K, ONE_POLICY
 from bench_ar import export_genai, set_genai_threads
+from common import outdated
 
 FIXED = [1, 2, 3, 4, 6, 8]
 EXITS = [2, 4]
@@ -51,7 +52,7 @@ def load_prompts(folder: Path, name: str, n: int) -> list[str]:
 def genai_export(checkpoint: Path, out: Path, python: str, threads: int) -> None:
     """genai's model builder on the local checkpoint (bench_ar's export), once; threads in
     its config."""
-    if not (out / ".complete").exists():
+    if outdated(out / ".complete", checkpoint):
         export_genai(checkpoint, out, python)
         (out / ".complete").write_text("ok")
     set_genai_threads(out, threads)

@@ -291,8 +291,10 @@ def main() -> None:
     from edgespec.runtime.tokenizer import Tokenizer
 
     bundle = args.models / "bundle"
-    if not (bundle / "manifest.json").exists():
-        raise SystemExit(f"no bundle in {bundle}: run benchmarks/bench_spec.py once to export it")
+    if not (args.models / "target" / "config.json").exists():
+        raise SystemExit(f"no trained pair in {args.models}: run benchmarks/train_models.py")
+    # exported once (as bench_spec.py does), again after the pair is retrained
+    cached_bundle(args.models / "target", bundle, draft=args.models / "draft", exit_layers=EXITS)
     work = Path(tempfile.mkdtemp(prefix="bench_auto_"))
     try:
         blind = bundle_view(bundle, work / "blind")

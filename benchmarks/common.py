@@ -38,11 +38,26 @@ def load_prompts(path: Path, n: int) -> list[str]:
     return [r["prompt"] if isinstance(r, dict) else r for r in rows][:n]
 
 
+def outdated(product: Path, *sources: Path | str | None) -> bool:
+    """Whether `product` (a file the benchmarks cache) is missing, or older than a file of the
+    checkpoint folders it was made from (train_models.py retrained one since)."""
+    if not product.exists():
+        return True
+    made = product.stat().st_mtime
+    for source in sources:
+        if source is None or not Path(source).is_dir():
+            continue  # a hub id, or no such input
+        if any(f.stat().st_mtime > made for f in Path(source).iterdir() if f.is_file()):
+            return True
+    return False
+
+
 def cached_bundle(model: Path | str, out: Path, **options: Any) -> bool:
-    """Export `model` to `out` unless a bundle is already there; True when it exported."""
+    """Export `model` to `out` unless an export of the same checkpoints is already there;
+    True when it exported."""
     from edgespec.export import export_bundle
 
-    if (out / "manifest.json").exists():
+    if not outdated(out / "manifest.json", model, options.get("draft")):
         return False
     export_bundle(model, out, overwrite=True, **options)
     return True

@@ -38,7 +38,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from common import worker_answer
+from common import outdated, worker_answer
 
 # precision name (edgespec's) -> (GGUF file type, convert outtype or None when quantized from F32)
 PRECISIONS: dict[str, tuple[str, str | None]] = {
@@ -110,7 +110,7 @@ def gguf_for(folder: Path, precision: str, env: LlamaCppEnv, rebuild: bool = Fal
     """The checkpoint as a GGUF of `precision` (cached in folder's parent)."""
     ftype, outtype = PRECISIONS[precision]
     out = folder.parent / f"{folder.name}-llamacpp-{ftype}.gguf"
-    if out.exists() and not rebuild:
+    if not rebuild and not outdated(out, folder):
         return out
     tmp = out.with_suffix(".tmp")
     if outtype is not None:
