@@ -268,6 +268,12 @@ def main() -> None:
         "by up to 6.6%% in one run (stop 30), a difference that stays with the process",
     )
     ap.add_argument(
+        "--huge-pages",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="--no-huge-pages: every row loads with huge_pages=False (weights in 4 KiB pages)",
+    )
+    ap.add_argument(
         "--ab-estimates",
         default="",
         help="NAME=VALUE,...: each blind auto row also with these constants of "
@@ -347,6 +353,8 @@ def main() -> None:
             )
             # an --ab-estimates row goes with its row
             configs = [c for c in configs if c[0] == "ar" or re.fullmatch(args.rows, row_of(c[0]))]
+            if not args.huge_pages:
+                configs = [(label, f, {**o, "huge_pages": False}) for label, f, o in configs]
             # loaded in a seeded shuffled order: on a host where the first-loaded model ran
             # up to 40% slower than the same model loaded later (stop 27), loading ar, then
             # the auto rows, then the fixed rows biased every comparison the same way. The
