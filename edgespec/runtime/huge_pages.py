@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import errno
 import functools
 import sys
 from collections.abc import Callable
@@ -102,8 +103,12 @@ def collapse(before: dict[tuple[int, int], int] | None = None) -> int:
             continue
         # MADV_HUGEPAGE first: the region stays eligible for huge pages as it changes
         madvise(start, end - start, MADV_HUGEPAGE)
-        if madvise(start, end - start, MADV_COLLAPSE) == 0:
-            done += end - start
+        for _ in range(3):  # EAGAIN: a page was briefly busy (locked, off the LRU); again
+            if madvise(start, end - start, MADV_COLLAPSE) == 0:
+                done += end - start
+                break
+            if ctypes.get_errno() != errno.EAGAIN:
+                break
     return done
 
 
