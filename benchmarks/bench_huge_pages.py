@@ -121,13 +121,12 @@ def main() -> int:
                 row[name] = {key: statistics.median(g[key] for g in got) for key in keys}
                 row[name]["rounds_tps"] = [g["tps"] for g in got]  # type: ignore[index]
             rows.append(row)
-    on, off, *more = settings
     print(
         f"\n{args.threads} threads, {args.new_tokens} new tokens after {args.prompt_len}, median "
         f"of {args.repeats} per process, {args.rounds} processes per setting in turns; load "
         f"average {start_load:.1f} at start, {loadavg():.1f} at end\n"
     )
-    names = [on, off, *more]
+    names = list(settings)  # the first two make the ratio
     print(table_header(["shape", "precision", *(f"{n} tok/s" for n in names), "ratio",
                         f"load s ({' / '.join(names)})", "MB in huge pages"],
                        "ll" + "r" * (len(names) + 3)))  # fmt: skip

@@ -396,8 +396,8 @@ def target_losses(model: LlamaForCausalLM, batch: torch.Tensor) -> dict[str, tor
 def distill_losses(
     draft: LlamaForCausalLM, target: LlamaForCausalLM, batch: torch.Tensor, ce_weight: float
 ) -> dict[str, torch.Tensor]:
-    """KL(target || draft) at temperature 1 (per token), and the CE on the real tokens (the
-    draft's total is `kl + ce_weight * ce`, see `DraftLoss`)."""
+    """KL(target || draft) at temperature 1 (per token), and the CE on the real tokens; the
+    draft's total is `kl + ce_weight * ce`."""
     inputs, labels = batch[:, :-1], batch[:, 1:]
     with torch.inference_mode():
         teacher = F.log_softmax(target(input_ids=inputs).logits.float(), dim=-1).flatten(0, 1)
