@@ -251,6 +251,23 @@ def test_a_policy_settled_at_neighbouring_lengths_learns_the_full_verify_slope()
     assert abs(cost.cost(4) - true) < 0.04 * true
 
 
+def test_each_drafted_length_is_priced_by_its_own_rounds_where_the_verify_time_steps():
+    """The trained pair's fp32 verify cost 2.02 ms for 6 positions and 2.34 for 7 (the matmul
+    kernels change tiling). A line through rounds at γ 4-6 priced γ = 5 3.5% high and γ = 6
+    low, and `auto` drafted 6 in a third of its rounds where 5 paid 5% more per token."""
+    from edgespec.runtime.estimates import CostModel
+
+    def rest(g: int) -> float:
+        return 0.0017 + 0.00006 * g + (0.0003 if g >= 6 else 0.0)
+
+    cost = CostModel()
+    for i in range(300):
+        g = 4 + i % 3
+        cost.observe(RoundStats("decode", 4, g + 1, rest(g) + g * 0.00018, g, 3, g * 0.00018))
+    for g in (4, 5, 6):
+        assert abs(cost.cost(g) / (rest(g) + g * 0.00018) - 1) < 0.015
+
+
 def test_greedy_drafting_stops_after_a_token_drafted_below_the_confidence_threshold():
     # greedy drafting skips the softmax unless the plan has a confidence stop; with one, a
     # draft whose top probability is under the threshold is the last of the round

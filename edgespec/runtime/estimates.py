@@ -43,6 +43,13 @@ SHRINK = 5.0
 # ~25 rounds where 5 paid (bench_policy, 256-token replays at α = 0.9: 0.938 -> 0.949 of the
 # best fixed γ; 2,000 tokens: 0.981-0.985 -> 0.985-0.993)
 SLOW = 1.5
+# pseudo-rounds of the line in each γ's own verify-plus-overhead estimate (see CostModel).
+# A verify's time is not linear in its width: on the trained pair the fp32 target verified
+# 6 positions in 2.02 ms and 7 in 2.34 (onnxruntime's matmul kernels change tiling), so a
+# line through rounds at γ 4-6 priced γ = 5 3.5% high and γ = 6 low. With the int4 draft,
+# `auto` drafted 6 in a fifth of its rounds where 5 paid 5% more per token, and read 0.926x
+# the best fixed γ; priced per γ, 1.009x (bench_auto A/B in one run, stop 32)
+TABLE_PRIOR = 4.0
 
 
 def expected_tokens(alpha: float, gamma: int) -> float:
@@ -148,11 +155,14 @@ class CostModel:
     γ + 1 positions and the round's own overhead) is a line a + b·γ over speculative rounds,
     fitted by exponentially weighted least squares with its slope shrunk towards 0 while few
     rounds varied γ (an unmeasured slope is noise, and a noisy slope priced every longer γ
-    out). A plain step (γ = 0) is priced by its own measurements, never by the line: a
-    speculative round has costs a plain step does not (a draft call, a wider verify). A line
-    rather than a table per γ: every round refines the price of every γ, and one slow round
-    (a scheduler hiccup) cannot leave one γ looking expensive forever because the policy
-    never tries it again; a round over SLOW times its price is clipped for the same reason."""
+    out), corrected per γ by that γ's own recent rounds (shrunk towards the line by
+    TABLE_PRIOR pseudo-rounds and forgotten like it: a verify's time has steps where the
+    kernels change tiling, which no line follows). A plain step (γ = 0) is priced by its own
+    measurements, never by the line: a speculative round has costs a plain step does not (a
+    draft call, a wider verify). The line under the table: every round refines the price of
+    every γ, and one slow round (a scheduler hiccup) cannot leave one γ looking expensive
+    for long, as its weight fades whether or not the policy tries that γ again; a round over
+    SLOW times its price is clipped for the same reason."""
 
     acceptance: AcceptanceModel = field(default_factory=AcceptanceModel)
     decay: float = 0.15  # EWMA weight of a new round in the per-γ round times
@@ -162,6 +172,8 @@ class CostModel:
     fit_decay: float = 0.03  # forgetting per round of the line and t_draft (~30 rounds)
     _sums: list[float] = field(default_factory=lambda: [0.0] * 5)  # Σw, Σwγ, Σwr, Σwγ², Σwγr
     _seen: dict[int, int] = field(default_factory=dict)  # γ -> rounds measured
+    # γ -> (Σw, Σw·rest) of that γ's own rounds, forgotten like the line
+    _table: dict[int, tuple[float, float]] = field(default_factory=dict)
     # exponentially weighted (seconds drafting, tokens drafted), forgotten like the line
     _drafting: tuple[float, float] = (0.0, 0.0)
 
@@ -170,7 +182,9 @@ class CostModel:
             self._seen[g] = 3
             if g > 0:
                 self._age()
-                self._fit(g, t - g * (self.t_draft or 0.0), weight=3.0)
+                rest = t - g * (self.t_draft or 0.0)
+                self._fit(g, rest, weight=3.0)
+                self._table[g] = (3.0, 3.0 * rest)
         if self.t_draft is not None:  # calibrated: worth a few rounds of drafts
             self._drafting = (12 * self.t_draft, 12.0)
 
@@ -194,7 +208,10 @@ class CostModel:
         old = self.round_time.get(g)
         self.round_time[g] = seconds if old is None else _ewma(old, seconds, max(self.decay, 1 / n))
         if g > 0:
-            self._fit(g, seconds - min(draft, seconds))
+            rest = seconds - min(draft, seconds)
+            self._fit(g, rest)
+            w, total = self._table.get(g, (0.0, 0.0))
+            self._table[g] = (w + 1.0, total + rest)
 
     def expected(self, gamma: int) -> float:
         return self.acceptance.expected(gamma)
@@ -211,6 +228,7 @@ class CostModel:
         for hundreds of rounds."""
         keep = 1 - self.fit_decay
         self._sums = [v * keep for v in self._sums]
+        self._table = {g: (w * keep, total * keep) for g, (w, total) in self._table.items()}
         self._drafting = (self._drafting[0] * keep, self._drafting[1] * keep)
 
     def _fit(self, gamma: int, seconds: float, weight: float = 1.0) -> None:
@@ -232,7 +250,8 @@ class CostModel:
 
     def cost(self, gamma: int) -> float:
         """Estimated seconds of a round drafting γ tokens. γ = 0: measured plain steps (the
-        line's intercept only while none was measured). γ ≥ 1: γ draft steps plus the line;
+        line's intercept only while none was measured). γ ≥ 1: γ draft steps plus the line
+        corrected by that γ's own rounds;
         a plain step plus γ draft steps while no speculative round was measured."""
         return self._cost(gamma, self._line())
 
@@ -241,7 +260,9 @@ class CostModel:
             return self.round_time[0]
         draft = gamma * (self.t_draft or 0.0)
         if line is not None:
-            return max(draft + line[0] + line[1] * gamma, 1e-9)
+            w, total = self._table.get(gamma, (0.0, 0.0))
+            rest = (total + TABLE_PRIOR * (line[0] + line[1] * gamma)) / (w + TABLE_PRIOR)
+            return max(draft + rest, 1e-9)
         return max(draft + next(iter(self.round_time.values()), 0.0), 1e-9)
 
     def rate(self, gamma: int) -> float:
