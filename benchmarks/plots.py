@@ -10,6 +10,8 @@ Takes a result JSON written by one of the benchmarks and writes a PNG next to it
 * `split`  (bench_split.py --json): the channel-aware split's tokens/s over the RTT x bandwidth
            grid (a heat map, device-only and cloud-only in the title), and every engine on the
            time-varying trace.
+* `gamma`  (bench_gamma.py --json): per setup, tok/s of every fixed γ against `auto`'s (a
+           line, with the goal's 3% band under it), all on one loaded model.
 * `oracle` (bench_oracle.py --json): tok/s vs γ at each acceptance α, measured (dots) against
            the ideal N(γ)·t_target / (γ·t_draft + t_verify(γ)) from measured step times (lines).
 
@@ -42,7 +44,11 @@ def plot(kind: str, json_path: Path, out: Path | None = None) -> Path:
     """Draw `kind` from `json_path` into `out` (default: the JSON's path with .png)."""
     data = json.loads(Path(json_path).read_text())
     out = out or Path(json_path).with_suffix(".png")
-    {"ar": plot_ar, "auto": plot_auto, "split": plot_split, "oracle": plot_oracle}[kind](data, out)
+    kinds = {
+        "ar": plot_ar, "auto": plot_auto, "split": plot_split, "oracle": plot_oracle,
+        "gamma": plot_gamma,
+    }  # fmt: skip
+    kinds[kind](data, out)
     return out
 
 
@@ -102,6 +108,26 @@ def plot_auto(data: list[dict[str, Any]], out: Path) -> None:
         ax.invert_yaxis()
         ax.set_xlabel("tokens/s vs edgespec ar (same run)")
         ax.set_title(f"{name} prompts")
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+
+
+def plot_gamma(data: dict[str, Any], out: Path) -> None:
+    plt = _pyplot()
+    setups = data["setups"]
+    fig, axes = plt.subplots(1, len(setups), figsize=(4.2 * len(setups), 3.8), squeeze=False)
+    for ax, setup in zip(axes[0], setups, strict=True):
+        rates = setup["rates"]
+        fixed = sorted((int(n.split(":")[1]), r) for n, r in rates.items() if n != "auto")
+        ax.plot([g for g, _ in fixed], [r for _, r in fixed], "o-", label="fixed γ")
+        ax.axhline(rates["auto"], color="#d62728", label="auto")
+        best = max(r for _, r in fixed)
+        ax.axhspan(0.97 * best, best, color="#2ca02c", alpha=0.15, label="within 3% of the best")
+        ax.set_xlabel("γ")
+        ax.set_ylabel("tokens/s (end to end)")
+        ax.set_title(f"{setup['setup']}: auto {setup['held_out']:.3f} held out", fontsize=9)
+        ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out, dpi=120)
     plt.close(fig)
@@ -176,6 +202,6 @@ def plot_oracle(data: dict[str, Any], out: Path) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) not in (3, 4) or sys.argv[1] not in ("ar", "auto", "split", "oracle"):
-        sys.exit("usage: plots.py ar|auto|split|oracle RESULT.json [OUT.png]")
+    if len(sys.argv) not in (3, 4) or sys.argv[1] not in ("ar", "auto", "split", "oracle", "gamma"):
+        sys.exit("usage: plots.py ar|auto|split|oracle|gamma RESULT.json [OUT.png]")
     print(plot(sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3]) if len(sys.argv) == 4 else None))
