@@ -46,9 +46,11 @@ SLOW = 1.5
 # pseudo-rounds of the line in each γ's own verify-plus-overhead estimate (see CostModel).
 # A verify's time is not linear in its width: on the trained pair the fp32 target verified
 # 6 positions in 2.02 ms and 7 in 2.34 (onnxruntime's matmul kernels change tiling), so a
-# line through rounds at γ 4-6 priced γ = 5 3.5% high and γ = 6 low. With the int4 draft,
-# `auto` drafted 6 in a fifth of its rounds where 5 paid 5% more per token, and read 0.926x
-# the best fixed γ; priced per γ, 1.009x (bench_auto A/B in one run, stop 32)
+# line through rounds at γ 4-6 priced γ = 5 3.5% high and γ = 6 low, and `auto` drafted 6 in
+# a fifth of its rounds where 5 paid 5% more per token. bench_auto, both in one run (stop 32;
+# fixed rows γ 2-4 and 6): `auto` with the int4 draft 0.926x -> 1.009x the best fixed row,
+# self-spec@2 0.962x -> 1.017x, spec 0.932x -> 0.941x. (Stop 30 tried the same on the 360M
+# shape's oracle runs and saw no difference there.)
 TABLE_PRIOR = 4.0
 
 
