@@ -42,12 +42,13 @@ from common import DEFAULT_MODELS, cached_bundle, load_line, table_header, table
 from plots import try_plot
 
 import edgespec
+from edgespec.runtime.model import Model
 from edgespec.runtime.registry import make_policy
 
 SETUPS = "spec,self-spec@2,spec:int4"
 
 
-def load_setup(models: Path, setup: str, threads: int) -> edgespec.Model:
+def load_setup(models: Path, setup: str, threads: int) -> Model:
     """The model one setup decodes with (its policy is swapped per generation)."""
     mode, _, exit_layer = setup.partition("@")
     mode, _, quantized = mode.partition(":")
@@ -69,7 +70,7 @@ def load_setup(models: Path, setup: str, threads: int) -> edgespec.Model:
     return edgespec.load(folder, threads=threads, draft_policy="auto", **options)
 
 
-def policies_for(model: edgespec.Model, gammas: list[int]) -> dict[str, Any]:
+def policies_for(model: Model, gammas: list[int]) -> dict[str, Any]:
     """`auto` as the bundle builds it (a chain gets one per member) and each fixed γ."""
     policies = {"auto": model.policy}
     for g in gammas:
@@ -78,7 +79,7 @@ def policies_for(model: edgespec.Model, gammas: list[int]) -> dict[str, Any]:
 
 
 def bench_setup(
-    model: edgespec.Model, policies: dict[str, Any], prompts: list[list[int]], args: Any
+    model: Model, policies: dict[str, Any], prompts: list[list[int]], args: Any
 ) -> dict[str, Any]:
     """Every policy on every prompt, in turns, `passes` times; tokens and seconds per policy
     and prompt (summed over passes), and auto's drafted lengths."""
