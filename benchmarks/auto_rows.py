@@ -15,7 +15,7 @@ from typing import Any
 
 from auto_workers import ESTIMATES, GENAI_K, ONE_POLICY
 from bench_ar import export_genai, set_genai_threads
-from common import outdated
+from common import cached_bundle, outdated
 
 # every γ to 8: `auto` is judged against the best of them, and before stop 32 the list skipped
 # 5 and 7, where 5 was the trained pair's best γ with its int4 draft (3% over 4 and 6)
@@ -42,6 +42,16 @@ SETS: dict[str, tuple[str, str | None, bool]] = {
     "words": ("prompts_text.jsonl", "words", False),  # bad: greedy random words
     "text": ("prompts_text.jsonl", None, True),  # high-entropy, sampled
 }
+
+
+def pair_bundle(models: Path, draft_quantize: str = "") -> Path:
+    """The trained pair's bundle under `models` (exported once, again after retraining):
+    `bundle`, or `bundle-draft-int8` / `-int4` with the draft quantized apart from the fp32
+    target (`export --draft-quantize`)."""
+    folder = models / (f"bundle-draft-{draft_quantize}" if draft_quantize else "bundle")
+    extra = {"draft_quantize": draft_quantize} if draft_quantize else {}
+    cached_bundle(models / "target", folder, draft=models / "draft", exit_layers=EXITS, **extra)
+    return folder
 
 
 def load_prompts(folder: Path, name: str, n: int) -> list[str]:

@@ -71,7 +71,6 @@ from pathlib import Path
 from typing import Any
 
 from auto_rows import (
-    EXITS,
     SETS,
     PromptSet,
     bundle_view,
@@ -79,11 +78,12 @@ from auto_rows import (
     genai_export,
     genai_spec_dir,
     load_prompts,
+    pair_bundle,
     row_of,
 )
 from auto_table import Row, Tally, check_targets, print_table, rows_for
 from auto_workers import GenaiWorker, LocalRow, RowWorker, Sample, load_row
-from common import DEFAULT_MODELS, cached_bundle
+from common import DEFAULT_MODELS
 
 # seconds between two timed generations (`--pause`). onnxruntime's pool threads spin for
 # 20-40 ms after a generation ends (measured: CPU time per 25 ms window); an engine in another
@@ -296,11 +296,9 @@ def main() -> None:
     from edgespec.runtime.calibrate import calibrate
     from edgespec.runtime.tokenizer import Tokenizer
 
-    bundle = args.models / "bundle"
     if not (args.models / "target" / "config.json").exists():
         raise SystemExit(f"no trained pair in {args.models}: run benchmarks/train_models.py")
-    # exported once (as bench_spec.py does), again after the pair is retrained
-    cached_bundle(args.models / "target", bundle, draft=args.models / "draft", exit_layers=EXITS)
+    bundle = pair_bundle(args.models)
     work = Path(tempfile.mkdtemp(prefix="bench_auto_"))
     try:
         blind = bundle_view(bundle, work / "blind")
@@ -310,12 +308,7 @@ def main() -> None:
         print(f"calibrated in {time.perf_counter() - start:.0f}s", flush=True)
         quantized = {}
         for q in [q for q in args.draft_quantize.split(",") if q]:
-            folder = args.models / f"bundle-draft-{q}"
-            cached_bundle(
-                args.models / "target", folder, draft=args.models / "draft", exit_layers=EXITS,
-                draft_quantize=q,
-            )  # fmt: skip
-            quantized[q] = bundle_view(folder, work / f"draft-{q}")
+            quantized[q] = bundle_view(pair_bundle(args.models, q), work / f"draft-{q}")
 
         genai, genai_labels, notes = None, [], {}
         if args.genai_python:

@@ -36,9 +36,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from auto_rows import EXITS, load_prompts
+from auto_rows import load_prompts, pair_bundle
 from auto_workers import run_edgespec
-from common import DEFAULT_MODELS, cached_bundle, load_line, table_header, table_row
+from common import DEFAULT_MODELS, load_line, table_header, table_row
 from plots import try_plot
 
 import edgespec
@@ -59,9 +59,7 @@ def load_setup(models: Path, setup: str, threads: int) -> Model:
         )
     if (mode == "self-spec") != bool(exit_layer) or (exit_layer and not exit_layer.isdigit()):
         raise SystemExit(f"setup {setup!r}: self-spec takes an exit layer (self-spec@2), no other")
-    folder = models / (f"bundle-draft-{quantized}" if quantized else "bundle")
-    extra = {"draft_quantize": quantized} if quantized else {}
-    cached_bundle(models / "target", folder, draft=models / "draft", exit_layers=EXITS, **extra)
+    folder = pair_bundle(models, quantized)
     options: dict[str, Any] = {"mode": "self-spec" if mode == "self-spec" else "spec"}
     if exit_layer:
         options["exit_layer"] = int(exit_layer)

@@ -44,11 +44,7 @@ def plot(kind: str, json_path: Path, out: Path | None = None) -> Path:
     """Draw `kind` from `json_path` into `out` (default: the JSON's path with .png)."""
     data = json.loads(Path(json_path).read_text())
     out = out or Path(json_path).with_suffix(".png")
-    kinds = {
-        "ar": plot_ar, "auto": plot_auto, "split": plot_split, "oracle": plot_oracle,
-        "gamma": plot_gamma,
-    }  # fmt: skip
-    kinds[kind](data, out)
+    PLOTS[kind](data, out)
     return out
 
 
@@ -201,7 +197,13 @@ def plot_oracle(data: dict[str, Any], out: Path) -> None:
     plt.close(fig)
 
 
+PLOTS = {
+    "ar": plot_ar, "auto": plot_auto, "split": plot_split, "oracle": plot_oracle,
+    "gamma": plot_gamma,
+}  # fmt: skip
+
+
 if __name__ == "__main__":
-    if len(sys.argv) not in (3, 4) or sys.argv[1] not in ("ar", "auto", "split", "oracle", "gamma"):
-        sys.exit("usage: plots.py ar|auto|split|oracle|gamma RESULT.json [OUT.png]")
+    if len(sys.argv) not in (3, 4) or sys.argv[1] not in PLOTS:
+        sys.exit(f"usage: plots.py {'|'.join(PLOTS)} RESULT.json [OUT.png]")
     print(plot(sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3]) if len(sys.argv) == 4 else None))

@@ -254,7 +254,7 @@ def test_a_policy_settled_at_neighbouring_lengths_learns_the_full_verify_slope()
 def test_each_drafted_length_is_priced_by_its_own_rounds_where_the_verify_time_steps():
     """The trained pair's fp32 verify cost 2.02 ms for 6 positions and 2.34 for 7 (the matmul
     kernels change tiling). A line through rounds at γ 4-6 priced γ = 5 3.5% high and γ = 6
-    low, and `auto` drafted 6 in a third of its rounds where 5 paid 5% more per token."""
+    low, and `auto` drafted 6 in a fifth of its rounds where 5 paid 5% more per token."""
     from edgespec.runtime.estimates import CostModel
 
     def rest(g: int) -> float:

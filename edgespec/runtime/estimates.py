@@ -184,9 +184,7 @@ class CostModel:
             self._seen[g] = 3
             if g > 0:
                 self._age()
-                rest = t - g * (self.t_draft or 0.0)
-                self._fit(g, rest, weight=3.0)
-                self._table[g] = (3.0, 3.0 * rest)
+                self._fit(g, t - g * (self.t_draft or 0.0), weight=3.0)
         if self.t_draft is not None:  # calibrated: worth a few rounds of drafts
             self._drafting = (12 * self.t_draft, 12.0)
 
@@ -210,10 +208,7 @@ class CostModel:
         old = self.round_time.get(g)
         self.round_time[g] = seconds if old is None else _ewma(old, seconds, max(self.decay, 1 / n))
         if g > 0:
-            rest = seconds - min(draft, seconds)
-            self._fit(g, rest)
-            w, total = self._table.get(g, (0.0, 0.0))
-            self._table[g] = (w + 1.0, total + rest)
+            self._fit(g, seconds - min(draft, seconds))
 
     def expected(self, gamma: int) -> float:
         return self.acceptance.expected(gamma)
@@ -234,6 +229,9 @@ class CostModel:
         self._drafting = (self._drafting[0] * keep, self._drafting[1] * keep)
 
     def _fit(self, gamma: int, seconds: float, weight: float = 1.0) -> None:
+        """One round's verify-plus-overhead into the line and into its γ's own estimate."""
+        w, total = self._table.get(gamma, (0.0, 0.0))
+        self._table[gamma] = (w + weight, total + weight * seconds)
         w, x, y, xx, xy = self._sums
         g = float(gamma)
         self._sums = [w + weight, x + weight * g, y + weight * seconds]
@@ -253,8 +251,8 @@ class CostModel:
     def cost(self, gamma: int) -> float:
         """Estimated seconds of a round drafting γ tokens. γ = 0: measured plain steps (the
         line's intercept only while none was measured). γ ≥ 1: γ draft steps plus the line
-        corrected by that γ's own rounds;
-        a plain step plus γ draft steps while no speculative round was measured."""
+        corrected by that γ's own rounds; a plain step plus γ draft steps while no
+        speculative round was measured."""
         return self._cost(gamma, self._line())
 
     def _cost(self, gamma: int, line: tuple[float, float] | None) -> float:
