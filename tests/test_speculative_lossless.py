@@ -11,6 +11,7 @@ import torch
 from conftest import ARCHS
 
 import edgespec
+from edgespec.runtime.decode import GREEDY_RNG
 
 N_NEW = 40
 CONFIGS = [
@@ -61,8 +62,11 @@ def test_greedy_speculative_equals_transformers(
     arch, mode, policy, options, spec_bundles, references
 ):
     model = edgespec.load(spec_bundles[arch], mode=mode, draft_policy=policy, **options)
+    state = GREEDY_RNG.bit_generator.state
     got = model.generate(repetitive_prompt(1), max_new_tokens=N_NEW, ignore_eos=True)
     assert got.tokens == references[arch]
+    # greedy decoding draws no random numbers (its generator is shared by every generation)
+    assert GREEDY_RNG.bit_generator.state == state
     s = got.stats
     assert s.decode_tokens == N_NEW - 1 and s.rounds >= 1
     assert s.decode_tokens == s.accepted + s.rounds  # each round: accepted drafts + one token
