@@ -42,8 +42,10 @@ from common import DEFAULT_MODELS, load_line, table_header, table_row
 from plots import try_plot
 
 import edgespec
+from edgespec.runtime.estimates import CostModel
 from edgespec.runtime.model import Model
-from edgespec.runtime.registry import make_policy
+from edgespec.runtime.policies import PerSource
+from edgespec.runtime.registry import make_policy, per_source
 
 SETUPS = "spec,self-spec@2,spec:int4"
 
@@ -68,12 +70,29 @@ def load_setup(models: Path, setup: str, threads: int) -> Model:
     return edgespec.load(folder, threads=threads, draft_policy="auto", **options)
 
 
-def policies_for(model: Model, gammas: list[int]) -> dict[str, Any]:
-    """`auto` as the bundle builds it (a chain gets one per member) and each fixed γ."""
+def policies_for(model: Model, gammas: list[int], variants: list[str]) -> dict[str, Any]:
+    """`auto` as the bundle builds it (a chain gets one per member), each variant of it
+    ("auto [warm_rounds=0]": a fresh `auto` whose cost models have that field set), and each
+    fixed γ."""
     policies = {"auto": model.policy}
+    for variant in variants:
+        policy = per_source(make_policy("auto"), model.drafter)
+        name, _, value = variant.partition("=")
+        for cost in cost_models(policy):
+            if not hasattr(cost, name) or not value:
+                fields = ", ".join(f for f in vars(cost) if not f.startswith("_"))
+                raise SystemExit(f"variant {variant!r}: a field=value of CostModel ({fields})")
+            setattr(cost, name, type(getattr(cost, name))(float(value)))
+        policies[f"auto [{variant}]"] = policy
     for g in gammas:
         policies[f"fixed:{g}"] = make_policy(f"fixed:{g}")
     return policies
+
+
+def cost_models(policy: Any) -> list[CostModel]:
+    if isinstance(policy, PerSource):
+        return [c for p in (policy.main, *policy.apart.values()) for c in cost_models(p)]
+    return [policy.cost] if isinstance(getattr(policy, "cost", None), CostModel) else []
 
 
 def bench_setup(
@@ -84,7 +103,7 @@ def bench_setup(
     names = list(policies)
     tokens = {n: [0] * len(prompts) for n in names}
     seconds = {n: [0.0] * len(prompts) for n in names}
-    gammas: Counter[int] = Counter()
+    gammas: dict[str, Counter[int]] = {n: Counter() for n in names}
     order = random.Random(args.seed)
     for n in names:  # warm-up, untimed: one generation each (auto starts learning here)
         model.policy = policies[n]
@@ -99,19 +118,20 @@ def bench_setup(
                 s = run_edgespec(model, ids, args.max_new_tokens, 0.0, None)
                 tokens[n][i] += s.n
                 seconds[n][i] += s.seconds
-                if n == "auto":
-                    gammas.update(s.gammas)
-    return {"tokens": tokens, "seconds": seconds, "auto_gammas": dict(sorted(gammas.items()))}
+                gammas[n].update(s.gammas)
+    drafted = {n: dict(sorted(gammas[n].items())) for n in names if not n.startswith("fixed")}
+    return {"tokens": tokens, "seconds": seconds, "auto_gammas": drafted.pop("auto"),
+            "variant_gammas": drafted}  # fmt: skip
 
 
 def rate(run: dict[str, Any], name: str, which: list[int]) -> float:
     return sum(run["tokens"][name][i] for i in which) / sum(run["seconds"][name][i] for i in which)
 
 
-def judge(run: dict[str, Any], n_prompts: int) -> dict[str, Any]:
-    """auto over the best fixed γ: in hindsight (all prompts) and held out (best on one half
-    of the prompts, judged on the other)."""
-    fixed = [n for n in run["tokens"] if n != "auto"]
+def judge(run: dict[str, Any], n_prompts: int, name: str = "auto") -> dict[str, Any]:
+    """An `auto` row over the best fixed γ: in hindsight (all prompts) and held out (best on
+    one half of the prompts, judged on the other)."""
+    fixed = [n for n in run["tokens"] if n.startswith("fixed")]
     every = list(range(n_prompts))
     rates = {n: rate(run, n, every) for n in run["tokens"]}
     best = max(fixed, key=rates.get)
@@ -119,11 +139,11 @@ def judge(run: dict[str, Any], n_prompts: int) -> dict[str, Any]:
     held = []
     for pick, judged in (halves, halves[::-1]):
         chosen = max(fixed, key=lambda n: rate(run, n, pick))
-        held.append((chosen, rate(run, "auto", judged) / rate(run, chosen, judged)))
+        held.append((chosen, rate(run, name, judged) / rate(run, chosen, judged)))
     return {
         "rates": rates,
         "best": best,
-        "hindsight": rates["auto"] / rates[best],
+        "hindsight": rates[name] / rates[best],
         "held_out": sum(r for _, r in held) / len(held),
         "held_out_picks": [c for c, _ in held],
     }
@@ -140,20 +160,27 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--pause", type=float, default=0.05, help="seconds before each generation")
     ap.add_argument("--seed", type=int, default=0, help="of the turns' order")
+    ap.add_argument(
+        "--variants",
+        default="",
+        help="comma list of CostModel field=value: `auto` rows beside the default one (an A/B)",
+    )
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     if not (args.models / "target" / "config.json").exists():
         raise SystemExit(f"no trained pair in {args.models}: run benchmarks/train_models.py")
     gammas = [int(g) for g in args.gammas.split(",") if g]
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     texts = load_prompts(args.models, "code", args.prompts)
     print(load_line(), flush=True)
     results = []
     for setup in [s for s in args.setups.split(",") if s]:
         model = load_setup(args.models, setup, args.threads)
         prompts = [model.encode(t) for t in texts]
-        run = bench_setup(model, policies_for(model, gammas), prompts, args)
+        run = bench_setup(model, policies_for(model, gammas, variants), prompts, args)
         verdict = judge(run, len(prompts))
-        results.append({"setup": setup, **run, **verdict})
+        others = {f"auto [{v}]": judge(run, len(prompts), f"auto [{v}]") for v in variants}
+        results.append({"setup": setup, **run, **verdict, "variants": others})
         print(f"\n### {setup}: {len(prompts)} code prompts x {args.passes} passes, in turns")
         print(table_header(["policy", "tok/s", "vs auto"], "lrr"))
         for name, r in verdict["rates"].items():
@@ -168,6 +195,9 @@ def main() -> None:
             f"auto's mean γ {mean:.1f}",
             flush=True,
         )
+        for name, v in others.items():
+            ratios = f"{v['hindsight']:.3f} in hindsight; {v['held_out']:.3f} held out"
+            print(f"{setup}: {name} {ratios}")
         del model
     print(f"\n{load_line()}")
     if args.json:

@@ -115,7 +115,7 @@ def plot_gamma(data: dict[str, Any], out: Path) -> None:
     fig, axes = plt.subplots(1, len(setups), figsize=(4.2 * len(setups), 3.8), squeeze=False)
     for ax, setup in zip(axes[0], setups, strict=True):
         rates = setup["rates"]
-        fixed = sorted((int(n.split(":")[1]), r) for n, r in rates.items() if n != "auto")
+        fixed = sorted((int(n.split(":")[1]), r) for n, r in rates.items() if n.startswith("fixed"))
         ax.plot([g for g, _ in fixed], [r for _, r in fixed], "o-", label="fixed γ")
         ax.axhline(rates["auto"], color="#d62728", label="auto")
         best = max(r for _, r in fixed)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from edgespec.runtime.estimates import expected_tokens
 from edgespec.runtime.policies import (
     Acceptance,
@@ -266,6 +268,48 @@ def test_each_drafted_length_is_priced_by_its_own_rounds_where_the_verify_time_s
         cost.observe(RoundStats("decode", 4, g + 1, rest(g) + g * 0.00018, g, 3, g * 0.00018))
     for g in (4, 5, 6):
         assert abs(cost.cost(g) / (rest(g) + g * 0.00018) - 1) < 0.015
+
+
+def test_a_generations_cold_first_rounds_teach_acceptance_but_not_prices():
+    """After an app idles its weights come back from memory: on the trained pair a
+    generation's rounds 1-9 ran 1.7x .. 1.1x a steady round. Priced in, they made the γ that
+    opened each generation look dear for most of it, and `auto` moved off its best γ."""
+    from edgespec.runtime.estimates import CostModel
+
+    def steady(g: int) -> float:
+        return 0.0017 + 0.00006 * g + g * 0.00018
+
+    def generations(cost: CostModel) -> None:
+        for _ in range(10):
+            for i in range(1, 41):
+                g = 5 if i <= 8 else 4 + i % 3
+                slow = 1.0 + 0.6 * max(0, 17 - i) / 16  # 1.6x at round 1 .. 1.0x from 17
+                draft = g * 0.00018 * slow
+                cost.observe(RoundStats("decode", 4, g + 1, steady(g) * slow, g, 3, draft, index=i))
+
+    warm, cold = CostModel(), CostModel(warm_rounds=0)
+    generations(warm)
+    generations(cold)
+    for g in (4, 5, 6):
+        assert abs(warm.cost(g) / steady(g) - 1) < 0.015
+    assert cold.cost(5) / steady(5) > 1.04  # the cold rounds priced in
+    assert warm.acceptance.curve(8) == cold.acceptance.curve(8)  # every round taught it
+
+
+def test_cold_rounds_price_what_no_later_round_has_priced():
+    """An app whose replies all end within WARM_ROUNDS rounds keeps pricing every round."""
+    from edgespec.runtime.estimates import WARM_ROUNDS, CostModel
+
+    cost = CostModel()
+    cost.observe(RoundStats("decode", 3, 4, 0.004, 3, 2, 0.0006, index=1))
+    cost.observe(RoundStats("decode", 3, 4, 0.006, 3, 2, 0.0006, index=2))
+    assert cost.round_time[3] == pytest.approx(0.005)  # a running mean of both
+    cost.observe(RoundStats("decode", 3, 4, 0.004, 3, 2, 0.0006, index=WARM_ROUNDS + 1))
+    priced = cost.round_time[3]
+    cost.observe(RoundStats("decode", 3, 4, 0.008, 3, 2, 0.0006, index=1))  # the next reply
+    assert cost.round_time[3] == priced
+    cost.observe(RoundStats("decode", 5, 6, 0.008, 5, 2, 0.001, index=1))  # never priced
+    assert 5 in cost.round_time
 
 
 def test_greedy_drafting_stops_after_a_token_drafted_below_the_confidence_threshold():

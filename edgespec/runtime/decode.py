@@ -71,7 +71,7 @@ def decode(
         token, stats = verifier.prefill(prompt, capacity, params, rng, cached)
         drafter.begin(prompt, capacity, cached)
         seq = [*prompt, token]
-        step, produced, ahead = Step([token], stats), 1, Ahead()
+        step, produced, ahead, rounds = Step([token], stats), 1, Ahead(), 0
         while True:
             step.finish_reason = finish_reason(
                 step.tokens[-1], produced, max_new_tokens, stop_ids, len(seq) - 1, capacity
@@ -90,7 +90,8 @@ def decode(
             new, stats, ahead = speculative_round(
                 verifier, drafter, plan, seq, ahead, room, params, rng
             )
-            stats.source = source
+            rounds += 1
+            stats.source, stats.index = source, rounds
             policy.observe(stats)
             stats.rtt_estimate = getattr(policy, "rtt", None)
             stats.bandwidth_estimate = getattr(policy, "bandwidth", None)

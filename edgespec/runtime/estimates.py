@@ -52,6 +52,17 @@ SLOW = 1.5
 # self-spec@2 0.962x -> 1.017x, spec 0.932x -> 0.941x. (Stop 30 tried the same on the 360M
 # shape's oracle runs and saw no difference there.)
 TABLE_PRIOR = 4.0
+# a generation's first rounds teach acceptance, and prices only of what later rounds have not
+# priced: they run cold. After the app idled (a user reading the last reply, another model
+# running) the weights come back from memory: on the trained pair rounds 1-9 ran 1.7x .. 1.1x
+# a steady round, and rounds to ~16 a few % slow. Priced in, those times made whichever γ
+# opened a generation look dear for most of it (the line and its table forget over ~30 rounds,
+# a generation's length), and `auto` moved off its best γ. bench_gamma, `auto` against the
+# best fixed γ held out, with the first 0 / 4 / 8 / 16 rounds unpriced (stop 33): int4 draft
+# 0.959 / 0.976 / 0.978 / 0.985 in one run, 0.974 / - / 0.972 / 1.000 in another, where the
+# fp32 draft read 0.988 / - / 0.990 / 1.003 and self-spec@2 and the best mode moved within
+# 0.5%. An app whose replies are all shorter keeps pricing every round, as before.
+WARM_ROUNDS = 16
 
 
 def expected_tokens(alpha: float, gamma: int) -> float:
@@ -178,10 +189,13 @@ class CostModel:
     _table: dict[int, tuple[float, float]] = field(default_factory=dict)
     # exponentially weighted (seconds drafting, tokens drafted), forgotten like the line
     _drafting: tuple[float, float] = (0.0, 0.0)
+    warm_rounds: int = WARM_ROUNDS  # a generation's rounds not priced (see WARM_ROUNDS)
+    _warm: set[int] = field(default_factory=set)  # γ priced by a round past them, or calibrated
 
     def __post_init__(self) -> None:
         for g, t in self.round_time.items():  # calibrated: worth a few live rounds each
             self._seen[g] = 3
+            self._warm.add(g)
             if g > 0:
                 self._age()
                 self._fit(g, t - g * (self.t_draft or 0.0), weight=3.0)
@@ -190,10 +204,16 @@ class CostModel:
 
     def observe(self, s: RoundStats) -> None:
         self.rounds += 1
+        if s.drafted:
+            self.acceptance.observe(s.drafted, s.accepted)
+        if 0 < s.index <= self.warm_rounds:
+            if s.drafted in self._warm:
+                return  # a cold round (see WARM_ROUNDS)
+        else:
+            self._warm.add(s.drafted)
         self._age()
         draft = s.draft_seconds  # clipped like round times below: a hiccup, not a price
         if s.drafted:
-            self.acceptance.observe(s.drafted, s.accepted)
             if self.t_draft is not None:
                 draft = min(draft, SLOW * s.drafted * self.t_draft)
             self._drafting = (self._drafting[0] + draft, self._drafting[1] + s.drafted)

@@ -23,6 +23,7 @@ class RoundStats:
     verify_seconds: float = 0.0
     exit_layer: int | None = None  # self-speculation: the exit layer that drafted
     source: str | None = None  # the drafter the round was planned for (a chain's member)
+    index: int = 0  # the round's place in its generation (1: the first after the prefill)
     catchup_seconds: float = 0.0  # drafter catching up on tokens it skipped while γ was 0
     # split decoding (drafted here, verified by a server): the channel as this round saw it
     verifier: str = "local"  # "local" | "remote"
