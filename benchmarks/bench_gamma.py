@@ -18,6 +18,7 @@ only 4.12), and passes alone cannot take that out; other prompts can.
 
     python benchmarks/bench_gamma.py --json benchmarks/results/bench_gamma.json
     python benchmarks/bench_gamma.py --setups 'spec:int4' --gammas 3,4,5,6 --passes 2
+    python benchmarks/bench_gamma.py --variants warm_rounds=0    # + an `auto` row, for an A/B
 
 Setups: `spec` (the fp32 draft), `spec:int4` / `spec:int8` (the bundle whose draft is
 quantized apart, as bench_auto's `--draft-quantize`), `self-spec@K` (exit K),
