@@ -83,7 +83,8 @@ def policies_for(model: Model, gammas: list[int], variants: list[str]) -> dict[s
             if not hasattr(cost, name) or not value:
                 fields = ", ".join(f for f in vars(cost) if not f.startswith("_"))
                 raise SystemExit(f"variant {variant!r}: a field=value of CostModel ({fields})")
-            setattr(cost, name, type(getattr(cost, name))(float(value)))
+            number = float(value)
+            setattr(cost, name, number if isinstance(getattr(cost, name), float) else int(number))
         policies[f"auto [{variant}]"] = policy
     for g in gammas:
         policies[f"fixed:{g}"] = make_policy(f"fixed:{g}")

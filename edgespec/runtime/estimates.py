@@ -52,17 +52,22 @@ SLOW = 1.5
 # self-spec@2 0.962x -> 1.017x, spec 0.932x -> 0.941x. (Stop 30 tried the same on the 360M
 # shape's oracle runs and saw no difference there.)
 TABLE_PRIOR = 4.0
-# a generation's first rounds teach acceptance, and prices only of what later rounds have not
-# priced: they run cold. After the app idled (a user reading the last reply, another model
-# running) the weights come back from memory: on the trained pair rounds 1-9 ran 1.7x .. 1.1x
-# a steady round, and rounds to ~16 a few % slow. Priced in, those times made whichever γ
-# opened a generation look dear for most of it (the line and its table forget over ~30 rounds,
-# a generation's length), and `auto` moved off its best γ. bench_gamma, `auto` against the
-# best fixed γ held out, with the first 0 / 4 / 8 / 16 rounds unpriced (stop 33): int4 draft
-# 0.959 / 0.976 / 0.978 / 0.985 in one run, 0.974 / - / 0.972 / 1.000 in another, where the
-# fp32 draft read 0.988 / - / 0.990 / 1.003 and self-spec@2 and the best mode moved within
-# 0.5%. An app whose replies are all shorter keeps pricing every round, as before.
+# a generation's first rounds run cold where a model's weights fit the caches: after the app
+# idled (a user reading the last reply, another model running) they come back from memory,
+# and on the trained pair rounds 1-9 ran 1.7x .. 1.1x a steady round, rounds to ~16 a few %
+# slow. Priced as they were, those times made whichever γ opened a generation look dear for
+# most of it (prices forget over ~30 rounds, a generation's length) and `auto` moved off its
+# best γ. So a round among a generation's first WARM_ROUNDS is priced at its time divided by
+# how slow rounds at that place run (`CostModel._cold`, learned from the rounds of γ priced by
+# later rounds). Where nothing runs cold (the 360M shape: its weights never fit) the factors
+# stay near 1 and every round prices as before. Stop 33, `auto` against the best fixed γ held
+# out (bench_gamma; the oracle on the 360M shape), this against the old pricing in the same
+# turns: int4 draft 0.985 / 0.968 and 0.999 / 0.995, spec 0.981 / 0.981, self-spec@2 0.984 /
+# 0.993, the best mode 1.014 / 1.018; oracle at α = 0.9 1.018 / 0.999 (int4 draft) and 0.977 /
+# 0.960 (self-spec@8). Leaving those rounds unpriced instead gained as much on the trained
+# pair but cost the oracle's α = 0.9 cells 2% (a third of its rounds unpriced).
 WARM_ROUNDS = 16
+COLD_DECAY = 0.2  # EWMA weight of a generation's round in its place's slowness (~5 replies)
 
 
 def expected_tokens(alpha: float, gamma: int) -> float:
@@ -189,8 +194,10 @@ class CostModel:
     _table: dict[int, tuple[float, float]] = field(default_factory=dict)
     # exponentially weighted (seconds drafting, tokens drafted), forgotten like the line
     _drafting: tuple[float, float] = (0.0, 0.0)
-    warm_rounds: int = WARM_ROUNDS  # a generation's rounds not priced (see WARM_ROUNDS)
-    _warm: set[int] = field(default_factory=set)  # γ priced by a round past them, or calibrated
+    warm_rounds: int | None = None  # a generation's rounds priced as cold (None: WARM_ROUNDS)
+    _warm: set[int] = field(default_factory=set)  # γ priced past WARM_ROUNDS, or calibrated
+    # round index -> how much slower than its price a round at that place of a generation runs
+    _cold: dict[int, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for g, t in self.round_time.items():  # calibrated: worth a few live rounds each
@@ -204,22 +211,24 @@ class CostModel:
 
     def observe(self, s: RoundStats) -> None:
         self.rounds += 1
-        if s.drafted:
-            self.acceptance.observe(s.drafted, s.accepted)
-        if 0 < s.index <= self.warm_rounds:
-            if s.drafted in self._warm:
-                return  # a cold round (see WARM_ROUNDS)
-        else:
-            self._warm.add(s.drafted)
         self._age()
         draft = s.draft_seconds  # clipped like round times below: a hiccup, not a price
+        g = s.drafted
+        seconds = s.seconds - s.catchup_seconds  # a one-off, not a cost of this γ
+        if 0 < s.index <= (WARM_ROUNDS if self.warm_rounds is None else self.warm_rounds):
+            if g in self._warm:  # how slow this place of a generation runs (see WARM_ROUNDS)
+                slow = min(max(seconds / self.cost(g), 1 / 3), 3.0)  # 3x: a hiccup, not cold
+                self._cold[s.index] = _ewma(self._cold.get(s.index, slow), slow, COLD_DECAY)
+            factor = self._cold.get(s.index, 1.0)
+            seconds, draft = seconds / factor, draft / factor
+        else:
+            self._warm.add(g)
         if s.drafted:
+            self.acceptance.observe(s.drafted, s.accepted)
             if self.t_draft is not None:
                 draft = min(draft, SLOW * s.drafted * self.t_draft)
             self._drafting = (self._drafting[0] + draft, self._drafting[1] + s.drafted)
             self.t_draft = self._drafting[0] / self._drafting[1]
-        g = s.drafted
-        seconds = s.seconds - s.catchup_seconds  # a one-off, not a cost of this γ
         if self.round_time:  # a round much slower than expected is noise, not a price
             seconds = min(seconds, SLOW * self.cost(g))
         # a running mean over the first rounds of a γ, then an EWMA: the first measurement
