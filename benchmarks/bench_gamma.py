@@ -30,6 +30,7 @@ bench_auto.py does.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import random
 import time
@@ -46,7 +47,7 @@ import edgespec
 from edgespec.runtime.estimates import CostModel
 from edgespec.runtime.model import Model
 from edgespec.runtime.policies import PerSource
-from edgespec.runtime.registry import make_policy, per_source
+from edgespec.runtime.registry import make_policy
 
 SETUPS = "spec,self-spec@2,spec:int4"
 
@@ -73,11 +74,11 @@ def load_setup(models: Path, setup: str, threads: int) -> Model:
 
 def policies_for(model: Model, gammas: list[int], variants: list[str]) -> dict[str, Any]:
     """`auto` as the bundle builds it (a chain gets one per member), each variant of it
-    ("auto [warm_rounds=0]": a fresh `auto` whose cost models have that field set), and each
-    fixed γ."""
+    ("auto [warm_rounds=0]": a copy of that fresh `auto` whose cost models have that field
+    set), and each fixed γ."""
     policies = {"auto": model.policy}
     for variant in variants:
-        policy = per_source(make_policy("auto"), model.drafter)
+        policy = copy.deepcopy(model.policy)
         name, _, value = variant.partition("=")
         for cost in cost_models(policy):
             if not hasattr(cost, name) or not value:

@@ -167,11 +167,11 @@ class GraphSession:
             self._query[0] = new.shape[1]
             narrow = self._narrow
             if narrow is not None and new.shape[1] <= NARROW:
-                narrow.bind(new, keep)  # first: get_outputs() keeps binding order
+                bound = narrow.bind(new, keep)  # first: get_outputs() keeps binding order
                 if cache is not self._bound_cache:
                     self._bind_cache(io, cache)
                     self._bound_cache = cache
-                return narrow.run()
+                return narrow.run(*bound)
             if narrow is not None:
                 narrow.unbind()  # the binding below replaces its input and outputs
             if self.takes_hidden:
@@ -293,7 +293,6 @@ class Narrow:
         self.outputs: dict[tuple[int, int], list[tuple[np.ndarray, ort.OrtValue]]] = {}
         self.fed: int | None = None  # the width whose input buffer is bound
         self.shape: tuple[int, int] | None = None  # whose output buffers are bound
-        self.pending: tuple[tuple[int, int], Any] = ((0, 0), None)  # what `bind` readied
 
     @classmethod
     def of(cls, graph: GraphSession) -> Narrow | None:
@@ -307,7 +306,9 @@ class Narrow:
     def unbind(self) -> None:
         self.fed = self.shape = None
 
-    def bind(self, new: np.ndarray, keep: int) -> None:
+    def bind(self, new: np.ndarray, keep: int) -> tuple[tuple[int, int], Any]:
+        """Bind this call's input (copied in) and outputs; returns what `run` takes: the
+        call's shape and its output buffers (None: onnxruntime allocates them this once)."""
         width = new.shape[1]
         buffer = self.inputs.get(width)
         if buffer is None:
@@ -326,10 +327,9 @@ class Narrow:
                 else:
                     self.io.bind_ortvalue_output(name, outputs[j][1]._ortvalue)
             self.shape = shape if outputs is not None else None
-        self.pending = shape, outputs
+        return shape, outputs
 
-    def run(self) -> dict[str, np.ndarray]:
-        shape, outputs = self.pending
+    def run(self, shape: tuple[int, int], outputs: Any) -> dict[str, np.ndarray]:
         self.session.run_with_iobinding(self.io, None)
         if outputs is None:
             values = self.io.get_outputs()
