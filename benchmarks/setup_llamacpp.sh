@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build llama.cpp from source, in its own venv, for the llama.cpp rows of bench_ar.py / bench_auto.py.
+# Build llama.cpp from source, in its own venv, for the llama.cpp rows of benchmarks.decode and benchmarks.quant.
 #
 # Takes: VENV (default /work/venv-llamacpp), SRC (default /work/llamacpp-src), JOBS (default 2),
 #        AMX (default off; "on" builds llama.cpp's AMX kernels, for hosts where they run).
