@@ -46,7 +46,7 @@ fi
 # AMX stays off unless AMX=on: a VM may list amx_* in /proc/cpuinfo without letting a process
 # use the tiles (this project's Xeon VM: llama.cpp's Q8_0/Q4_0 prompt path died with a general
 # protection fault and SIGILL in libggml-cpu). Where the tiles do run, the AMX build decoded
-# Q8_0/Q4_0 about twice as fast as this one (benchmarks/README, stop 27): build it with AMX=on.
+# Q8_0/Q4_0 about twice as fast as this one: build it with AMX=on.
 AMX_FLAGS=""
 if [ "${AMX:-off}" != on ]; then
     AMX_FLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"

@@ -96,10 +96,10 @@ VOCAB_SIZE = 4096
 EXIT_WEIGHTS = {2: 0.4, 4: 0.4}  # early-exit layer -> weight of its CE in the target's loss
 # draft loss = KL(target || draft) + this * CE (`--draft-ce-weight`). The CE pulls the draft
 # towards the data, away from the target where the target is wrong; the draft is there to
-# agree with the target. Stop 31, the same target: 0.5 (until then) for 6,000 steps fit the
-# data better than the target does (held-out CE 4.01 against 4.44) and agreed with it less
-# than after 1,500 (greedy path on code 79% against 81%); the KL alone agreed 84% after
-# 3,000 steps and 86% after 6,000 (held-out top-1 66% -> 77%)
+# agree with the target. With a weight of 0.5, 6,000 steps fit the data better than the
+# target does (held-out CE 4.01 against 4.44) and agreed with it less than 1,500 steps did
+# (greedy path on code 79% against 81%); the KL alone agrees 84% after 3,000 steps and 86%
+# after 6,000 (held-out top-1 66% -> 77%)
 DISTILL_CE_WEIGHT = 0.0
 N_CODE_PROMPTS = 32
 N_TEXT_PROMPTS = 16

@@ -55,9 +55,9 @@ SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
             "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
             "full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
         })),
-    "tiny-llama": ("LlamaConfig", dict(
-        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        intermediate_size=128, vocab_size=TOKENIZER_VOCAB, tie_word_embeddings=True,
+    "tiny-llama": ("LlamaConfig", dict(  # edgespec's builtin:tiny-llama dimensions
+        hidden_size=256, num_hidden_layers=6, num_attention_heads=8, num_key_value_heads=2,
+        intermediate_size=688, vocab_size=TOKENIZER_VOCAB, tie_word_embeddings=True,
         max_position_embeddings=2048, rope_theta=10000.0)),
 }  # fmt: skip
 PRECISIONS = ("fp32", "fp16", "int8", "int4")
