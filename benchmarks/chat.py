@@ -44,7 +44,7 @@ from benchmarks.lib import flags
 from benchmarks.lib.machine import load_line
 from benchmarks.lib.models import MODELS, checkpoint
 from benchmarks.lib.serving import free_port, health, start_server, stop_server
-from benchmarks.lib.tables import table_header, table_row, write_result
+from benchmarks.lib.tables import table, write_result
 
 CACHE = MODELS
 CHATML = (
@@ -292,37 +292,15 @@ def split_ttft(
 def print_split(rows: list[dict], rtt_ms: float) -> None:
     channel = f", {rtt_ms:g} ms RTT" if rtt_ms else ", loopback"
     print(f"\nsplit mode{channel}: server prefilled / kept positions, TTFT\n")
-    print(
-        table_header(
-            [
-                "turn",
-                "prompt tokens",
-                "fresh session",
-                "resumed",
-                "TTFT, fresh",
-                "TTFT, resumed",
-                "ratio",
-                "same reply",
-            ],
-            "rrrrrrrc",
-        )
-    )
-    for r in rows:
-        ratio = r["ttft_fresh_s"] / r["ttft_resumed_s"] if r["ttft_resumed_s"] else 0
-        print(
-            table_row(
-                [
-                    r["turn"],
-                    r["prompt_tokens"],
-                    f"{r['fresh_prefilled']} / {r['fresh_kept']}",
-                    f"{r['resumed_prefilled']} / {r['resumed_kept']}",
-                    f"{r['ttft_fresh_s'] * 1000:.0f} ms",
-                    f"{r['ttft_resumed_s'] * 1000:.0f} ms",
-                    f"{ratio:.1f}x",
-                    "yes" if r["same_reply"] else "NO",
-                ]
-            )
-        )
+    columns = ["turn", "prompt tokens", "fresh session", "resumed", "TTFT, fresh",
+               "TTFT, resumed", "ratio", "same reply"]  # fmt: skip
+    print(table(columns, "rrrrrrrc", [
+        [r["turn"], r["prompt_tokens"], f"{r['fresh_prefilled']} / {r['fresh_kept']}",
+         f"{r['resumed_prefilled']} / {r['resumed_kept']}", f"{r['ttft_fresh_s'] * 1000:.0f} ms",
+         f"{r['ttft_resumed_s'] * 1000:.0f} ms",
+         f"{r['ttft_fresh_s'] / r['ttft_resumed_s']:.1f}x" if r["ttft_resumed_s"] else "-",
+         "yes" if r["same_reply"] else "NO"] for r in rows
+    ]))  # fmt: skip
 
 
 def print_tables(title: str, local: list[dict], served: list[dict]) -> None:

@@ -1,10 +1,13 @@
-"""The server under load: batched verification, chunked prefills, and a verifier fleet.
+"""The server under load: batched verification, chunked prefills, devices against a batched
+server, and a verifier fleet.
 
     python -m benchmarks.serving batching [--bundle B] [--gammas 0,4] [--sessions 1,2,4,8,16]
     python -m benchmarks.serving prefill [--chunks 0,256] [--budgets-ms 0,20]
+    python -m benchmarks.serving load [--devices 1,2,4,8] [--gammas 0,4]
     python -m benchmarks.serving fleet [--devices 16 32] [--seconds 20]
     python -m benchmarks.serving batching --sessions 1,4 --batches 3 --repeats 1   # smoke runs
     python -m benchmarks.serving prefill --prompts 2 --prompt-len 300 --idle-rounds 5
+    python -m benchmarks.serving load --devices 2 --seconds 3 --new-tokens 16
     python -m benchmarks.serving fleet --devices 2 --seconds 4 --skip-failover
 
 * `batching`: N sessions (random 150-token prompts prefilled into a `KVPool`) each send one
@@ -16,6 +19,12 @@
   prompts; per `--chunks` (most positions per chunk; 0: a prefill in one piece) and
   `--budgets-ms` (chunks sized to take about that long): the running session's round latency
   (p50 / p99 / max) during the prefills, its ratio to idle, and the prefills' time.
+* `load`: N emulated devices (`lib.serving.run_devices`: threads, split decoding with the
+  lookup drafter at fixed γ) through a channel emulator at `--rtt` ms against a batched server
+  (`--max-batch 16`: rounds that arrive together share forwards) and an unbatched one
+  (`--max-batch 1`), both up for the whole test, measured alternately for every N (the order
+  flips from N to N): total tok/s, p50 / p99 of a round, and the batched server's rounds per
+  batch and per forward (its /health).
 * `fleet`: N emulated devices (threads, split decoding with the lookup drafter, fixed:3,
   each through its own channel emulator at `--rtt` ms) against `edgespec serve` as a plain
   server, a 1-replica and a 2-replica Ray Serve fleet, then a run that SIGKILLs the busiest
@@ -24,15 +33,16 @@
   On one small machine the replicas share its cores: the rows measure the Ray ingress's
   overhead and the failover, not scaling.
 
-`batching` takes the trained pair's bundle by default, the others a small random llama.
+`batching` and `load` take the trained pair's bundle by default, the others a small random
+llama.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -42,8 +52,8 @@ import numpy as np
 import edgespec
 from benchmarks.lib import flags
 from benchmarks.lib.machine import load_line
-from benchmarks.lib.models import TRAINED, pair_bundle, small_bundle
-from benchmarks.lib.serving import health, server
+from benchmarks.lib.models import TRAINED, load_prompts, pair_bundle, small_bundle
+from benchmarks.lib.serving import health, run_devices, server
 from benchmarks.lib.tables import table, write_result
 from edgespec.protocol import Start, Verify
 
@@ -181,86 +191,9 @@ PROMPTS = [
 ]
 
 
-def load_run(bundle: Path, port: int, devices: int, args: Any, reference: dict,
-             kill: bool = False) -> dict:  # fmt: skip
-    """`devices` devices for `args.seconds`; with `kill`, SIGKILL the busiest replica midway."""
+def fleet(args: Any) -> list[dict[str, Any]]:
     from edgespec.tools.channel import Channel, ChannelConfig
 
-    rounds: list[tuple[float, float]] = []  # (end time, latency) of every decode round
-    stats = {"tokens": 0, "generations": 0, "lost": 0, "reconnects": 0, "local_rounds": 0}
-    lock = threading.Lock()
-    start = time.monotonic() + 2.0  # devices connect first
-    stop_at = start + args.seconds
-    killed: dict = {}
-
-    def device(i: int, url: str) -> None:
-        model = edgespec.load(bundle, mode="split", server=url, threads=1, drafter="lookup",
-                              draft_policy="fixed:3")  # fmt: skip
-        model.remote.retries = 6
-        while time.monotonic() < start:
-            time.sleep(0.01)
-        k = i
-        while time.monotonic() < stop_at:
-            prompt = PROMPTS[k % len(PROMPTS)]
-            k += 1
-            tokens, mine, reconnects, local, counted = [], [], 0, 0, 0
-            try:
-                last = time.monotonic()
-                for chunk in model.stream(prompt, max_new_tokens=args.new_tokens, ignore_eos=True):
-                    now = time.monotonic()
-                    tokens += chunk.tokens
-                    s = chunk.stats
-                    reconnects += s.reconnected
-                    local += s.verifier == "local"
-                    if start <= now <= stop_at:
-                        counted += len(chunk.tokens)
-                        if s.phase == "decode":
-                            mine.append((now, now - last))
-                    last = now
-                ok = tokens == reference[prompt]
-            except Exception:
-                ok = False
-            with lock:
-                rounds.extend(mine)
-                stats["tokens"] += counted
-                stats["generations"] += 1
-                stats["lost"] += not ok
-                stats["reconnects"] += reconnects
-                stats["local_rounds"] += local
-        model.remote.drop()
-
-    config = ChannelConfig(rtt_ms=args.rtt)
-    channels = [Channel(f"127.0.0.1:{port}", config) for _ in range(devices)]
-    for ch in channels:
-        ch.__enter__()
-    threads = [threading.Thread(target=device, args=(i, f"ws://{ch.address}"))
-               for i, ch in enumerate(channels)]  # fmt: skip
-    for t in threads:
-        t.start()
-    time.sleep(max(0.0, start + args.seconds / 2 - time.monotonic()))
-    replicas = health(port).get("per_replica", [])
-    split = [r["sessions"] for r in replicas]  # sessions per replica at mid-run
-    if kill:
-        victim = max(replicas, key=lambda r: r["sessions"])
-        killed.update(victim, at=time.monotonic())
-        os.kill(victim["pid"], signal.SIGKILL)
-    for t in threads:
-        t.join()
-    for ch in channels:
-        ch.__exit__(None, None, None)
-    lat = np.array([x for _, x in rounds]) * 1000
-    out = dict(stats, devices=devices, split="/".join(map(str, split)) or "-")
-    out["tokens_per_s"] = stats["tokens"] / args.seconds
-    out["p50_ms"] = float(np.percentile(lat, 50)) if len(lat) else float("nan")
-    out["p99_ms"] = float(np.percentile(lat, 99)) if len(lat) else float("nan")
-    if killed:
-        near = np.array([x for t, x in rounds if abs(t - killed["at"]) <= 2.0]) * 1000
-        out["killed_sessions"] = killed["sessions"]
-        out["p99_near_kill_ms"] = float(np.percentile(near, 99)) if len(near) else float("nan")
-    return out
-
-
-def fleet(args: Any) -> list[dict[str, Any]]:
     bundle = args.bundle or small_bundle(args.hidden, args.layers, 512)
     ar = edgespec.load(bundle, threads=1)
     reference = {p: ar.generate(p, max_new_tokens=args.new_tokens, ignore_eos=True).tokens
@@ -268,12 +201,29 @@ def fleet(args: Any) -> list[dict[str, Any]]:
     rows = []
     for name, replicas in (("plain server", None), ("fleet, 1 replica", 1), ("fleet, 2", 2)):
         with server(bundle, 1, max(args.devices) + 8, replicas=replicas, quiet=True) as port:
-            for n in args.devices:
-                rows.append(dict(load_run(bundle, port, n, args, reference), server=name))
-                print(rows[-1], flush=True)
+            runs = [(n, False) for n in args.devices]
             if replicas == 2 and not args.skip_failover:
-                r = load_run(bundle, port, max(args.devices), args, reference, kill=True)
-                rows.append(dict(r, server="fleet, 2, one killed"))
+                runs.append((max(args.devices), True))
+            for n, kill in runs:
+                seen: dict[str, Any] = {}
+
+                def midway(port: int = port, kill: bool = kill, seen: dict = seen) -> None:
+                    replicas_now = health(port).get("per_replica", [])
+                    seen["split"] = "/".join(str(r["sessions"]) for r in replicas_now) or "-"
+                    if kill:  # the busiest replica
+                        victim = max(replicas_now, key=lambda r: r["sessions"])
+                        seen["killed_sessions"] = victim["sessions"]
+                        os.kill(victim["pid"], signal.SIGKILL)
+
+                config = ChannelConfig(rtt_ms=args.rtt)
+                with contextlib.ExitStack() as stack:
+                    chans = [stack.enter_context(Channel(f"127.0.0.1:{port}", config))
+                             for _ in range(n)]  # fmt: skip
+                    urls = [f"ws://{ch.address}" for ch in chans]
+                    r = run_devices(bundle, urls, PROMPTS, args.new_tokens, 3, args.seconds,
+                                    reference, midway)  # fmt: skip
+                rows.append(dict(r, **seen, server=name + (", one killed" if kill else "")))
+                print(rows[-1], flush=True)
     plain = {r["devices"]: r["tokens_per_s"] for r in rows if r["server"] == "plain server"}
     print(table(
         ["server", "devices", "sessions per replica", "tokens/s", "x plain", "round p50 ms",
@@ -286,9 +236,69 @@ def fleet(args: Any) -> list[dict[str, Any]]:
     for r in rows:
         if "killed_sessions" in r:
             print(f"\nkilled a replica holding {r['killed_sessions']} sessions: {r['lost']} "
-                  f"generations lost, p99 of rounds within ±2 s of the kill "
-                  f"{r['p99_near_kill_ms']:.0f} ms")  # fmt: skip
+                  f"generations lost, the slowest round within 2 s of the kill "
+                  f"{r['max_near_midway_ms']:.0f} ms")  # fmt: skip
     return rows
+
+
+# --------------------------------------------------------------------------- load
+def load(args: Any) -> list[dict[str, Any]]:
+    """N devices at once against a batched and an unbatched server, each behind its own
+    channel (`--rtt`, 10 Mbit/s), measured alternately for each γ and N (the order flips)."""
+    from edgespec.tools.channel import Channel, ChannelConfig
+
+    bundle = args.bundle or pair_bundle()
+    prompts = load_prompts(TRAINED / "prompts_code.jsonl", 4) if args.bundle is None else PROMPTS
+    servers = {
+        "unbatched": ["--max-batch", "1"],
+        "batched": ["--max-batch", str(args.max_batch), "--batch-window-ms",
+                    str(args.batch_window_ms)],
+    }  # fmt: skip
+    sessions = max(16, max(args.devices))
+    config = ChannelConfig(rtt_ms=args.rtt, bandwidth_mbit=10)
+    rows, flip = [], False
+    with contextlib.ExitStack() as stack:
+        ports = {n: stack.enter_context(server(bundle, args.threads, sessions, *extra))
+                 for n, extra in servers.items()}  # fmt: skip
+        urls = {n: f"ws://{stack.enter_context(Channel(f'127.0.0.1:{p}', config)).address}"
+                for n, p in ports.items()}  # fmt: skip
+        for gamma in args.gammas:
+            for n in args.devices:
+                order = ["batched", "unbatched"] if flip else ["unbatched", "batched"]
+                flip = not flip
+                for name in order:
+                    before = health(ports[name])
+                    r = run_devices(bundle, [urls[name]] * n, prompts, args.new_tokens, gamma,
+                                    args.seconds)  # fmt: skip
+                    r |= {"server": name, "gamma": gamma} | batch_stats(before, health(ports[name]))
+                    rows.append(r)
+    by = {(r["gamma"], r["devices"], r["server"]): r for r in rows}
+    cells = []
+    for gamma, n, _ in sorted(k for k in by if k[2] == "batched"):
+        b, u = by[(gamma, n, "batched")], by[(gamma, n, "unbatched")]
+        cells.append([gamma, n, f"{u['tokens_per_s']:.1f}", f"{b['tokens_per_s']:.1f}",
+                      f"{b['tokens_per_s'] / u['tokens_per_s']:.2f}x",
+                      f"{u['p50_ms']:.0f} / {u['p99_ms']:.0f}",
+                      f"{b['p50_ms']:.0f} / {b['p99_ms']:.0f}",
+                      f"{b['mean_drafted']:.1f}", f"{b['mean_batch']:.2f}",
+                      f"{b['rounds_per_forward']:.2f}"])  # fmt: skip
+    print(table(
+        ["γ", "devices", "unbatched tok/s", "batched tok/s", "batched / unbatched",
+         "unbatched p50 / p99 ms", "batched p50 / p99 ms", "drafts per round",
+         "rounds per batch", "rounds per forward"], "rrrrrllrrr", cells,
+    ))  # fmt: skip
+    return rows
+
+
+def batch_stats(before: dict, after: dict) -> dict:
+    """Mean rounds per batch and per forward between two /health reports."""
+
+    def mean(key: str) -> float:
+        diff = {int(k): v - before.get(key, {}).get(k, 0) for k, v in after.get(key, {}).items()}
+        count = sum(diff.values())
+        return sum(k * v for k, v in diff.items()) / count if count else 0.0
+
+    return {"mean_batch": mean("batches"), "rounds_per_forward": mean("rounds_per_forward")}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -305,6 +315,14 @@ def main(argv: list[str] | None = None) -> None:
     f.add_argument("--prompts", type=int, default=6)
     f.add_argument("--prompt-len", type=int, default=2000)
     f.add_argument("--idle-rounds", type=int, default=50)
+    d = sub.add_parser("load", help="devices against a batched and an unbatched server")
+    d.add_argument("--devices", default="1,2,4,8", type=lambda x: flags.listed(x, int))
+    d.add_argument("--gammas", default="4", type=lambda x: flags.listed(x, int))
+    d.add_argument("--seconds", type=float, default=5.0)
+    d.add_argument("--new-tokens", type=int, default=64)
+    d.add_argument("--rtt", type=float, default=50.0, help="channel RTT, ms")
+    d.add_argument("--max-batch", type=int, default=16, help="the batched server's --max-batch")
+    d.add_argument("--batch-window-ms", type=float, default=0.0)
     r = sub.add_parser("fleet", help="devices against a plain server and Ray Serve fleets")
     r.add_argument("--hidden", type=int, default=256, help="random model: hidden size")
     r.add_argument("--layers", type=int, default=4, help="random model: layers")
@@ -313,12 +331,13 @@ def main(argv: list[str] | None = None) -> None:
     r.add_argument("--new-tokens", type=int, default=64)
     r.add_argument("--rtt", type=float, default=20.0, help="channel RTT per device, ms")
     r.add_argument("--skip-failover", action="store_true")
-    for s in (b, f, r):
+    for s in (b, f, d, r):
         flags.add_common(s, threads=1)
         s.add_argument("--bundle", type=Path, default=None, help=f"default: see above ({TRAINED})")
     args = p.parse_args(argv)
     print(load_line(), flush=True)
-    rows = {"batching": batching, "prefill": prefills, "fleet": fleet}[args.scenario](args)
+    run = {"batching": batching, "prefill": prefills, "load": load, "fleet": fleet}
+    rows = run[args.scenario](args)
     print(f"\n{load_line()}")
     write_result(args.json, args, {"rows": rows})
 

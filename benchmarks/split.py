@@ -1,9 +1,9 @@
-"""Edge-cloud split decoding benchmark: tokens/s over emulated channels, in one run.
+"""Edge-cloud split decoding over emulated channels, in one run.
 
-Starts `edgespec serve BUNDLE` as a subprocess (the cloud), puts the channel emulator
-(`edgespec.tools.channel`, a TCP proxy on loopback) in front of it, and for each channel condition
-— RTT 10/50/150 ms × bandwidth 1/10/100 Mbit/s, plus a time-varying trace — measures on the
-device side (greedy, same prompts, device threads fixed):
+Starts `edgespec serve BUNDLE` (the cloud), puts the channel emulator (`edgespec.tools.channel`,
+a TCP proxy on loopback) in front of it, and for each channel condition — RTT 10/50/150 ms ×
+bandwidth 1/10/100 Mbit/s, plus a time-varying trace — measures on the device side (greedy,
+same prompts, device threads fixed):
 
   cloud-only      split with γ = 0: the server generates, one round trip per token
   device-only     the best local mode (ar, spec auto), no network (the same for every row)
@@ -11,32 +11,25 @@ device side (greedy, same prompts, device threads fixed):
   channel-aware   split with the FlexSpec policy (`edgespec.runtime.channel_policy`)
 
 Each configuration runs for a fixed wall time (`--seconds`) over the prompts (prefill
-included), so every one sees the same stretch of a time-varying trace (replayed from its
-start for each). Then a load test: N concurrent emulated devices (threads, lookup drafter,
-fixed γ) against a batched server (`--max-batch 16`: rounds that arrive together share
-forwards) and an unbatched one (`--max-batch 1`), both up for the whole test, each behind its
-own emulated channel, measured alternately for every N (the order flips from N to N so drift
-on a shared machine hits both): total tokens/s, p50/p99 round latency, and the batched
-server's rounds per batch and per forward (from its /health). Prints markdown tables.
+included), so every one sees the same stretch of a time-varying trace (replayed from its start
+for each). Many devices against one server: `python -m benchmarks.serving load`.
 
     python -m benchmarks.split --quick          # RTT 10/50/150 at 10 Mbit/s, γ 1,2,4,8
     python -m benchmarks.split                  # the full grid (~15 minutes)
-    python -m benchmarks.split --json split.json
-    python -m benchmarks.split --rtts 50 --temperature 0.8 --no-trace --no-load
+    python -m benchmarks.split --rtts 50 --temperature 0.8 --no-trace
                                       # sampling: rounds carry q rows, bandwidth matters
-    python -m benchmarks.split --load-only --devices 1,2,4,8,16 --load-gammas 0,4
-                                      # batched vs unbatched serving only
     python -m benchmarks.split --rtts 50 --temperature 0.8 --draft-top-k 64,0 \
-        --compare-greedy --policies fixed:4,channel-aware --no-trace --no-load
+        --compare-greedy --policies fixed:4,channel-aware --no-trace
                                       # sampled drafts' supports (top-64, uncapped) vs greedy,
                                       # uplink bytes per drafted token
+    python -m benchmarks.split --rtts 50 --bandwidths 10 --no-trace --seconds 2 --prompts 1 \
+        --policies fixed:0,fixed:2,channel-aware      # a smoke run
 
 Uses the trained pair (`python -m benchmarks.train_models`; its bundle: `full`, `draft`, exits).
 """
 
 from __future__ import annotations
 
-import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -44,7 +37,7 @@ from pathlib import Path
 from benchmarks.lib import flags
 from benchmarks.lib.machine import load_line
 from benchmarks.lib.models import TRAINED, load_prompts, pair_bundle, trained_pair
-from benchmarks.lib.serving import free_port, health, start_server, stop_server
+from benchmarks.lib.serving import server
 from benchmarks.lib.tables import write_result
 from edgespec.tools.channel import Channel, ChannelConfig, Trace, TraceRow
 
@@ -227,125 +220,7 @@ def run_conditions(args, bundle: Path, prompts: list[str], port: int) -> list[Ro
     return rows
 
 
-def run_load(args, bundle: Path, prompts: list[str]) -> list[dict]:
-    """N devices at once, each server behind its own channel (`--load-rtt`, 10 Mbit/s);
-    batched and unbatched servers measured alternately for each γ and N."""
-    servers = {
-        "unbatched": ["--max-batch", "1"],
-        "batched": ["--max-batch", str(args.max_batch)]
-        + ["--batch-window-ms", str(args.batch_window_ms)],
-    }
-    ports = {name: free_port() for name in servers}
-    procs = []
-    results = []
-    try:
-        for name, extra in servers.items():
-            sessions = max(16, max(args.devices))
-            procs.append(start_server(bundle, ports[name], args.server_threads, sessions, *extra))
-        config = ChannelConfig(rtt_ms=args.load_rtt, bandwidth_mbit=10)
-        with (
-            Channel(f"127.0.0.1:{ports['unbatched']}", config) as ch_u,
-            Channel(f"127.0.0.1:{ports['batched']}", config) as ch_b,
-        ):
-            channels = {"unbatched": ch_u, "batched": ch_b}
-            flip = False
-            for gamma in args.load_gammas:
-                for n in args.devices:
-                    order = ["batched", "unbatched"] if flip else ["unbatched", "batched"]
-                    flip = not flip
-                    for name in order:
-                        before = health(ports[name])
-                        url = f"ws://{channels[name].address}"
-                        r = load_step(args, bundle, prompts, url, n, gamma)
-                        r |= {"server": name, "gamma": gamma}
-                        r |= batch_stats(before, health(ports[name]))
-                        results.append(r)
-                        print(
-                            f"  load γ={gamma} N={n} {name:<9}: {r['tokens_per_s']:.1f} tok/s, "
-                            f"p50 {r['p50_ms']:.0f} ms, p99 {r['p99_ms']:.0f} ms, "
-                            f"batch {r['mean_batch']:.2f}, rounds/forward "
-                            f"{r['rounds_per_forward']:.2f}",
-                            flush=True,
-                        )
-    finally:
-        for proc in procs:
-            stop_server(proc)
-    return results
-
-
-def batch_stats(before: dict, after: dict) -> dict:
-    """Mean rounds per batch and per forward between two /health reports."""
-
-    def mean(key: str) -> float:
-        diff = {int(k): v - before.get(key, {}).get(k, 0) for k, v in after.get(key, {}).items()}
-        count = sum(diff.values())
-        return sum(k * v for k, v in diff.items()) / count if count else 0.0
-
-    return {"mean_batch": mean("batches"), "rounds_per_forward": mean("rounds_per_forward")}
-
-
-def load_step(args, bundle: Path, prompts: list[str], server: str, n: int, gamma: int) -> dict:
-    import edgespec
-
-    models = [
-        edgespec.load(
-            bundle,
-            mode="split",
-            server=server,
-            drafter="lookup",
-            draft_policy=f"fixed:{gamma}",
-            threads=1,
-            local_fallback=False,
-            timeout=60.0,
-        )
-        for _ in range(n)
-    ]
-    for model in models:  # connect and warm up before the clock starts
-        model.generate(prompts[0], max_new_tokens=4, ignore_eos=True)
-    latencies: list[float] = []
-    counts = [0] * n
-    drafted = [0]
-    lock = threading.Lock()
-    stop = time.perf_counter() + args.seconds
-
-    def device(i: int) -> None:
-        k = i
-        while time.perf_counter() < stop:
-            stream = models[i].stream(
-                prompts[k % len(prompts)], max_new_tokens=args.max_new_tokens, ignore_eos=True
-            )
-            for chunk in stream:
-                with lock:
-                    counts[i] += len(chunk.tokens)
-                    if chunk.stats.phase == "decode":
-                        latencies.append(chunk.stats.seconds)
-                        drafted[0] += chunk.stats.drafted
-                if time.perf_counter() >= stop:
-                    break
-            k += 1
-
-    start = time.perf_counter()
-    threads = [threading.Thread(target=device, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    elapsed = time.perf_counter() - start
-    for model in models:  # close the connections: the next step's devices need the slots
-        model.remote.drop()
-    lat = sorted(latencies) or [0.0]
-    return {
-        "devices": n,
-        "tokens_per_s": sum(counts) / elapsed,
-        "per_device": sum(counts) / elapsed / n,
-        "p50_ms": lat[int(0.50 * (len(lat) - 1))] * 1000,
-        "p99_ms": lat[int(0.99 * (len(lat) - 1))] * 1000,
-        "rounds": len(latencies),
-        "mean_drafted": drafted[0] / max(len(latencies), 1),
-    }
-
-
-def tables(rows: list[Row], load: list[dict], decoding: str = "greedy") -> str:
+def tables(rows: list[Row], decoding: str = "greedy") -> str:
     out = []
     conditions = list(dict.fromkeys(r.condition for r in rows))
     engines = list(dict.fromkeys(r.engine for r in rows))
@@ -393,35 +268,6 @@ def tables(rows: list[Row], load: list[dict], decoding: str = "greedy") -> str:
                 ok = r is not None and r.bytes_per_draft
                 cells.append(f"{r.bytes_per_draft:,.0f}" if ok else "-")  # type: ignore[union-attr]
             out.append(f"| {e} | " + " | ".join(cells) + " |")
-    if load:
-        out.append("")
-        out.append(load_table(load))
-    return "\n".join(out)
-
-
-def load_table(load: list[dict]) -> str:
-    """Unbatched vs batched server, per γ and N (rows of the same run, measured alternately)."""
-    by = {(r["gamma"], r["devices"], r["server"]): r for r in load}
-    out = [
-        "Load: N devices (lookup drafter, fixed:γ), one server, unbatched (--max-batch 1) vs "
-        "batched; tok/s total, round p50/p99 ms:",
-        "",
-        "| γ | devices | unbatched tok/s | batched tok/s | batched / unbatched | "
-        "unbatched p50 / p99 | batched p50 / p99 | drafts per round | rounds per batch | "
-        "rounds per forward |",
-        "|---:|---:|---:|---:|---:|---|---|---:|---:|---:|",
-    ]
-    for gamma, n, _ in sorted(k for k in by if k[2] == "batched"):
-        b, u = by[(gamma, n, "batched")], by.get((gamma, n, "unbatched"))
-        if u is None:
-            continue
-        out.append(
-            f"| {gamma} | {n} | {u['tokens_per_s']:.1f} | {b['tokens_per_s']:.1f} | "
-            f"{b['tokens_per_s'] / u['tokens_per_s']:.2f}x | {u['p50_ms']:.0f} / "
-            f"{u['p99_ms']:.0f} | {b['p50_ms']:.0f} / {b['p99_ms']:.0f} | "
-            f"{b.get('mean_drafted', 0):.1f} | {b['mean_batch']:.2f} | "
-            f"{b['rounds_per_forward']:.2f} |"
-        )
     return "\n".join(out)
 
 
@@ -434,13 +280,6 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--trace-seconds", type=float, default=24.0, help="per config on the trace")
     ap.add_argument("--device-threads", type=int, default=1, help="the device's threads")
     ap.add_argument("--server-threads", type=int, default=1)
-    ap.add_argument("--devices", default="1,2,4,8", help="load test: concurrent devices")
-    ap.add_argument("--no-load", action="store_true")
-    ap.add_argument("--load-only", action="store_true", help="only the load test")
-    ap.add_argument("--load-gammas", default="4", help="load test: the devices' fixed γ values")
-    ap.add_argument("--load-rtt", type=float, default=50.0, help="load test: channel RTT, ms")
-    ap.add_argument("--max-batch", type=int, default=16, help="the batched server's --max-batch")
-    ap.add_argument("--batch-window-ms", type=float, default=0.0)
     ap.add_argument("--rtts", default="10,50,150", help="ms, comma-separated")
     ap.add_argument("--bandwidths", default="1,10,100", help="Mbit/s, comma-separated")
     ap.add_argument("--no-trace", action="store_true")
@@ -459,29 +298,16 @@ def main(argv: list[str] | None = None) -> None:
     if args.quick:
         args.bandwidths = [10.0] if args.bandwidths == [1.0, 10.0, 100.0] else args.bandwidths
         args.seconds, args.trace_seconds = min(args.seconds, 3.0), min(args.trace_seconds, 12.0)
-        args.devices = "1,4" if args.devices == "1,2,4,8" else args.devices
-    args.devices = [int(n) for n in args.devices.split(",") if n]
-    args.load_gammas = [int(g) for g in args.load_gammas.split(",") if g]
     args.draft_top_k = [int(k) for k in args.draft_top_k.split(",") if k]
     args.policies = args.policies.split(",") if args.policies else None
     bundle = pair_bundle(trained_pair(args.models))
     print(load_line(), flush=True)
     prompts = load_prompts(args.models / "prompts_code.jsonl", args.prompts)
-    rows: list[Row] = []
-    if not args.load_only:
-        port = free_port()
-        server = start_server(bundle, port, args.server_threads, max(16, max(args.devices)))
-        try:
-            rows = run_conditions(args, bundle, prompts, port)
-        finally:
-            stop_server(server)
-    load = [] if args.no_load else run_load(args, bundle, prompts)
-    print()
+    with server(bundle, args.server_threads, 16) as port:
+        rows = run_conditions(args, bundle, prompts, port)
     decoding = f"sampling at T={args.temperature:g}" if args.temperature else "greedy"
-    print(tables(rows, load, decoding) if rows else load_table(load))
-    print(f"\n{load_line()}")
-    data = {"rows": [asdict(r) for r in rows], "load": load}
-    write_result(args.json, args, data, plot="split" if rows else "")
+    print(f"\n{tables(rows, decoding)}\n\n{load_line()}")
+    write_result(args.json, args, {"rows": [asdict(r) for r in rows]}, plot="split")
 
 
 if __name__ == "__main__":
