@@ -1,7 +1,7 @@
 """Build the bundle `edgespec demo` ships: the trained pair of train_models.py, exported small.
 
 Takes the trained target + draft (`--models`, default ~/.cache/edgespec-bench/trained, made by
-`python benchmarks/train_models.py`). Guarantees: `--out` (default edgespec/demo_bundle, package
+`python -m benchmarks.train_models`). Guarantees: `--out` (default edgespec/demo_bundle, package
 data) holds an edgespec bundle of the target with early exits at layers 2 and 4 and the draft,
 the target's weights as `--quantize` says (default none: fp32. Why not int8, which is 4x smaller
 and 2.5x faster for plain decoding: at int8 this 11M model takes ~0.7 ms a token, nearly all of
@@ -13,8 +13,8 @@ precision, and a draft step takes 0.15 ms instead of 0.34 ms; 45 MiB in all), ch
 exporter against transformers, plus `provenance.json` (training steps, held-out losses, the
 command). The runtime loads it with numpy + onnxruntime only, so `edgespec demo` needs no torch.
 
-    python benchmarks/train_models.py          # once (~35 min on 2 cores, cached)
-    python benchmarks/build_demo_bundle.py     # ~1 min; then: edgespec demo
+    python -m benchmarks.train_models          # once (~35 min on 2 cores, cached)
+    python -m benchmarks.build_demo_bundle     # ~1 min; then: edgespec demo
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     models: Path = args.models.expanduser()
     for part in ("target", "draft"):
         if not (models / part / "train_info.json").exists():
-            sys.exit(f"{models / part} is not trained yet: run python benchmarks/train_models.py")
+            sys.exit(f"{models / part} is not trained yet: run python -m benchmarks.train_models")
     from edgespec.export import export_bundle
 
     if args.out.exists():
@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         }
         for part in ("target", "draft")
     }
-    info["built_by"] = "python benchmarks/train_models.py && python benchmarks/build_demo_bundle.py"
+    info["built_by"] = "python -m benchmarks.train_models && python -m benchmarks.build_demo_bundle"
     info["quantize"] = args.quantize
     info["draft_quantize"] = args.draft_quantize
     info["exit_layers"] = EXITS

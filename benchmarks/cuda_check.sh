@@ -3,8 +3,8 @@
 #   1. every decoding mode's greedy tokens against the CPU provider's and, in fp16 with the KV
 #      cache on the GPU, against the target's own (tests/test_cuda.py, plus the device-cache
 #      and older-onnxruntime tests);
-#   2. ar / spec / self-spec tok/s of the SmolLM2-360M-shaped target with the 135M-shaped
-#      draft and exits 8, 16, in fp16, at known acceptance (bench_oracle.py --device cuda).
+#   2. plain decoding tok/s of the SmolLM2-135M shape on the CPU provider (benchmarks.decode),
+#      for the machine's record beside the tests.
 # Needs onnxruntime-gpu importable by $PYTHON (default python3) and transformers + torch for
 # the exports. The CUDA/cuDNN libraries of the nvidia-* pip packages next to it are put on
 # the library path. Logs and JSON go to $1 (default benchmarks/results).
@@ -48,9 +48,8 @@ timeout "${TEST_TIMEOUT:-300}" $py -m pytest -q -rA -p no:cacheprovider \
 echo "tests: exit $? (log: $out/cuda_tests.log)"
 grep -E "^(PASSED|FAILED|ERROR|SKIPPED)|passed|failed" "$out/cuda_tests.log" | tail -40
 
-timeout "${BENCH_TIMEOUT:-400}" $py benchmarks/bench_oracle.py --device cuda --dtype fp16 \
-    --setups "${SETUPS:-spec,self-spec@8,self-spec@16}" --alphas "${ALPHAS:-0.7,0.9}" \
-    --gammas "${GAMMAS:-1,2,4,6}" --policies auto --repeats 2 --new-tokens 64 --threads 4 \
-    --json "$out/oracle_cuda_fp16.json" >"$out/oracle_cuda_fp16.log" 2>&1
-echo "bench: exit $? (log: $out/oracle_cuda_fp16.log)"
-grep -v "Loading weights\|Writing model" "$out/oracle_cuda_fp16.log" | tail -45
+timeout "${BENCH_TIMEOUT:-400}" $py -m benchmarks.decode --shapes smollm2-135m \
+    --engines edgespec --threads 4 --quiet-wait 0 --json "$out/decode.json" \
+    >"$out/decode.log" 2>&1
+echo "bench: exit $? (log: $out/decode.log)"
+tail -12 "$out/decode.log"

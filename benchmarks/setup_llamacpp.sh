@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build llama.cpp from source, in its own venv, for the llama.cpp rows of bench_ar.py / bench_auto.py.
+# Build llama.cpp from source, in its own venv, for the llama.cpp rows of benchmarks.decode and benchmarks.quant.
 #
 # Takes: VENV (default /work/venv-llamacpp), SRC (default /work/llamacpp-src), JOBS (default 2),
 #        AMX (default off; "on" builds llama.cpp's AMX kernels, for hosts where they run).
@@ -46,7 +46,7 @@ fi
 # AMX stays off unless AMX=on: a VM may list amx_* in /proc/cpuinfo without letting a process
 # use the tiles (this project's Xeon VM: llama.cpp's Q8_0/Q4_0 prompt path died with a general
 # protection fault and SIGILL in libggml-cpu). Where the tiles do run, the AMX build decoded
-# Q8_0/Q4_0 about twice as fast as this one (benchmarks/README, stop 27): build it with AMX=on.
+# Q8_0/Q4_0 about twice as fast as this one: build it with AMX=on.
 AMX_FLAGS=""
 if [ "${AMX:-off}" != on ]; then
     AMX_FLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"

@@ -53,8 +53,8 @@ a phase whose folder already holds a ``train_info.json`` with the same config is
 
 Run (in the project venv):
 
-    python benchmarks/train_models.py                      # 25 + 10 minutes, cached
-    python benchmarks/train_models.py --target-steps 1500 --draft-steps 6000 --force
+    python -m benchmarks.train_models                      # 25 + 10 minutes, cached
+    python -m benchmarks.train_models --target-steps 1500 --draft-steps 6000 --force
 
 At the end it prints the acceptance estimate: on 8 held-out code prompts (and 8 text
 prompts) the target greedily generates 64 tokens; along that greedy path it reports how often
@@ -67,7 +67,6 @@ from __future__ import annotations
 
 import argparse
 import ast
-import hashlib
 import json
 import math
 import random
@@ -87,22 +86,20 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 from transformers.utils import logging as hf_logging
 
-DEFAULT_OUT = Path("~/.cache/edgespec-bench/trained").expanduser()
+from benchmarks.lib.models import EXCLUDED_DIRS, HELDOUT_PERCENT, TRAINED, stdlib_sources
+
+DEFAULT_OUT = TRAINED
 SCRIPT_VERSION = 1
 SEED = 0
 EOS = "<|endoftext|>"  # id 0: bos, eos and pad of both models
 VOCAB_SIZE = 4096
-HELDOUT_PERCENT = 5
-EXCLUDED_DIRS = frozenset(
-    {"site-packages", "__pycache__", "test", "tests", "idle_test", "encodings", "pydoc_data"}
-)
 EXIT_WEIGHTS = {2: 0.4, 4: 0.4}  # early-exit layer -> weight of its CE in the target's loss
 # draft loss = KL(target || draft) + this * CE (`--draft-ce-weight`). The CE pulls the draft
 # towards the data, away from the target where the target is wrong; the draft is there to
-# agree with the target. Stop 31, the same target: 0.5 (until then) for 6,000 steps fit the
-# data better than the target does (held-out CE 4.01 against 4.44) and agreed with it less
-# than after 1,500 (greedy path on code 79% against 81%); the KL alone agreed 84% after
-# 3,000 steps and 86% after 6,000 (held-out top-1 66% -> 77%)
+# agree with the target. With a weight of 0.5, 6,000 steps fit the data better than the
+# target does (held-out CE 4.01 against 4.44) and agreed with it less than 1,500 steps did
+# (greedy path on code 79% against 81%); the KL alone agrees 84% after 3,000 steps and 86%
+# after 6,000 (held-out top-1 66% -> 77%)
 DISTILL_CE_WEIGHT = 0.0
 N_CODE_PROMPTS = 32
 N_TEXT_PROMPTS = 16
@@ -171,26 +168,6 @@ def data_config() -> dict[str, Any]:
         "vocab_size": VOCAB_SIZE,
         "version": SCRIPT_VERSION,
     }
-
-
-def is_heldout(rel_path: str) -> bool:
-    """Deterministic split on the path relative to the stdlib root (~HELDOUT_PERCENT %)."""
-    h = int(hashlib.sha256(rel_path.encode()).hexdigest()[:8], 16)
-    return h % 100 < HELDOUT_PERCENT
-
-
-def stdlib_sources() -> tuple[dict[str, str], dict[str, str]]:
-    """(train, held-out) dicts of relative path -> source text, in sorted path order."""
-    root = Path(sysconfig.get_paths()["stdlib"])
-    train: dict[str, str] = {}
-    heldout: dict[str, str] = {}
-    for path in sorted(root.rglob("*.py")):
-        rel = path.relative_to(root).as_posix()
-        if EXCLUDED_DIRS.intersection(rel.split("/")[:-1]):
-            continue
-        text = path.read_text(encoding="utf-8", errors="replace")
-        (heldout if is_heldout(rel) else train)[rel] = text
-    return train, heldout
 
 
 def train_tokenizer(texts: Iterable[str]) -> PreTrainedTokenizerFast:

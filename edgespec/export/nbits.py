@@ -32,9 +32,9 @@ class WeightFormat:
     zero_points: bool  # asymmetric blocks (a zero point each) or symmetric ones
 
 
-# The defaults, measured by bench_ar.py (speed, 2 threads, next to llama.cpp's Q8_0 / Q4_0)
-# and bench_quant.py (the logits' KL to fp32 on the trained target); figures in
-# benchmarks/README.md, "Quantization: block size and zero points":
+# The defaults, measured by `python -m benchmarks.decode` (speed, 2 threads, next to
+# llama.cpp's Q8_0 / Q4_0) and `python -m benchmarks.quant` (the logits' KL to fp32 on the
+# trained target); docs/tuning.md:
 # * int8, symmetric blocks of 128: onnxruntime's 8-bit kernel runs 1.1-1.9x faster than at
 #   block 32 on the Qwen2.5-0.5B shape and reads 8.25 bits a weight (Q8_0: 8.5); the KL stays
 #   ~1e-4, as Q8_0's. Zero points bring int8 nothing measurable.
@@ -135,7 +135,7 @@ def embedding_format(method: str, block_size: int | None = None) -> WeightFormat
     int8: as its linears, so a tied LM head and the embedding share one copy of the bytes.
     int4: int8 blocks, a table of its own. An embedding row's rounding goes straight into the
     residual stream: int4 rows raised the trained target's KL to fp32 by 44% (0.0051 ->
-    0.0074, past Q4_0's 0.0062; bench_quant.py), int8 rows by nothing measurable."""
+    0.0074, past Q4_0's 0.0062; benchmarks.quant), int8 rows by nothing measurable."""
     return WEIGHT_ONLY["int8"] if method == "int4" else weight_format(method, block_size)
 
 

@@ -4,9 +4,9 @@ Decoding streams every weight once a token, so a 4 KiB page is a TLB miss every 
 few hundred MB. onnxruntime allocates its weights (prepacked for its kernels) with malloc,
 which on a kernel whose transparent huge pages are `madvise` (the common default) gets 4 KiB
 pages. Asking the kernel afterwards to collapse those regions into huge pages
-(`MADV_COLLAPSE`, Linux 6.1+) made plain decoding 5-12% faster on this project's Xeon VM
-(bench_huge_pages.py: SmolLM2-135M fp32 45.3 -> 48.7 tok/s, int8 117.6 -> 132.1; Qwen2.5-0.5B
-fp32 13.2 -> 13.8, 2 threads, stop 30). It costs load time: 1.3 s for SmolLM2-135M's 500 MB
+(`MADV_COLLAPSE`, Linux 6.1+) made plain decoding 5-12% faster on an Intel Xeon VM
+(SmolLM2-135M shape fp32 45.3 -> 48.7 tok/s, int8 117.6 -> 132.1; Qwen2.5-0.5B fp32
+13.2 -> 13.8, 2 threads). It costs load time: 1.3 s for SmolLM2-135M's 500 MB
 of fp32 weights and 5 s for Qwen2.5-0.5B's 1.9 GB on that VM, whose guest memory the host
 backs lazily (4 ms a 2 MiB page); 0.15 s per 500 MB where the memory had been used before.
 `huge_pages=False` (LoadConfig) skips it. numpy already asks for huge pages for its own large
@@ -14,9 +14,9 @@ arrays (the KV cache). Nothing changes but where pages sit in memory: the same b
 same results.
 
 Which memory: the regions that gained resident memory while the session opened, after
-malloc's free memory was given back to the system (`snapshot`). Until stop 31 it was the
-regions that were new; a load into memory freed earlier in the process (by an export in the
-same script, or by another model) then found none, and left the weights in 4 KiB pages.
+malloc's free memory was given back to the system (`snapshot`). Not the regions that are new:
+a load into memory freed earlier in the process (by an export in the same script, or by
+another model) finds none, and would leave the weights in 4 KiB pages.
 
 Best effort: on other systems, on older kernels, or with huge pages off (`never`), nothing
 happens and nothing is raised.

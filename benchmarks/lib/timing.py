@@ -1,0 +1,73 @@
+"""Timed generations: `Run` (prefill and decode times of one generation), `measure` (warm-up,
+then runs started on a quiet machine and tagged with the CPU others used meanwhile), and the
+runs a figure counts. Standard library only: the onnxruntime-genai and llama.cpp workers
+import it in their own interpreters."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from benchmarks.lib.machine import QUIET_CORES, CpuMonitor, wait_for_quiet
+
+
+@dataclass
+class Run:
+    """One timed generation."""
+
+    prefill_s: float
+    decode_s: float
+    prompt_tokens: int
+    decode_tokens: int  # tokens after the first one
+    tokens: list[int]
+    wall_s: float = 0.0  # the whole call, setup included, for sanity checks
+    other_cpu: float = 0.0  # mean cores other processes kept busy during this run
+
+    @property
+    def prefill_tps(self) -> float:
+        return self.prompt_tokens / self.prefill_s if self.prefill_s > 0 else 0.0
+
+    @property
+    def decode_tps(self) -> float:
+        return self.decode_tokens / self.decode_s if self.decode_s > 0 else 0.0
+
+
+def measure(
+    once: Callable[[], Run], warmup: int, repeats: int, quiet_wait: float, retries: int = 0
+) -> list[Run]:
+    """Warm up, then time `repeats` runs, each started when the machine is quiet (or after
+    `quiet_wait` seconds of waiting for that); up to `retries` extra runs replace runs that
+    other processes disturbed."""
+    wait_for_quiet(quiet_wait)
+    for _ in range(warmup):
+        once()
+    runs: list[Run] = []
+    while len(runs) < repeats + retries and sum(map(undisturbed, runs)) < repeats:
+        wait_for_quiet(quiet_wait)
+        monitor = CpuMonitor()
+        start = time.perf_counter()
+        run = once()
+        run.wall_s = time.perf_counter() - start
+        run.other_cpu = monitor.other_cores()
+        runs.append(run)
+    return runs
+
+
+def undisturbed(run: Run) -> bool:
+    return run.other_cpu <= QUIET_CORES
+
+
+def counted(runs: list[Run]) -> list[Run]:
+    """The runs a row's figures come from: the undisturbed ones, or all if every one was."""
+    return [r for r in runs if undisturbed(r)] or runs
+
+
+def leading_match(a: list[int], b: list[int]) -> int:
+    """How many leading tokens two outputs share."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n

@@ -1,0 +1,180 @@
+"""What int8 / int4 weights cost in accuracy: each quantized bundle's next-token distribution
+against the fp32 model's, on real text, next to llama.cpp's Q8_0 / Q4_0 of the same checkpoint.
+
+Takes the trained target of `train_models.py` (`--models`, default
+~/.cache/edgespec-bench/trained: real weights, so rounding errors meet the outliers and
+correlations a trained model has, which random-weight shapes lack) and its held-out code and
+text prompts. Guarantees:
+
+* every configuration is a real exported bundle run by the runtime (`edgespec.load`), one
+  teacher-forced prefill per prompt, logits at every position;
+* `int8@32`-style names pick the block, plain `int8` / `int4` the export's default (a matrix
+  whose K the block does not divide takes a smaller block, as the export does: the trained
+  target's K = 320 takes 64 where 128 is asked);
+* KL(fp32 || quantized) in nats, mean over positions, and the share of positions whose argmax
+  equals fp32's; bits per weight as stored, read from the graph's MatMulNBits tensors (packed
+  weights, fp32 scales, zero points) over the K x N weights they hold;
+* with `--llamacpp-venv`: the same ids through llama.cpp's Q8_0 / Q4_0 (`llama-quantize --pure`
+  from its own F32 conversion, as `lib.llamacpp` makes them), logits of every position through
+  its bindings; its F32 row checks that the two engines agree before rounding.
+
+Speed is `benchmarks.decode`'s job (`--precisions int8,int4,int4@32`); this measures what
+the rounding does.
+
+    python -m benchmarks.quant --llamacpp-venv /work/venv-llamacpp --json out.json
+    python -m benchmarks.quant --configs int8,int4 --prompts 1 --max-ids 32     # a smoke run
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks.lib import flags
+from benchmarks.lib.llamacpp import BYTES_PER_WEIGHT, LlamaCppEnv, gguf_for
+from benchmarks.lib.machine import load_line
+from benchmarks.lib.models import TRAINED, load_prompts, trained_pair
+from benchmarks.lib.tables import write_result
+
+DEFAULT_CONFIGS = "int8@32,int8,int4@32,int4,int4@128"
+GGUF_ROWS = {"F32": "fp32", "Q8_0": "int8", "Q4_0": "int4"}  # llama.cpp row -> gguf_for name
+
+LLAMACPP_LOGITS = """
+import json, sys
+import numpy as np
+from llama_cpp import Llama
+gguf, ids_file, out = sys.argv[1:4]
+prompts = json.load(open(ids_file))
+llm = Llama(model_path=gguf, logits_all=True, n_ctx=max(map(len, prompts)) + 8,
+            n_batch=512, n_threads=2, n_threads_batch=2, verbose=False)
+rows = []
+for ids in prompts:
+    llm.reset()
+    llm.eval(ids)
+    rows.append(np.array(llm.scores[: len(ids)], np.float32))
+np.save(out, np.concatenate(rows))
+"""
+
+
+def stored_bits_per_weight(graph_file: Path) -> float:
+    """Bits the full graph's MatMulNBits tensors store per weight (padding included)."""
+    import onnx
+
+    graph = onnx.load(str(graph_file), load_external_data=False).graph
+    shapes = {t.name: list(t.dims) for t in graph.initializer}
+    stored = weights = 0
+    for node in graph.node:
+        if node.op_type != "MatMulNBits":
+            continue
+        attrs = {a.name: a.i for a in node.attribute}
+        weights += attrs["K"] * attrs["N"]
+        for i, name in enumerate(node.input[1:4], start=1):
+            if name:
+                stored += int(np.prod(shapes[name])) * (32 if i == 2 else 8)  # scales: fp32
+    return stored / weights
+
+
+def export_config(target: Path, out: Path, name: str) -> dict:
+    """Export `name` ("fp32", "int8", "int4@64": a block) and describe it."""
+    from edgespec.export import export_bundle
+
+    method, _, block = name.partition("@")
+    if method == "fp32":
+        export_bundle(target, out, overwrite=True, verify=False)
+        return {"bits_per_weight": 32.0}
+    size = int(block) if block else None
+    export_bundle(target, out, quantize=method, block_size=size, overwrite=True, verify=False)
+    return {"bits_per_weight": stored_bits_per_weight(out / "full.onnx")}
+
+
+def edgespec_logits(bundle: Path, prompts: list[list[int]]) -> np.ndarray:
+    import edgespec
+
+    target = edgespec.load(bundle, threads=2).target
+    rows = []
+    for ids in prompts:
+        target.reset(len(ids) + 8)
+        rows.append(target.forward(np.array(ids), keep=len(ids)))
+    return np.concatenate(rows)
+
+
+def llamacpp_logits(venv: Path, target: Path, ggml: str, prompts: list[list[int]]) -> np.ndarray:
+    env = LlamaCppEnv.from_venv(venv)
+    gguf = gguf_for(target, GGUF_ROWS[ggml], env)
+    with tempfile.TemporaryDirectory() as tmp:
+        ids_file, out = Path(tmp) / "ids.json", Path(tmp) / "logits.npy"
+        ids_file.write_text(json.dumps(prompts))
+        cmd = [env.python, "-c", LLAMACPP_LOGITS, str(gguf), str(ids_file), str(out)]
+        proc = subprocess.run(cmd, env=env.subprocess_env(), capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"llama.cpp logits of {gguf.name} failed:\n{proc.stderr[-2000:]}")
+        return np.load(out)
+
+
+def log_softmax(z: np.ndarray) -> np.ndarray:
+    z = z - z.max(axis=-1, keepdims=True)
+    return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
+
+
+def compare(ref: np.ndarray, got: np.ndarray) -> dict[str, float]:
+    lp = log_softmax(got.astype(np.float64))
+    kl = (np.exp(ref) * (ref - lp)).sum(axis=-1)
+    return {"kl": float(kl.mean()), "top1": float((ref.argmax(-1) == lp.argmax(-1)).mean())}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = flags.parser(__doc__)
+    ap.add_argument("--models", type=Path, default=TRAINED)
+    ap.add_argument("--configs", default=DEFAULT_CONFIGS, help="comma list, e.g. int4@64")
+    ap.add_argument("--prompts", type=int, default=16, help="per set (code, text)")
+    ap.add_argument("--max-ids", type=int, default=256, help="ids per prompt")
+    ap.add_argument("--llamacpp-venv", type=Path, default=None)
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args(argv)
+    target = trained_pair(args.models) / "target"
+    print(load_line(), flush=True)
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(target)
+    texts = [
+        p
+        for name in ("prompts_code.jsonl", "prompts_text.jsonl")
+        for p in load_prompts(args.models / name, args.prompts)
+    ]
+    prompts = [tok(t)["input_ids"][: args.max_ids] for t in texts]
+    print(f"{len(prompts)} prompts, {sum(map(len, prompts))} positions", file=sys.stderr)
+
+    rows: list[dict] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        export_config(target, Path(tmp) / "fp32", "fp32")
+        ref = log_softmax(edgespec_logits(Path(tmp) / "fp32", prompts).astype(np.float64))
+        for name in [c for c in args.configs.split(",") if c]:
+            info = export_config(target, Path(tmp) / name, name)
+            got = edgespec_logits(Path(tmp) / name, prompts)
+            rows.append({"engine": "edgespec", "config": name, **info, **compare(ref, got)})
+            print(f"edgespec {name}: {rows[-1]}", file=sys.stderr)
+    if args.llamacpp_venv is not None:
+        for ggml, precision in GGUF_ROWS.items():
+            got = llamacpp_logits(args.llamacpp_venv, target, ggml, prompts)
+            bits = 8 * BYTES_PER_WEIGHT[precision]
+            row = {"engine": "llama.cpp", "config": ggml, "bits_per_weight": bits}
+            rows.append(row | compare(ref, got))
+
+    print(f"\n{'engine':<10}{'weights':<22}{'bits/weight':>12}{'KL to fp32':>12}{'top-1 =':>9}")
+    for r in rows:
+        print(
+            f"{r['engine']:<10}{r['config']:<22}{r['bits_per_weight']:>12.3f}"
+            f"{r['kl']:>12.5f}{100 * r['top1']:>8.1f}%"
+        )
+    print(load_line())
+    write_result(args.json, args, {"positions": sum(map(len, prompts)), "rows": rows})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
