@@ -22,8 +22,8 @@ from pathlib import Path
 import numpy as np
 
 from edgespec.protocol import Start, Verify
-from edgespec.serve.server import ServerConfig, load_state
 from edgespec.serve.session import prefill
+from edgespec.serve.state import ServerConfig, load_state
 
 DEFAULT = Path(os.environ.get("EDGESPEC_BENCH", Path.home() / ".cache" / "edgespec-bench"))
 
