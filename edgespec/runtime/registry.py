@@ -37,6 +37,7 @@ from edgespec.runtime.errors import InputError, SplitError
 from edgespec.runtime.estimates import STATE_PRIOR_FIRST, AcceptanceModel, CostModel
 from edgespec.runtime.link import Remote
 from edgespec.runtime.local import LocalVerifier
+from edgespec.runtime.modes import MODES
 from edgespec.runtime.opener import BundleGraphs
 from edgespec.runtime.policies import (
     Acceptance,
@@ -68,19 +69,6 @@ class Decoder:
         return self.split.remote if self.split is not None else None
 
 
-@dataclass(frozen=True)
-class ModeDefaults:
-    drafter: str  # "exit" = exit:K at the chosen exit layer
-    policy: str
-
-
-MODES: dict[str, ModeDefaults] = {
-    "ar": ModeDefaults("none", "fixed:0"),
-    "spec": ModeDefaults("draft", "auto"),
-    "self-spec": ModeDefaults("exit", "auto"),
-    "lookup": ModeDefaults("lookup", "auto"),
-    "split": ModeDefaults("", "channel-aware"),  # drafter: the best the bundle has
-}
 DRAFTERS = ("none", "draft", "exit:K", "lookup")
 
 
