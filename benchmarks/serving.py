@@ -148,7 +148,7 @@ async def prefill_scenario(state: Any, prompts: list[list[int]], idle_rounds: in
 
 
 def prefills(args: Any) -> list[dict[str, Any]]:
-    from edgespec.serve.server import ServerConfig, load_state
+    from edgespec.serve.state import ServerConfig, load_state
 
     bundle = args.bundle or small_bundle(256, 4, args.prompt_len + 304)
     rng = np.random.default_rng(0)

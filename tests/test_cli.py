@@ -141,3 +141,42 @@ def test_bench_compares_modes_and_checks_outputs(spec_bundles):
         "lookup",
     ]
     assert all(ln.endswith("True") for ln in lines[1:])
+
+
+HEAVY_BLOCKED = """
+import sys, importlib.abc
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split('.')[0] in {'numpy', 'onnxruntime', 'torch', 'transformers'}:
+            raise ImportError(f'{name} is blocked in this test')
+sys.meta_path.insert(0, Block())
+from edgespec.cli import main
+main()
+"""
+
+
+def test_help_and_bad_flags_are_answered_without_loading_numpy_or_onnxruntime(tmp_path):
+    """`edgespec --help`, every command's --help and a bad flag never import the runtime (any
+    import of numpy or onnxruntime raises in this process)."""
+    import subprocess
+    import sys
+
+    from edgespec.cli import COMMANDS
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-c", HEAVY_BLOCKED, *args], capture_output=True, text=True
+        )
+
+    top = run("--help")
+    assert top.returncode == 0, top.stderr
+    assert all(name in top.stdout for name in COMMANDS)
+    for name in COMMANDS:
+        r = run(name, "--help")
+        assert r.returncode == 0 and "Usage:" in r.stdout, (name, r.stderr)
+    bad = run("generate", str(tmp_path), "-p", "hi", "--mode", "nonsense")
+    assert bad.returncode == 2 and "'nonsense' is not one of" in bad.stderr, bad.stderr
+    assert "blocked" not in bad.stderr
+    unknown = run("generate", str(tmp_path), "--no-such-flag")
+    assert unknown.returncode == 2 and "No such option" in unknown.stderr, unknown.stderr
+    assert run("nonsense").returncode == 2

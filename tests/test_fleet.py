@@ -25,7 +25,7 @@ import edgespec  # noqa: E402
 from edgespec import protocol as P  # noqa: E402
 from edgespec.runtime.stats import GenerationStats  # noqa: E402
 from edgespec.serve import fleet as F  # noqa: E402
-from edgespec.serve.server import ServerConfig  # noqa: E402
+from edgespec.serve.state import ServerConfig  # noqa: E402
 from edgespec.tools.channel import Channel, ChannelConfig  # noqa: E402
 
 ARCH = "llama-gqa-tied"

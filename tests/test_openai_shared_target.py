@@ -17,7 +17,8 @@ import edgespec
 from edgespec.runtime.chat import ChatOptions
 from edgespec.runtime.stack import Stack
 from edgespec.serve.pool_verifier import PoolVerifier
-from edgespec.serve.server import ServerConfig, load_state, stop
+from edgespec.serve.server import stop
+from edgespec.serve.state import ServerConfig, load_state
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ from websockets.sync.client import connect
 
 import edgespec
 from edgespec import protocol as P
-from edgespec.serve.server import ConfigError, ServerConfig
+from edgespec.serve.state import ConfigError, ServerConfig
 
 CONTEXT = 1024
 
@@ -365,8 +365,8 @@ def test_long_prefills_interleave_with_running_rounds(bundle, budget_ms):
     the real worker, model and KV pool)."""
     import asyncio
 
-    from edgespec.serve.server import load_state
     from edgespec.serve.session import prefill
+    from edgespec.serve.state import load_state
 
     chunk, long_len = 16, 600
     config = ServerConfig(

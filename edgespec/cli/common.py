@@ -134,7 +134,7 @@ def decoding_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """The flags that choose how a bundle decodes (`generate`, `chat`): device, threads, mode,
     drafter, verifier, policy, split's server and token, the draft support when sampling,
     static / Core ML graphs."""
-    from edgespec.runtime.registry import MODES
+    from edgespec.runtime.modes import MODES
 
     options = [
         click.option(

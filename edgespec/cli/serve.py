@@ -112,7 +112,8 @@ def serve(
     With --replicas or --autoscale: a fleet of replicas on Ray Serve at the same address
     (docs/fleet.md)."""
     try:
-        from edgespec.serve.server import ConfigError, ServerConfig, run
+        from edgespec.serve.server import run
+        from edgespec.serve.state import ConfigError, ServerConfig
     except ImportError as e:
         raise click.ClickException(
             f"serve needs the [serve] extra ({e.name} is missing): pip install 'edgespec[serve]'"

@@ -1,7 +1,8 @@
 """Conversations that keep their KV cache: `ChatSession` renders, prefills only what is new,
 decodes with the model's mode and stops on stop ids or stop strings.
 
-Takes a loaded `Model` whose bundle carries a chat template. Each turn the session renders the
+Takes a bundle's opened graphs, the `LoadConfig` its `Model` was loaded with and its tokenizer
+(`Model.chat_session`), for a bundle that carries a chat template. Each turn the session renders the
 whole conversation with the template (as transformers' `apply_chat_template` would), encodes
 it, and compares it with the token sequence its caches hold from the last turn: the longest
 common prefix stays in the target's KV cache, the draft model's cache and the prompt-lookup
@@ -9,8 +10,10 @@ index (the early-exit head shares the target's cache), and only the rest is pref
 kept is exact by construction — a token prefix, never text — so greedy replies equal
 transformers' `apply_chat_template` + `generate` token for token, turn after turn.
 
-Each session owns its caches (`runtime.fork`): several conversations (the OpenAI server's)
-never share or clobber each other's state, and plain `Model.generate` never touches them; a
+Each session is a build of its own through the registry (`registry.build`): fresh caches and
+estimates over the same opened graph sessions, and in split mode a server connection of its
+own. Several conversations (the OpenAI server's) never share or clobber each other's state,
+and plain `Model.generate` never touches them; a
 session may be given a `verifier` of its own instead of a local target cache (the server's:
 a row of its KV pool, verified in batches with other sessions' rounds). A
 conversation that outgrows the context is refused with a `ChatError` naming the turn, unless
@@ -26,19 +29,18 @@ from __future__ import annotations
 import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from edgespec.runtime.chat_template import ChatTemplate, ChatTemplateError
+from edgespec.runtime.config import LoadConfig
 from edgespec.runtime.decode import decode
-from edgespec.runtime.fork import fork_decoder, fork_split, hang_up
-from edgespec.runtime.local import LocalVerifier
+from edgespec.runtime.link import Remote
+from edgespec.runtime.opener import BundleGraphs
+from edgespec.runtime.registry import build
 from edgespec.runtime.round import Verifier
 from edgespec.runtime.sampling import SamplingParams
 from edgespec.runtime.stats import GenerationStats, RoundStats, Step
-
-if TYPE_CHECKING:
-    from edgespec.runtime.link import Remote
-    from edgespec.runtime.model import Model
+from edgespec.runtime.tokenizer import Tokenizer
 
 TRUNCATION = ("error", "drop-oldest")
 FINISH = {"eos": "stop", "stop": "stop", "length": "length", "context": "length"}
@@ -111,31 +113,37 @@ class ChatSession:
 
     def __init__(
         self,
-        model: Model,
+        graphs: BundleGraphs,
+        config: LoadConfig,
+        tokenizer: Tokenizer,
         system: str | None = None,
         max_context: int | None = None,
         verifier: Verifier | None = None,
+        link_like: Remote | None = None,
     ) -> None:
-        self.model = model
+        self.folder, self.manifest, self.tokenizer = graphs.folder, graphs.manifest, tokenizer
         self.max_context = max_context  # a server's cap on prompt + reply, below the model's
         # a bundle without a template still serves plain completions (`prepare_ids`)
         self.template = (
-            ChatTemplate.from_bundle(model.folder, model.manifest) if model.manifest.chat else None
+            ChatTemplate.from_bundle(self.folder, self.manifest) if self.manifest.chat else None
         )
         # caches of its own; in split mode also a server connection (and session) of its own
-        self.local = isinstance(model.verifier, LocalVerifier)
-        local_target = model.target if self.local else None  # split: the fallback's, its own
-        target, self.drafter, self.policy = fork_decoder(local_target, model.drafter, model.policy)
-        self.remote: Remote | None = None
-        if self.local:
-            assert target is not None
-            self.target = target
+        own = build(graphs, config)
+        self.drafter, self.policy, self.remote = own.drafter, own.policy, own.remote
+        self.local = own.split is None
+        if own.split is None:
+            assert own.target is not None
+            self.target = own.target
             # `verifier`: the conversation's cache is elsewhere (its drafter's stays here)
-            self.verifier: Verifier = verifier or LocalVerifier(target)
+            self.verifier: Verifier = verifier or own.verifier
         else:
-            self.verifier, self.remote = fork_split(model.verifier)
+            assert own.remote is not None
+            if link_like is not None:  # the model's link settings (timeouts, retries)
+                own.remote.tune_like(link_like)
+            own.split.hold = True  # the server session is kept between turns
+            self.verifier = own.verifier
             # on garbage collection too: a server must not hold a forgotten conversation
-            self._hang_up = weakref.finalize(self, hang_up, self.remote)
+            self._hang_up = weakref.finalize(self, hang_up, own.remote)
         self.system = system
         self.messages: list[dict[str, Any]] = []
         self.seq: list[int] = []  # the tokens whose positions the caches hold (a prefix of)
@@ -194,7 +202,7 @@ class ChatSession:
         """A prompt that is already token ids (a plain completion: no template)."""
         o = options or ChatOptions()
         params = self._params(o)
-        vocab = self.model.manifest.target.vocab_size
+        vocab = self.manifest.target.vocab_size
         if not ids:
             raise ChatError("the prompt is empty: give some text or at least one token id")
         if any(not 0 <= i < vocab for i in ids):
@@ -214,14 +222,14 @@ class ChatSession:
         """Decode a prepared prompt, keeping the cached prefix; see `stream`."""
         ids, o, params = prompt.ids, prompt.options, prompt.params
         stop_ids = frozenset(o.stop_ids) | (
-            frozenset() if o.ignore_eos else frozenset(self.model.manifest.eos_token_ids)
+            frozenset() if o.ignore_eos else frozenset(self.manifest.eos_token_ids)
         )
         cached = self.shared_prefix(ids)
         self.seq = []  # until this turn ends cleanly, trust nothing in the caches
         max_new = min(o.max_new_tokens, self.context() - len(ids))  # stop at the context
         steps = self._steps(ids, params, max_new, stop_ids, cached)
         stats, tokens = GenerationStats(), []
-        detok = self.model.tokenizer.stream_decoder(skip_special_tokens=True)
+        detok = self.tokenizer.stream_decoder(skip_special_tokens=True)
         stopper = StopStrings(o.stop)
         finish, kept, started = "length", 0, False
         try:
@@ -231,7 +239,7 @@ class ChatSession:
                     kept, started = step.stats.cached_tokens, True
                 tokens += step.tokens
                 text = "".join(
-                    detok.push(t) for t in step.tokens if self.model.tokenizer.id_to_token(t)
+                    detok.push(t) for t in step.tokens if self.tokenizer.id_to_token(t)
                 )
                 if step.finish_reason:
                     text += detok.flush()
@@ -258,7 +266,7 @@ class ChatSession:
             raise ChatError(f"truncation {o.truncation!r} is not one of: {', '.join(TRUNCATION)}")
         if any(not isinstance(s, str) or not s for s in o.stop):
             raise ChatError("stop strings must be non-empty strings")
-        gen = self.model.manifest.chat.generation if self.model.manifest.chat else {}
+        gen = self.manifest.chat.generation if self.manifest.chat else {}
         sampled = bool(gen.get("do_sample"))
         temperature = o.temperature
         if temperature is None:
@@ -275,12 +283,12 @@ class ChatSession:
         if self.local:
             limit = self.verifier.max_positions
         else:
-            limit = self.model.manifest.target.max_position_embeddings
+            limit = self.manifest.target.max_position_embeddings
         return min(limit, self.max_context or limit)
 
     def _encode(self, messages: list[dict[str, Any]], o: ChatOptions) -> list[int]:
         if self.template is None:  # raises the error that says what is missing
-            ChatTemplate.from_bundle(self.model.folder, self.model.manifest)
+            ChatTemplate.from_bundle(self.folder, self.manifest)
         assert self.template is not None
         text = self.template.render(
             messages,
@@ -290,7 +298,7 @@ class ChatSession:
             template=o.template,
             **o.flags,
         )
-        ids = self.model.tokenizer.encode(text, add_special_tokens=False)
+        ids = self.tokenizer.encode(text, add_special_tokens=False)
         if not ids:
             raise ChatError("the conversation renders to no tokens: add a message with text")
         return ids
@@ -328,6 +336,12 @@ class ChatSession:
         return decode(
             self.verifier, self.drafter, self.policy, ids, params, max_new, stop_ids, cached
         )
+
+
+def hang_up(remote: Remote) -> None:
+    """END the server's session (its cache is freed) and close the connection."""
+    remote.end()
+    remote.drop()
 
 
 class StopStrings:

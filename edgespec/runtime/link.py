@@ -382,12 +382,11 @@ class Remote:
             except LinkError:
                 self.drop()
 
-    def fork(self) -> Remote:
-        """The same server and settings, with a connection and session of its own."""
-        fresh = Remote(self.url, self.token, self.fingerprint, self.timeout, self.connect_timeout)
-        fresh.retries, fresh.backoff = self.retries, self.backoff
-        fresh.late_factor, fresh.late_floor = self.late_factor, self.late_floor
-        return fresh
+    def tune_like(self, other: Remote) -> None:
+        """Take `other`'s settings (timeouts, retries, lateness) for this link's own session."""
+        self.timeout, self.connect_timeout = other.timeout, other.connect_timeout
+        self.retries, self.backoff = other.retries, other.backoff
+        self.late_factor, self.late_floor = other.late_factor, other.late_floor
 
     def drop(self) -> None:
         if self.link is not None:

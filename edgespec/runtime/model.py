@@ -19,15 +19,12 @@ from edgespec.bundle import BundleError, Manifest
 from edgespec.devices import get_profile
 from edgespec.runtime.chat import ChatOptions, ChatReply, ChatSession
 from edgespec.runtime.config import LoadConfig
-from edgespec.runtime.costs import seed_from_calibration
 from edgespec.runtime.decode import decode
-from edgespec.runtime.drafters import EarlyExitDrafter
 from edgespec.runtime.errors import InputError
 from edgespec.runtime.link import Remote
 from edgespec.runtime.opener import BundleGraphs, GraphOptions, open_bundle
-from edgespec.runtime.policies import DraftLengthPolicy
-from edgespec.runtime.registry import MODES, build
-from edgespec.runtime.round import Drafter, Verifier
+from edgespec.runtime.registry import MODES, Decoder, build
+from edgespec.runtime.round import Verifier
 from edgespec.runtime.sampling import SamplingParams
 from edgespec.runtime.stack import Stack
 from edgespec.runtime.stats import GenerationStats, RoundStats
@@ -55,31 +52,17 @@ class Generation:
 
 
 class Model:
-    def __init__(
-        self,
-        graphs: BundleGraphs,
-        config: LoadConfig,
-        verifier: Verifier,
-        drafter: Drafter,
-        policy: DraftLengthPolicy,
-    ) -> None:
+    def __init__(self, graphs: BundleGraphs, config: LoadConfig, decoder: Decoder) -> None:
         self.graphs, self.config = graphs, config
         self.folder, self.manifest = graphs.folder, graphs.manifest
         self.tokenizer = graphs.tokenizer()
         self.mode = config.mode
-        self.verifier, self.drafter, self.policy = verifier, drafter, policy
+        self.verifier, self.drafter, self.policy = decoder.verifier, decoder.drafter, decoder.policy
+        # the local target graphs (None: a split bundle that verifies only on the server)
+        self.target: Stack | None = decoder.target
+        # split mode: the server session (its timeouts and retries may be tuned)
+        self.remote: Remote | None = decoder.remote
         self._chat: ChatSession | None = None  # the conversation `chat()` continues
-
-    @property
-    def target(self) -> Stack | None:
-        """The local target graphs (None: a split bundle that verifies only on the server)."""
-        local = getattr(self.verifier, "local", self.verifier)
-        return getattr(local, "target", None)
-
-    @property
-    def remote(self) -> Remote | None:
-        """Split mode: the server session (its timeouts and retries may be tuned)."""
-        return getattr(getattr(self.verifier, "remote", None), "remote", None)
 
     @classmethod
     def load(
@@ -120,14 +103,7 @@ class Model:
     def from_graphs(cls, graphs: BundleGraphs, config: LoadConfig) -> Model:
         """A model over a bundle already opened: the graphs it needs come from `graphs`, so
         those someone opened there before (the server's target) are shared, not loaded again."""
-        c = config
-        verifier, drafter, policy = build(graphs, c)
-        # self-spec's exit (chained or not) names its calibration entry
-        members = getattr(drafter, "drafters", [drafter])
-        exits = [d.exit_layer for d in members if isinstance(d, EarlyExitDrafter)]
-        exit_layer = exits[0] if exits else 0
-        seed_from_calibration(policy, graphs.folder, c.device, c.threads, c.mode, exit_layer)
-        return cls(graphs, c, verifier, drafter, policy)
+        return cls(graphs, config, build(graphs, config))
 
     # -- requests ---------------------------------------------------------------------------
     def encode(self, prompt: Prompt) -> list[int]:
@@ -191,17 +167,26 @@ class Model:
             yield Chunk(text, step.tokens, step.stats, step.finish_reason)
 
     # -- conversations ----------------------------------------------------------------------
-    def chat_session(self, system: str | None = None) -> ChatSession:
+    def chat_session(
+        self,
+        system: str | None = None,
+        max_context: int | None = None,
+        verifier: Verifier | None = None,
+    ) -> ChatSession:
         """A conversation with caches of its own: each turn prefills only what is new (see
-        `edgespec.runtime.chat`). Needs a bundle with a chat template."""
-        return ChatSession(self, system)
+        `edgespec.runtime.chat`). Needs a bundle with a chat template. `max_context`: a cap
+        below the model's; `verifier`: one that holds the conversation's target cache
+        elsewhere (the server's KV pool)."""
+        return ChatSession(
+            self.graphs, self.config, self.tokenizer, system, max_context, verifier, self.remote
+        )
 
     def chat(self, messages: Sequence[dict[str, Any]], **options: Any) -> ChatReply:
         """Reply to a conversation (a list of {"role", "content"} messages) with the bundle's
         chat template; consecutive calls keep the shared prefix in the cache. `options` are
         `ChatOptions` fields (max_new_tokens, temperature, stop, tools, flags, ...)."""
         if self._chat is None:
-            self._chat = ChatSession(self)
+            self._chat = self.chat_session()
         return self._chat.reply(messages, chat_options(**options))
 
     def generate(self, prompt: Prompt, **options) -> Generation:

@@ -9,8 +9,10 @@ and split mode, mapped to what implements it; conflicting choices are refused he
              server (`remote`), falling back to `full` when the link fails
   policies   fixed:N | confidence:T | acceptance | auto | dynamic-exit | channel-aware[:J]
 
-`build(graphs, config)` turns a `LoadConfig` into the (verifier, drafter, policy) of one
-generation loop.
+`build(graphs, config)` turns a `LoadConfig` into a `Decoder`: the (verifier, drafter, policy)
+of one generation loop, with the local target and the split link it holds named as fields.
+Every build has caches, estimates and a server connection of its own over the graph
+sessions `graphs` opened once: a conversation is a second build (`runtime.chat`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from edgespec.backbone import hello
 from edgespec.bundle import Manifest
 from edgespec.runtime.channel_policy import parse_channel_aware
 from edgespec.runtime.config import LoadConfig
+from edgespec.runtime.costs import seed_from_calibration
 from edgespec.runtime.drafters import (
     Chain,
     EarlyExitDrafter,
@@ -34,6 +37,7 @@ from edgespec.runtime.errors import InputError, SplitError
 from edgespec.runtime.estimates import STATE_PRIOR_FIRST, AcceptanceModel, CostModel
 from edgespec.runtime.link import Remote
 from edgespec.runtime.local import LocalVerifier
+from edgespec.runtime.modes import MODES
 from edgespec.runtime.opener import BundleGraphs
 from edgespec.runtime.policies import (
     Acceptance,
@@ -49,19 +53,22 @@ from edgespec.runtime.round import Drafter, Verifier
 from edgespec.runtime.stack import Stack
 
 
-@dataclass(frozen=True)
-class ModeDefaults:
-    drafter: str  # "exit" = exit:K at the chosen exit layer
-    policy: str
+@dataclass
+class Decoder:
+    """The parts of one generation loop, and what an app may tune or inspect in them."""
+
+    verifier: Verifier
+    drafter: Drafter
+    policy: DraftLengthPolicy
+    target: Stack | None  # the local target graphs (split: the fallback's; None: none)
+    split: RemoteVerifier | None = None  # split mode: the server side of `verifier`
+
+    @property
+    def remote(self) -> Remote | None:
+        """Split mode: the server session (its timeouts and retries may be tuned)."""
+        return self.split.remote if self.split is not None else None
 
 
-MODES: dict[str, ModeDefaults] = {
-    "ar": ModeDefaults("none", "fixed:0"),
-    "spec": ModeDefaults("draft", "auto"),
-    "self-spec": ModeDefaults("exit", "auto"),
-    "lookup": ModeDefaults("lookup", "auto"),
-    "split": ModeDefaults("", "channel-aware"),  # drafter: the best the bundle has
-}
 DRAFTERS = ("none", "draft", "exit:K", "lookup")
 
 
@@ -194,8 +201,21 @@ class _Builder:
         raise InputError(f"verifier {spec!r} is not one of: full, exit:K")
 
 
-def build(graphs: BundleGraphs, config: LoadConfig) -> tuple[Verifier, Drafter, DraftLengthPolicy]:
-    """(verifier, drafter, policy) for `config` on this bundle; conflicts are InputErrors."""
+def build(graphs: BundleGraphs, config: LoadConfig) -> Decoder:
+    """The decoder `config` asks for on this bundle, its adaptive policy started from this
+    device's calibration (when measured); conflicts are InputErrors."""
+    decoder = _build(graphs, config)
+    # self-spec's exit (chained or not) names its calibration entry
+    drafter = decoder.drafter
+    members = drafter.drafters if isinstance(drafter, Chain) else [drafter]
+    exits = [d.exit_layer for d in members if isinstance(d, EarlyExitDrafter)]
+    c = config
+    exit_layer = exits[0] if exits else 0
+    seed_from_calibration(decoder.policy, graphs.folder, c.device, c.threads, c.mode, exit_layer)
+    return decoder
+
+
+def _build(graphs: BundleGraphs, config: LoadConfig) -> Decoder:
     c, m = config, graphs.manifest
     if c.mode not in MODES:
         raise InputError(f"mode {c.mode!r} is not one of: {', '.join(MODES)}")
@@ -229,7 +249,9 @@ def build(graphs: BundleGraphs, config: LoadConfig) -> tuple[Verifier, Drafter, 
         if c.verifier is not None:
             raise InputError("split mode verifies on the server: drop verifier=")
         drafter = b.drafter(spec, None)
-        return _split_verifier(b, spec), drafter, per_source(policy, drafter)
+        fallback = _split_verifier(b, spec)
+        local = fallback.local.target if fallback.local is not None else None
+        return Decoder(fallback, drafter, per_source(policy, drafter), local, fallback.remote)
     if c.mode == "self-spec":
         exit_drafter = next((p for p in spec.split("+") if p.startswith("exit:")), None)
         if exit_drafter is None:
@@ -240,7 +262,7 @@ def build(graphs: BundleGraphs, config: LoadConfig) -> tuple[Verifier, Drafter, 
     else:
         target = b.target(c.verifier or "full")
     drafter = b.drafter(spec, target)
-    return LocalVerifier(target), drafter, per_source(policy, drafter)
+    return Decoder(LocalVerifier(target), drafter, per_source(policy, drafter), target)
 
 
 def per_source(policy: DraftLengthPolicy, drafter: Drafter) -> DraftLengthPolicy:
@@ -269,7 +291,7 @@ def _policy(c: LoadConfig, exits: list[int], device_profile: dict | None) -> Dra
         raise InputError(str(e)) from None
 
 
-def _split_verifier(b: _Builder, drafter: str) -> Verifier:
+def _split_verifier(b: _Builder, drafter: str) -> FallbackVerifier:
     c, m = b.config.split, b.manifest
     if not c.server:
         raise SplitError("split mode needs a server: server='ws://HOST:PORT' (--server)")

@@ -108,7 +108,7 @@ class ChatEngine:
                 "the early-exit drafter writes into a local target cache: see load_model"
             )
         self.model = model
-        self.sessions = [ChatSession(model, max_context=max_context, verifier=v) for v in verifiers]
+        self.sessions = [model.chat_session(max_context=max_context, verifier=v) for v in verifiers]
         self.busy: set[int] = set()
         self.last_used = [0] * len(verifiers)
         self.clock = 0

@@ -15,7 +15,7 @@ A bad message gets an ERROR naming the problem and closes this connection only; 
 resume (ERROR 410: nothing to resume, 409: keep past the cache) leaves it open for the full
 START that follows. A connection idle for `idle_timeout` seconds, paused or not, gets ERROR
 408 and is closed. Every way out frees the slot, on the worker, after the jobs this session
-queued there. `Counters` count what STARTs prefilled and what resumes kept, for /health.
+queued there. `state.Counters` count what STARTs prefilled and what resumes kept, for /health.
 """
 
 from __future__ import annotations
@@ -23,8 +23,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from starlette.responses import PlainTextResponse
 from starlette.websockets import WebSocket, WebSocketDisconnect
@@ -35,38 +33,9 @@ from edgespec.backbone import check as check_backbone
 from edgespec.serve.requests import FieldError
 from edgespec.serve.requests import check_start as check_sampling
 from edgespec.serve.session import ResumeRefused, ServerSession, prefill, release_all
-
-if TYPE_CHECKING:
-    from edgespec.serve.server import State
+from edgespec.serve.state import Conn, State
 
 log = logging.getLogger("edgespec.serve")
-
-
-@dataclass
-class Conn:
-    """One open connection, as admission and eviction see it."""
-
-    ws: WebSocket
-    sid: int
-    held: list[ServerSession] = field(default_factory=list)  # its slot, freed however it ends
-    paused_at: float | None = None  # monotonic time of its PAUSE (None: not paused)
-    evicted: bool = False
-
-
-@dataclass
-class Counters:
-    """Prompt positions STARTs prefilled, positions resumes kept instead, and how resumes
-    and paused sessions fared."""
-
-    positions_prefilled: int = 0
-    positions_kept: int = 0
-    resumes: int = 0
-    resumes_refused: int = 0
-    evictions: int = 0
-
-    def report(self, connections: dict[int, Conn]) -> dict[str, int]:
-        paused = sum(c.paused_at is not None for c in connections.values())
-        return {**self.__dict__, "sessions_paused": paused}
 
 
 async def session_endpoint(ws: WebSocket) -> None:

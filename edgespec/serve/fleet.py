@@ -3,7 +3,7 @@
 Takes a `ServerConfig` (the limits every replica enforces) and a `FleetConfig` (replicas or
 an autoscaling range, the Ray cluster, resources per replica). Guarantees:
 
-* every replica runs the single server's state and routes (`server.load_state`,
+* every replica runs the single server's state and routes (`state.load_state`,
   `server.create_app`): its own graphs, KV pool and batching worker, the same WebSocket
   protocol, bearer token and limits; Ray Serve's proxy serves them all at one host:port;
 * a WebSocket session is one long request to the replica that accepted it, so it stays there
@@ -40,7 +40,8 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from edgespec.serve.http import sessions_in_use
-from edgespec.serve.server import ServerConfig, State, create_app, drain, load_state, stop
+from edgespec.serve.server import create_app, drain, stop
+from edgespec.serve.state import ServerConfig, State, load_state
 
 log = logging.getLogger("edgespec.serve")
 

@@ -11,13 +11,11 @@ load and the batching statistics need the token when one is configured.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
 
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
-if TYPE_CHECKING:
-    from edgespec.serve.server import State
+from edgespec.serve.state import State
 
 RETRY_AFTER_SECONDS = 1
 

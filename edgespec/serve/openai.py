@@ -38,6 +38,7 @@ from edgespec.serve.openai_requests import (
     parse_completion,
     parse_json,
 )
+from edgespec.serve.state import State
 
 NO_TOKEN = "missing or wrong bearer token (Authorization: Bearer ...)"
 
@@ -53,9 +54,9 @@ def error(message: str, status: int = 400, param: str | None = None, code: str |
     return JSONResponse({"error": body}, status_code=status)
 
 
-async def _admit(request: Request) -> tuple[Any, dict[str, Any] | Response]:
+async def _admit(request: Request) -> tuple[State, dict[str, Any] | Response]:
     """(server state, the parsed body) or (state, an error response)."""
-    state = request.app.state.edgespec
+    state: State = request.app.state.edgespec
     if not await state.gate.admit(request.headers, request.client):
         return state, error(NO_TOKEN, 401)
     try:  # bounded in size (by Content-Length first) and in time (`serve.http`)
@@ -68,7 +69,7 @@ async def _admit(request: Request) -> tuple[Any, dict[str, Any] | Response]:
         return state, error(str(e), param=e.param)
 
 
-def _busy(state: Any) -> Response | None:
+def _busy(state: State) -> Response | None:
     if state.closing:
         return busy("the server is shutting down: try again later")
     if sessions_in_use(state) >= state.config.max_sessions:
@@ -139,7 +140,7 @@ async def models(request: Request) -> Response:
     return JSONResponse({"object": "list", "data": [card]})
 
 
-def _name(state: Any) -> str:
+def _name(state: State) -> str:
     return str(state.manifest.source.get("model") or "edgespec")
 
 

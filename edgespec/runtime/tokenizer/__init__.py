@@ -45,6 +45,7 @@ from edgespec.runtime.tokenizer.decoder import (
     _BYTE_TOKEN,
     _DECODERS,
     StreamDecoder,
+    Vocabulary,
     decode_tokens,
     is_stream_local,
 )
@@ -309,4 +310,7 @@ class Tokenizer:
 
     def stream_decoder(self, skip_special_tokens: bool = True) -> StreamDecoder:
         """A `StreamDecoder` for detokenising generated ids one at a time."""
-        return StreamDecoder(self, skip_special_tokens)
+        vocabulary = Vocabulary(
+            self._token, self._decoders, self._special_ids, self._byte_ids, self._stream_local
+        )
+        return StreamDecoder(vocabulary, skip_special_tokens)

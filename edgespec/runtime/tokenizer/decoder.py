@@ -9,13 +9,12 @@ returns concatenate to `Tokenizer.decode(all_ids)`, holding back incomplete UTF-
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+from typing import Any
 
 from edgespec.runtime.tokenizer.pretokenize import _CHAR_BYTES
 from edgespec.runtime.tokenizer.regex import _pattern
-
-if TYPE_CHECKING:
-    from edgespec.runtime.tokenizer import Tokenizer
 
 _BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")
 _DECODERS = ("ByteLevel", "Metaspace", "Replace", "ByteFallback", "Fuse", "Strip", "BPEDecoder")
@@ -118,14 +117,28 @@ def _strip(token: str, content: str, start: int, stop: int) -> str:
     return token[a:b]
 
 
+@dataclass(frozen=True)
+class Vocabulary:
+    """What streaming detokenisation reads of a tokenizer."""
+
+    token: Callable[[int], str]  # id -> token string; raises on an unknown id
+    decoders: list[dict[str, Any]]  # tokenizer.json's decoder chain
+    special_ids: Collection[int]
+    byte_ids: Collection[int]  # byte-fallback tokens (<0xNN>): held until a character ends
+    stream_local: bool  # decoding may restart at a token boundary (`is_stream_local`)
+
+    def decode(self, ids: list[int], first: bool) -> str:
+        return decode_tokens(self.decoders, [self.token(i) for i in ids], first)
+
+
 class StreamDecoder:
     """Incremental detokenisation: `push(id)` returns the text that became final, `flush()` the
     rest. The concatenation of all returned pieces equals `tokenizer.decode(all_ids)` (with the
     same skip_special_tokens). Text ending in U+FFFD (an incomplete UTF-8 character) and
     byte-fallback tokens are held back until the character is complete."""
 
-    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True) -> None:
-        self._tok = tokenizer
+    def __init__(self, vocabulary: Vocabulary, skip_special_tokens: bool = True) -> None:
+        self._tok = vocabulary
         self._skip = skip_special_tokens
         self._ids: list[int] = []  # the window still being decoded
         self._first = True  # whether the window starts the whole sequence
@@ -134,17 +147,17 @@ class StreamDecoder:
     def push(self, token_id: int) -> str:
         tok = self._tok
         token_id = int(token_id)
-        tok._token(token_id)  # raises on an unknown id
-        if self._skip and token_id in tok._special_ids:
+        tok.token(token_id)  # raises on an unknown id
+        if self._skip and token_id in tok.special_ids:
             return ""
         self._ids.append(token_id)
-        if token_id in tok._byte_ids:
+        if token_id in tok.byte_ids:
             return ""
-        text = tok._decode_tokens([tok._token(i) for i in self._ids], self._first)
+        text = tok.decode(self._ids, self._first)
         if text.endswith("\ufffd") or not text.startswith(self._emitted):
             return ""
         piece = text[len(self._emitted) :]
-        if tok._stream_local and text:  # decoding restarts cleanly after this token
+        if tok.stream_local and text:  # decoding restarts cleanly after this token
             self._ids, self._first, self._emitted = [], False, ""
         else:
             self._emitted = text
@@ -152,8 +165,7 @@ class StreamDecoder:
 
     def flush(self) -> str:
         """Return whatever is still held back (e.g. an incomplete character) and reset."""
-        tok = self._tok
-        text = tok._decode_tokens([tok._token(i) for i in self._ids], self._first)
+        text = self._tok.decode(self._ids, self._first)
         piece = text[len(self._emitted) :] if text.startswith(self._emitted) else ""
         self._ids, self._first, self._emitted = [], self._first and not text, ""
         return piece

@@ -1,0 +1,193 @@
+"""What every part of `edgespec serve` shares (a leaf the app, the connections, the HTTP and
+OpenAI endpoints and the fleet import): `ServerConfig` (every number checked here; the CLI
+only builds it), the running server's `State`, the open connections as admission and eviction
+see them (`Conn`), what resumes kept (`Counters`), and `load_state`, which opens the bundle
+once: the OpenAI engine's model first, and its target — the graphs split rounds run on, over
+one `KVPool` with a row per session and per conversation, verified on one `Worker`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, field
+
+from starlette.websockets import WebSocket
+
+from edgespec import protocol as P
+from edgespec.bundle import Manifest
+from edgespec.runtime.graph import GraphSession
+from edgespec.runtime.opener import GraphOptions, open_bundle
+from edgespec.runtime.tokenizer import Tokenizer
+from edgespec.serve.auth import Gate
+from edgespec.serve.batching import KVPool
+from edgespec.serve.chat_engine import ChatEngine, load_model
+from edgespec.serve.pool_verifier import PoolVerifier
+from edgespec.serve.session import BatchStats, ServerSession, verify_rounds
+from edgespec.serve.worker import Worker
+
+
+@dataclass
+class ServerConfig:
+    """What `edgespec serve` runs; every number is checked here (the CLI only builds it)."""
+
+    bundle: str
+    token: str | None = None
+    max_sessions: int = 16
+    max_context: int | None = None  # default: the model's context
+    max_request_bytes: int = 1 << 20
+    idle_timeout: float = 300.0
+    threads: int | None = None
+    device: str = "cpu"  # a device profile name (`edgespec devices`)
+    drain_seconds: float = 10.0  # how long shutdown waits for running rounds
+    max_batch: int = 16  # rounds per batch (1: every round alone, unbatched)
+    batch_window_ms: float = 0.0  # wait this long for more rounds when a batch is not full
+    header_timeout: float = 10.0  # seconds a connection has to send its request headers
+    body_timeout: float = 10.0  # seconds a request has to send its body
+    prefill_chunk: int = 256  # positions per prefill step between other rounds (0: whole)
+    prefill_budget_ms: float = 20.0  # size chunks to take about this long (0: fixed size)
+
+    mode: str | None = None  # OpenAI endpoints' decoding mode (default: fastest in the bundle)
+    draft_policy: str | None = None  # OpenAI endpoints: the mode's policy (default: auto)
+    conversations: int = 4  # OpenAI endpoints: conversations decoded at once, each its own cache
+
+    def __post_init__(self) -> None:
+        _integer("max_sessions", self.max_sessions, 1)
+        if self.max_context is not None:
+            _integer("max_context", self.max_context, 2)
+        _integer("max_request_bytes", self.max_request_bytes, 64)
+        if self.threads is not None:
+            _integer("threads", self.threads, 1)
+        _integer("max_batch", self.max_batch, 1)
+        _integer("prefill_chunk", self.prefill_chunk, 0)
+        _integer("conversations", self.conversations, 1)
+        _seconds("idle_timeout", self.idle_timeout, positive=True)
+        _seconds("drain_seconds", self.drain_seconds, positive=False)
+        _seconds("header_timeout", self.header_timeout, positive=True)
+        _seconds("body_timeout", self.body_timeout, positive=True)
+        _seconds("batch_window_ms", self.batch_window_ms, positive=False, most=1000.0)
+        _seconds("prefill_budget_ms", self.prefill_budget_ms, positive=False, most=10000.0)
+
+
+class ConfigError(ValueError):
+    """A server setting out of range; the message names the flag and what it accepts."""
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _integer(name: str, value: object, least: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ConfigError(f"{_flag(name)} {value!r}: give a whole number of at least {least}")
+
+
+def _seconds(name: str, value: object, positive: bool, most: float = 1e9) -> None:
+    ok = (
+        not isinstance(value, bool)
+        and isinstance(value, int | float)
+        and math.isfinite(value)
+        and (value > 0 if positive else value >= 0)
+        and value <= most
+    )
+    if not ok:
+        bound = "more than 0" if positive else "0 or more"
+        raise ConfigError(
+            f"{_flag(name)} {value!r}: give a finite number, {bound}, at most {most:g}"
+        )
+
+
+@dataclass
+class Conn:
+    """One open connection, as admission and eviction see it."""
+
+    ws: WebSocket
+    sid: int
+    held: list[ServerSession] = field(default_factory=list)  # its slot, freed however it ends
+    paused_at: float | None = None  # monotonic time of its PAUSE (None: not paused)
+    evicted: bool = False
+
+
+@dataclass
+class Counters:
+    """Prompt positions STARTs prefilled, positions resumes kept instead, and how resumes
+    and paused sessions fared."""
+
+    positions_prefilled: int = 0
+    positions_kept: int = 0
+    resumes: int = 0
+    resumes_refused: int = 0
+    evictions: int = 0
+
+    def report(self, connections: dict[int, Conn]) -> dict[str, int]:
+        paused = sum(c.paused_at is not None for c in connections.values())
+        return {**self.__dict__, "sessions_paused": paused}
+
+
+@dataclass
+class State:
+    config: ServerConfig
+    manifest: Manifest
+    stages: list[GraphSession]  # the target's graphs, run over the pool's rows
+    tokenizer: Tokenizer
+    worker: Worker
+    max_context: int
+    limits: P.Limits
+    pool: KVPool
+    stats: BatchStats
+    gate: Gate
+    connections: dict[int, Conn] = field(default_factory=dict)  # open /v1/session ones
+    counters: Counters = field(default_factory=Counters)  # what STARTs prefilled and kept
+    ids: itertools.count = field(default_factory=lambda: itertools.count(1))
+    closing: bool = False
+    rounds: int = 0
+    chat: ChatEngine | None = None  # the OpenAI endpoints' decoder
+
+
+def load_state(config: ServerConfig) -> State:
+    graphs = open_bundle(config.bundle, GraphOptions(config.device, config.threads))
+    # one copy of the target: the OpenAI engine's model is opened first, on the same graphs,
+    # and its target (full, or head@k + tail@k for self-spec) is what split rounds run on
+    model = load_model(graphs, config.mode, config.draft_policy, config.threads)
+    target = model.target
+    assert target is not None
+    context = target.max_positions
+    if config.max_context is not None:
+        context = min(context, config.max_context)
+    limits = P.Limits(graphs.manifest.target.vocab_size, config.max_request_bytes, context)
+    stages, m = target.stages, target.model
+    pool = KVPool.allocate(
+        target.layers,
+        m.num_kv_heads,
+        m.head_dim,
+        context,
+        config.max_sessions + config.conversations,  # a row reserved per conversation
+        stages[0].kv_dtype,
+    )
+    stats = BatchStats()
+    worker = Worker(
+        lambda rounds: verify_rounds(pool, stages, rounds, stats),
+        config.max_batch,
+        config.batch_window_ms / 1000,
+    )
+    tokenizer = graphs.tokenizer()
+    gate = Gate(config.token)
+    budget = config.prefill_budget_ms / 1000
+    rows = [
+        PoolVerifier(worker, pool, stages, config.prefill_chunk, budget)
+        for _ in range(config.conversations)
+    ]
+    chat = ChatEngine(model, rows, context)
+    return State(
+        config,
+        graphs.manifest,
+        stages,
+        tokenizer,
+        worker,
+        context,
+        limits,
+        pool,
+        stats,
+        gate,
+        chat=chat,
+    )
