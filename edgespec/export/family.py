@@ -117,6 +117,22 @@ def _layer_types(config: Any) -> list[str | None]:
     return nested or [None]
 
 
+def rope_layer_types(config: Any) -> tuple[str | None, str | None]:
+    """(global, local): the layer types whose rotary tables the bundle's "global" and "local"
+    tables are (None: the one table of a model without per-type rope parameters). A model with
+    per-type rope parameters (Gemma 3) builds a rotary table only for the layer types it has:
+    a Gemma 3 of fewer than 6 layers has sliding layers only, whose table is then the global one.
+    """
+    if len(_layer_types(config)) < 2:
+        return None, None
+    present = set(getattr(config, "layer_types", None) or [])
+    if present == {"sliding_attention"}:
+        return "sliding_attention", None
+    if present == {"full_attention"}:
+        return "full_attention", None
+    return "full_attention", "sliding_attention"
+
+
 def rotary_tables(
     model: Any, max_pos: int, layer_type: str | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -172,7 +188,7 @@ def extract_decoder(model: Any, prefix: str, layout: Layout) -> DecoderWeights:
     kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
     types = getattr(cfg, "layer_types", None)
-    local_rope = len(_layer_types(cfg)) > 1  # Gemma 3: another rope base on sliding layers
+    global_type, local_type = rope_layer_types(cfg)
     layers = []
     attn0 = model.model.layers[0].self_attn
     for i, layer in enumerate(model.model.layers):
@@ -194,7 +210,7 @@ def extract_decoder(model: Any, prefix: str, layout: Layout) -> DecoderWeights:
         rope: str | None = "global"
         if not getattr(at, "use_rope", True):  # SmolLM3's NoPE layers
             rope = None
-        elif local_rope and types is not None and types[i] == "sliding_attention":
+        elif local_type is not None and types[i] == local_type:
             rope = "local"
         layers.append(
             LayerWeights(
@@ -230,8 +246,8 @@ def extract_decoder(model: Any, prefix: str, layout: Layout) -> DecoderWeights:
         final_norm=norm(model.model.norm, layout.norm_offset),  # type: ignore[arg-type]
         lm_head=embed if tied else np32(model.lm_head.weight),
         lm_head_b=np32(getattr(model.lm_head, "bias", None)),
-        rotary=rotary_tables(model, n, "full_attention" if local_rope else None),
-        rotary_local=rotary_tables(model, n, "sliding_attention") if local_rope else None,
+        rotary=rotary_tables(model, n, global_type),
+        rotary_local=rotary_tables(model, n, local_type) if local_type is not None else None,
         attn=AttentionShape(
             heads,
             kv_heads,
