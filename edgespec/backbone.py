@@ -24,10 +24,12 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
+from edgespec.errors import EdgespecError
+
 HELLO_PREFIX = "backbone:"
 
 
-class BackboneMismatch(ValueError):
+class BackboneMismatch(EdgespecError, ValueError):
     """The edge bundle and the target do not share a backbone; the message says what differs."""
 
 

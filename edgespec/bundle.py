@@ -15,13 +15,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from edgespec.errors import EdgespecError
+
 SCHEMA_VERSION = 1
 MANIFEST = "manifest.json"
 FORMAT = "edgespec-bundle"
 ROLE_PATTERN = re.compile(r"^(full|draft|head@(\d+)|tail@(\d+))$")
 
 
-class BundleError(ValueError):
+class BundleError(EdgespecError, ValueError):
     """A bundle is missing, malformed or incompatible; the message says what to do."""
 
 
@@ -203,7 +205,7 @@ class Manifest:
     def exit_layers(self) -> list[int]:
         return sorted({g.exit_layer for g in self.graphs if g.role.startswith("head@")})
 
-    def model_info(self, graph: GraphInfo) -> ModelInfo:
+    def model_info(self, graph: GraphInfo | CoreMLPackage) -> ModelInfo:
         if graph.model == "draft":
             if self.draft is None:
                 raise BundleError("manifest lists a draft graph but no draft model info")

@@ -53,6 +53,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from edgespec.errors import EdgespecError
 from edgespec.sparse_q import SCALE, SparseQ
 
 MAGIC = b"ES"
@@ -90,7 +91,7 @@ INTERNAL = 500
 UNAVAILABLE = 503  # server full or shutting down: try again later / elsewhere
 
 
-class ProtocolError(ValueError):
+class ProtocolError(EdgespecError, ValueError):
     """A message that cannot be decoded, with the reason; `code` is the ERROR code to send."""
 
     def __init__(self, reason: str, code: int = BAD_MESSAGE) -> None:

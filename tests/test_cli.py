@@ -180,3 +180,17 @@ def test_help_and_bad_flags_are_answered_without_loading_numpy_or_onnxruntime(tm
     unknown = run("generate", str(tmp_path), "--no-such-flag")
     assert unknown.returncode == 2 and "No such option" in unknown.stderr, unknown.stderr
     assert run("nonsense").returncode == 2
+
+
+def test_edgespec_errors_are_one_line_without_loading_the_runtime(tmp_path):
+    """The CLI names its errors by `EdgespecError` (a leaf), not by importing onnxruntime:
+    a missing bundle is one `Error:` line even where numpy and onnxruntime cannot load."""
+    import subprocess
+    import sys
+
+    missing = str(tmp_path / "missing")
+    r = subprocess.run(
+        [sys.executable, "-c", HEAVY_BLOCKED, "inspect", missing], capture_output=True, text=True
+    )
+    assert r.returncode == 1, r.stderr
+    assert r.stderr.startswith("Error: bundle folder") and "Traceback" not in r.stderr

@@ -151,3 +151,31 @@ def test_against_a_server_that_announces_no_limits_the_refusal_ends_in_local_rou
     assert model.verifier.remote.remote.limits is None
     assert out.tokens == ar_tokens.tokens
     assert out.stats.remote_rounds > 0 and out.stats.local_rounds > 0
+
+
+def test_a_round_sends_the_drafts_that_fit_and_leaves_the_callers_proposal_whole(
+    bundle, small_server
+):
+    """A proposal longer than the server's session has room for: the VERIFY carries the
+    prefix that fits, `Pending.sent` says how many, and the caller's proposal is unchanged
+    (the decode loop recommits its drafter to `sent`)."""
+    import numpy as np
+
+    from edgespec.runtime.round import Proposal
+    from edgespec.runtime.sampling import SamplingParams
+
+    model = split(bundle, small_server.url)
+    remote = model.verifier.remote  # the RemoteVerifier inside the fallback
+    params, rng = SamplingParams(0.0), np.random.default_rng(0)
+    ids = model.encode(PROMPT)
+    token, _ = remote.prefill(ids, N, params, rng)
+    seq = [*ids, token]
+    room = 48 - len(seq)  # the server's context is 48 positions
+    drafts = [int(t) for t in np.arange(room + 10) % 50 + 10]
+    proposal = Proposal(list(drafts), "greedy")
+    pending = remote.submit(seq, proposal, params, rng)
+    assert proposal.tokens == drafts  # not shortened in place
+    assert pending.sent == room
+    verdict = pending.result()
+    assert 0 <= verdict.accepted <= room and verdict.verifier == "remote"
+    remote.close()

@@ -3,9 +3,9 @@ token file, the stats lines and the edge/cloud compatibility report.
 
 `ExportProgress` renders the export steps the library reports through `on_progress`.
 
-Takes edgespec's own exceptions and turns them into `click.ClickException`s (one `Error:` line,
-exit status 1); never imports a command module, so the command modules and `edgespec.cli` import
-it without a circle.
+Takes edgespec's own exceptions (`EdgespecError`, named without importing the runtime) and
+turns them into `click.ClickException`s (one `Error:` line, exit status 1); never imports a
+command module, so the command modules and `edgespec.cli` import it without a circle.
 """
 
 from __future__ import annotations
@@ -19,32 +19,17 @@ from typing import Any
 
 import click
 
+from edgespec.errors import EdgespecError
+
 
 def _friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Turn edgespec's own errors into a one-line message instead of a traceback."""
 
     @wraps(fn)
     def run(*args: Any, **kwargs: Any) -> Any:
-        from edgespec.bundle import BundleError
-        from edgespec.devices import DeviceError
-        from edgespec.runtime.chat_template import ChatTemplateError
-        from edgespec.runtime.tokenizer import TokenizerError
-
-        expected: tuple[type[Exception], ...] = (
-            BundleError,
-            DeviceError,
-            TokenizerError,
-            ChatTemplateError,
-        )
-        try:
-            from edgespec.runtime.model import InputError
-
-            expected += (InputError,)
-        except ImportError:
-            pass
         try:
             return fn(*args, **kwargs)
-        except expected as e:
+        except EdgespecError as e:
             raise click.ClickException(str(e)) from None
         except KeyboardInterrupt:
             click.echo("\ninterrupted", err=True)

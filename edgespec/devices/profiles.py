@@ -22,6 +22,8 @@ from typing import Any
 
 import onnxruntime as ort
 
+from edgespec.errors import EdgespecError
+
 BUILTIN_DIR = Path(__file__).parent / "profiles"
 # listing order of the built-in profiles (others follow by name)
 BUILTIN_ORDER = ["cpu", "cuda", "dml", "coreml", "qnn", "openvino", "openvino-gpu", "openvino-npu"]
@@ -49,7 +51,7 @@ KEYS = {
 REQUIRED = ("name", "providers")
 
 
-class DeviceError(ValueError):
+class DeviceError(EdgespecError, ValueError):
     """An unknown or unavailable device, or a malformed profile; the message says the fix."""
 
 

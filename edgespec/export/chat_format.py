@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from edgespec.bundle import ChatFormat
+from edgespec.errors import EdgespecError
 
 TEMPLATE_DIR = "chat_templates"
 # the sampling defaults a generation config may set that the runtime reads or shows
@@ -30,7 +31,7 @@ GENERATION_KEYS = (
 _NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 
 
-class ChatFormatError(ValueError):
+class ChatFormatError(EdgespecError, ValueError):
     """A chat template name cannot be written safely into the bundle."""
 
 

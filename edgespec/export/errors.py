@@ -5,6 +5,8 @@ In its own module so that every export module can import it at load time without
 
 from __future__ import annotations
 
+from edgespec.errors import EdgespecError
 
-class ExportError(ValueError):
+
+class ExportError(EdgespecError, ValueError):
     """The checkpoint or the options cannot be exported; the message says why and what to do."""

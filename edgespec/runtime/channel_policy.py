@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
+from typing import cast
 
 from edgespec.runtime.estimates import MAX_DRAFT, expected_tokens
 from edgespec.runtime.round import Plan
@@ -65,7 +66,7 @@ class EnergyModel:
         unknown = sorted(set(table) - names)
         if unknown:
             raise ValueError(f"unknown energy settings {unknown}: known are {sorted(names)}")
-        return cls(**{k: float(v) for k, v in table.items()})  # type: ignore[arg-type]
+        return cls(**{k: float(cast(float, v)) for k, v in table.items()})
 
     def draft_joules(self, t_draft: float) -> float:
         if self.joules_per_draft_token is not None:
@@ -224,6 +225,9 @@ class ChannelAware:
     def bandwidth(self) -> float | None:
         """Uplink (bytes/s); inf while no size-dependent delay has been seen."""
         return None if self.link.a is None else _rate(self.link.b[0])
+
+    def channel_estimates(self) -> tuple[float | None, float | None]:
+        return self.rtt, self.bandwidth
 
     @property
     def downlink_bandwidth(self) -> float | None:

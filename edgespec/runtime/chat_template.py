@@ -29,12 +29,13 @@ import jinja2.utils
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from edgespec.bundle import Manifest
+from edgespec.errors import EdgespecError
 
 # names a message's reasoning may come under; templates read the first (transformers aliases them)
 REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 
 
-class ChatTemplateError(ValueError):
+class ChatTemplateError(EdgespecError, ValueError):
     """A conversation cannot be rendered: bad messages, a template error, or no template."""
 
 

@@ -24,16 +24,17 @@ from pathlib import Path
 import numpy as np
 
 from edgespec.bundle import BundleError, CoreMLPackage, CoreMLVariants, ModelInfo
-from edgespec.runtime.kv_cache import KVCache
+from edgespec.runtime.kv_cache import Device, KVCache
 
 MASKED = -30000.0  # must match edgespec.export.static.MASKED
 Predict = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
 
 
 class CoreMLSession:
-    """One role's Core ML model and its state, called like a `GraphSession`."""
+    """One role's Core ML model and its state, a `Graph` like `GraphSession`."""
 
     holds_kv = True  # the KV cache is the model's Core ML state, not a KVCache buffer
+    kv_device: Device | None = None
 
     def __init__(
         self, package: CoreMLPackage, model: ModelInfo, variants: CoreMLVariants, predict: Predict
@@ -58,7 +59,9 @@ class CoreMLSession:
         keep: int = 1,
     ) -> dict[str, np.ndarray]:
         """Process S new positions after `past`; logits of the last `keep`, hidden of all."""
-        new = (input_ids if input_ids is not None else hidden)[0]  # type: ignore[index]
+        given = input_ids if input_ids is not None else hidden
+        assert given is not None, "pass input_ids or hidden"
+        new = given[0]
         s, w = len(new), self.width
         if past + s > self.fixed_capacity:
             raise ValueError(

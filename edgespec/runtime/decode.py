@@ -93,8 +93,7 @@ def decode(
             rounds += 1
             stats.source, stats.index = source, rounds
             policy.observe(stats)
-            stats.rtt_estimate = getattr(policy, "rtt", None)
-            stats.bandwidth_estimate = getattr(policy, "bandwidth", None)
+            stats.rtt_estimate, stats.bandwidth_estimate = policy.channel_estimates()
             new = _cut_at_stop(new, stop_ids)
             seq += new
             produced += len(new)
@@ -125,14 +124,14 @@ def speculative_round(
         g = len(proposal.tokens)
         # 3. submit
         pending = verifier.submit(seq, proposal, params, rng)
-        if len(proposal.tokens) < g:  # shortened to fit the server's request limit
-            g = len(proposal.tokens)
+        if pending.sent < g:  # a prefix, to fit the server's request limit
+            g = pending.sent
             drafter.commit(base + g - 1)
         # 4. draft ahead while the verdict is in flight
         nxt = Ahead()
         limit = min(g + 1, room - g) if g and drafter.drafts_ahead else 0
         while len(nxt.tokens) < limit and not pending.done():
-            more = [*seq, *proposal.tokens, *nxt.tokens]
+            more = [*seq, *proposal.tokens[:g], *nxt.tokens]
             p = drafter.propose(more, Plan(1, plan.exit_layer, plan.min_confidence), params, rng)
             if not p.tokens:
                 break

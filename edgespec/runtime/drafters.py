@@ -22,7 +22,7 @@ from time import perf_counter
 import numpy as np
 
 from edgespec.runtime.draft_q import DEFAULT_SUPPORT, DraftSupport, SparseQ, from_logits
-from edgespec.runtime.graph import GraphSession
+from edgespec.runtime.graph_protocol import Graph
 from edgespec.runtime.round import Drafter, Plan, Proposal, TailInput, empty_proposal
 from edgespec.runtime.sampling import SamplingParams
 from edgespec.runtime.stack import Stack
@@ -160,8 +160,8 @@ class EarlyExitDrafter:
     def __init__(
         self,
         target: Stack,
-        heads: dict[int, GraphSession],
-        tails: dict[int, GraphSession],
+        heads: dict[int, Graph],
+        tails: dict[int, Graph],
         exit_layer: int,
         support: DraftSupport = DEFAULT_SUPPORT,
     ) -> None:
@@ -197,8 +197,8 @@ class EarlyExitDrafter:
         # γ: it is the verify's input, not drafting (counted as drafting it priced every
         # draft token at twice a head step when γ is 1, which kept `auto` from longer drafts)
         run_head(last, keep=0)
-        head = perf_counter() - start - drafting
-        tail = TailInput(np.concatenate(hidden), self.tails[k], k, head)
+        head_seconds = perf_counter() - start - drafting
+        tail = TailInput(np.concatenate(hidden), self.tails[k], k, head_seconds)
         return _proposal(tokens, qs, params, seconds=drafting, tail=tail)
 
     def commit(self, valid: int) -> None:

@@ -9,8 +9,10 @@ RoundLate   the round in flight is past the device's deadline for it (still awai
 
 from __future__ import annotations
 
+from edgespec.errors import EdgespecError
 
-class InputError(ValueError):
+
+class InputError(EdgespecError, ValueError):
     """A generation request cannot be served as given; the message says what to change."""
 
 
@@ -18,7 +20,7 @@ class SplitError(InputError):
     """The server refused the request; the message says what to change."""
 
 
-class LinkError(Exception):
+class LinkError(EdgespecError):
     """The link failed or timed out; the server may be fine later."""
 
 

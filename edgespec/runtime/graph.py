@@ -5,6 +5,9 @@ it (a mismatch is a `BundleError`), and runs calls of S new positions against a 
 the cache's buffers are bound as both past and present, so onnxruntime writes the new
 keys/values in place. Sessions of one model share one `KVCache` (buffers keyed by global
 layer index): head@k and tail@k, or several exits, each bind the layers they own.
+
+`GraphSession` is one of the three `graph_protocol.Graph`s (with `StaticGraphSession` and
+`CoreMLSession`).
 """
 
 from __future__ import annotations
@@ -79,7 +82,11 @@ def session_options(threads: int | None, shared: bool = True) -> ort.SessionOpti
 
 
 class GraphSession:
-    """An onnxruntime session for one graph role, plus the metadata to call it."""
+    """An onnxruntime session for one graph role, plus the metadata to call it (a `Graph`
+    of any capacity whose cache lives where its attention runs)."""
+
+    fixed_capacity: int | None = None
+    holds_kv = False
 
     def __init__(
         self,

@@ -9,6 +9,10 @@ The buffers live where the attention runs: host memory (numpy, the default), or 
 accelerator's memory (`device`, e.g. ("cuda", 0)) when the graph's attention runs there. A
 cache in host memory bound to a CUDA session would cross the bus whole, both ways, at every
 step (a 360M model's fp16 cache is ~80 MB at 2,048 positions).
+
+`KVPool` is the same cache for many sequences at once (the server's sessions and
+conversations): per layer one buffer [rows, kv_heads, capacity, head_dim], a length per row,
+and `rows(lo, hi)` -> a `KVCache` over a range of rows, the same memory, bound without a copy.
 """
 
 from __future__ import annotations
@@ -94,3 +98,82 @@ class KVCache:
 
 def _names(layers: list[int]) -> list[str]:
     return [f"{kind}.{i}" for i in layers for kind in ("key", "value")]
+
+
+@dataclass
+class KVPool:
+    """KV caches of many sequences, one row each (see the module docstring)."""
+
+    layers: list[int]
+    keys: list[np.ndarray]  # [max_sessions, kv_heads, capacity, head_dim] each
+    values: list[np.ndarray]
+    lengths: np.ndarray  # [max_sessions] positions valid in each row
+    free: list[int]  # free slots, lowest first (keeps busy rows together)
+    views: dict[tuple[int, int], KVCache] = field(default_factory=dict)
+    reserved: list[int] = field(default_factory=list)  # rows held for good: see `reserve`
+
+    @classmethod
+    def allocate(
+        cls,
+        layers: list[int],
+        kv_heads: int,
+        head_dim: int,
+        context: int,
+        max_sessions: int,
+        dtype: np.dtype,
+    ) -> KVPool:
+        # np.zeros maps untouched pages lazily: memory grows with the positions used
+        shape = (max_sessions, kv_heads, context, head_dim)
+        keys = [np.zeros(shape, dtype) for _ in layers]
+        values = [np.zeros(shape, dtype) for _ in layers]
+        return cls(
+            layers, keys, values, np.zeros(max_sessions, np.int64), list(range(max_sessions))
+        )
+
+    @property
+    def held(self) -> int:
+        """Slots owned by sessions now (what /health reports: it cannot drift from the pool);
+        reserved rows are not sessions."""
+        return self.keys[0].shape[0] - len(self.free) - len(self.reserved)
+
+    def reserve(self) -> int:
+        """A row taken for as long as the pool lives: an OpenAI conversation's cache, kept
+        between its requests so that the next turn prefills only what is new."""
+        slot = self.acquire()
+        if slot is None:
+            raise ValueError("the KV pool has no free row to reserve")
+        self.reserved.append(slot)
+        return slot
+
+    @property
+    def capacity(self) -> int:
+        return self.keys[0].shape[2]
+
+    def acquire(self) -> int | None:
+        if not self.free:
+            return None
+        self.free.sort()
+        slot = self.free.pop(0)
+        self.lengths[slot] = 0
+        return slot
+
+    def truncate(self, slot: int, length: int) -> None:
+        """Only the first `length` positions of the row stay valid (never grows it)."""
+        self.lengths[slot] = min(length, int(self.lengths[slot]))
+
+    def release(self, slot: int) -> None:
+        self.lengths[slot] = 0
+        self.free.append(slot)
+
+    def rows(self, lo: int, hi: int) -> KVCache:
+        """A cache over rows lo..hi-1 (same memory; cached, so bindings are reused)."""
+        view = self.views.get((lo, hi))
+        if view is None:
+            keys = [k[lo:hi] for k in self.keys]
+            values = [v[lo:hi] for v in self.values]
+            view = KVCache(self.layers, keys, values)
+            for i, k, v in zip(self.layers, keys, values, strict=True):
+                view.bound[f"key.{i}"] = ort.OrtValue.ortvalue_from_numpy(k)
+                view.bound[f"value.{i}"] = ort.OrtValue.ortvalue_from_numpy(v)
+            self.views[(lo, hi)] = view
+        return view

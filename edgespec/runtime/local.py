@@ -59,7 +59,7 @@ class LocalVerifier:
             logits = self.target.forward(ids, keep=g + 1)
         n, token = accept(proposal.tokens, proposal.q, logits, params, rng)
         head = proposal.tail.head_seconds if proposal.tail is not None else 0.0
-        return Done(Verdict(n, token, perf_counter() - start + head))
+        return Done(Verdict(n, token, perf_counter() - start + head), g)
 
     def catch_up(self, seq: list[int], capacity: int, synced: int) -> int:
         """Bring the cache to hold seq[:-1] from its first `synced` tokens (-1: a new cache);

@@ -3,7 +3,7 @@
 `open_bundle(folder, ...)` validates the manifest and returns `BundleGraphs`: the manifest,
 the folder, and `open(role)` -> a graph session of that role on the chosen device profile
 and threads — an onnxruntime `GraphSession`, a `StaticGraphSession` (fixed shapes, NPUs) or
-a `CoreMLSession`, all with the same call interface. Each role is opened once per
+a `CoreMLSession`, all `graph_protocol.Graph`s. Each role is opened once per
 `BundleGraphs`: whoever asks for it again gets the same session (the server's split verifier
 and its OpenAI engine hold one copy of the target's weights, not two).
 """
@@ -21,6 +21,7 @@ from edgespec.devices import Profile, get_profile
 from edgespec.runtime import huge_pages
 from edgespec.runtime.coreml import open_coreml
 from edgespec.runtime.graph import GraphSession, session_options
+from edgespec.runtime.graph_protocol import Graph
 from edgespec.runtime.static import StaticGraphSession
 from edgespec.runtime.tokenizer import Tokenizer
 
@@ -56,9 +57,9 @@ class BundleGraphs:
         self._session_options = session_options(options.threads, options.shared_threads)
         profile.apply_session_options(self._session_options)
         self.kv_dtype = np.dtype(np.float16 if manifest.dtype == "fp16" else np.float32)
-        self.opened: dict[str, GraphSession] = {}
+        self.opened: dict[str, Graph] = {}
 
-    def open(self, role: str) -> GraphSession:
+    def open(self, role: str) -> Graph:
         """role -> a session (GraphSession, or StaticGraphSession / CoreMLSession); the same
         one each time the role is asked for."""
         if role not in self.opened:
@@ -69,18 +70,18 @@ class BundleGraphs:
                 huge_pages.collapse(before)
         return self.opened[role]
 
-    def _open(self, role: str) -> GraphSession:
+    def _open(self, role: str) -> Graph:
         m = self.manifest
         if self.options.coreml:
             variants = m.coreml
             assert variants is not None
             package = variants.package(role)
-            return open_coreml(self.folder, package, m.model_info(package), variants)  # type: ignore[arg-type,return-value]
+            return open_coreml(self.folder, package, m.model_info(package), variants)
         if self.options.static:
             statics = m.static
             assert statics is not None
             graphs = statics.graphs_for(role)
-            return StaticGraphSession(  # type: ignore[return-value]  # same call interface
+            return StaticGraphSession(
                 self.folder,
                 graphs,
                 m.model_info(next(iter(graphs.values()))),

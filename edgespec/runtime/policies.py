@@ -2,7 +2,8 @@
 
 Every policy answers two questions: `plan(source)` (this round's `Plan`: the most tokens to
 draft, the exit layer, the confidence under which drafting stops; `source` names the drafter
-that will propose, a chain's member) and `observe(stats)` (learn from the finished round).
+that will propose, a chain's member) and `observe(stats)` (learn from the finished round);
+`channel_estimates()` says what it has learned of a split channel, for the round's stats.
 The decode loop asks `plan()` once per round and tells the drafter; drafters never consult
 the policy. `PerSource` prices a chain's members apart (`lookup+draft`). Names such as
 "fixed:4", "confidence:0.4", "acceptance", "auto", "dynamic-exit" are parsed by
@@ -25,6 +26,8 @@ from edgespec.runtime.stats import RoundStats
 
 # `auto` backs its probes off only while drafting is priced under this share of plain decoding
 CLEARLY_LOSING = 0.9
+# (round trip s, uplink bytes/s) of a policy that does not model a channel
+NO_CHANNEL: tuple[float | None, float | None] = (None, None)
 
 
 class DraftLengthPolicy(Protocol):
@@ -33,6 +36,11 @@ class DraftLengthPolicy(Protocol):
     def plan(self, source: str | None = None) -> Plan: ...
 
     def observe(self, stats: RoundStats) -> None: ...
+
+    def channel_estimates(self) -> tuple[float | None, float | None]:
+        """(round trip in seconds, uplink in bytes/s) as learned so far; NO_CHANNEL when the
+        policy does not model the channel (local decoding)."""
+        ...
 
 
 @dataclass
@@ -49,6 +57,9 @@ class FixedLength:
     def observe(self, stats: RoundStats) -> None:
         pass
 
+    def channel_estimates(self) -> tuple[float | None, float | None]:
+        return NO_CHANNEL
+
 
 @dataclass
 class Confidence:
@@ -64,6 +75,9 @@ class Confidence:
     def observe(self, stats: RoundStats) -> None:
         pass
 
+    def channel_estimates(self) -> tuple[float | None, float | None]:
+        return NO_CHANNEL
+
 
 @dataclass
 class Acceptance:
@@ -77,6 +91,9 @@ class Acceptance:
 
     def observe(self, stats: RoundStats) -> None:
         self.cost.observe(stats)
+
+    def channel_estimates(self) -> tuple[float | None, float | None]:
+        return NO_CHANNEL
 
 
 @dataclass
@@ -120,6 +137,9 @@ class Auto:
     def observe(self, stats: RoundStats) -> None:
         self.cost.observe(stats)
 
+    def channel_estimates(self) -> tuple[float | None, float | None]:
+        return NO_CHANNEL
+
 
 @dataclass
 class PerSource:
@@ -142,6 +162,9 @@ class PerSource:
 
     def observe(self, stats: RoundStats) -> None:
         self.apart.get(stats.source or "", self.main).observe(stats)
+
+    def channel_estimates(self) -> tuple[float | None, float | None]:
+        return self.main.channel_estimates()
 
 
 @dataclass
@@ -182,3 +205,6 @@ class DynamicExit:
     def observe(self, stats: RoundStats) -> None:
         k = stats.exit_layer if stats.exit_layer is not None else self.exit_layer
         self.costs[k].observe(stats)
+
+    def channel_estimates(self) -> tuple[float | None, float | None]:
+        return NO_CHANNEL

@@ -35,6 +35,7 @@ from edgespec.runtime.drafters import (
 )
 from edgespec.runtime.errors import InputError, SplitError
 from edgespec.runtime.estimates import STATE_PRIOR_FIRST, AcceptanceModel, CostModel
+from edgespec.runtime.graph_protocol import Graph
 from edgespec.runtime.link import Remote
 from edgespec.runtime.local import LocalVerifier
 from edgespec.runtime.modes import MODES
@@ -140,9 +141,9 @@ class _Builder:
         self.graphs, self.config = graphs, config
         self.manifest = graphs.manifest
         self.exits = self.manifest.exit_layers
-        self.opened: dict[str, object] = {}
+        self.opened: dict[str, Graph] = {}
 
-    def open(self, role: str):
+    def open(self, role: str) -> Graph:
         if role not in self.opened:
             self.opened[role] = self.graphs.open(role)
         return self.opened[role]
@@ -184,8 +185,8 @@ class _Builder:
                 heads = {e: self.open(f"head@{e}") for e in self.exits}
                 tails = {e: self.open(f"tail@{e}") for e in self.exits}
                 support = self.config.draft_support
-                return EarlyExitDrafter(target, heads, tails, k, support)  # type: ignore[arg-type]
-            head = Stack([self.open(f"head@{k}")], logits="exit_logits")  # type: ignore[list-item]
+                return EarlyExitDrafter(target, heads, tails, k, support)
+            head = Stack([self.open(f"head@{k}")], logits="exit_logits")
             return ModelDrafter(head, self.config.draft_support)
         raise InputError(
             f"drafter {spec!r} is not one of: {', '.join(DRAFTERS)} (or a chain such as "
@@ -194,10 +195,10 @@ class _Builder:
 
     def target(self, spec: str) -> Stack:
         if spec == "full":
-            return Stack([self.open("full")])  # type: ignore[list-item]
+            return Stack([self.open("full")])
         if spec.startswith("exit:"):
             k = _exit(spec, self.exits, "verifier", check=False)
-            return Stack([self.open(f"head@{k}"), self.open(f"tail@{k}")])  # type: ignore[list-item]
+            return Stack([self.open(f"head@{k}"), self.open(f"tail@{k}")])
         raise InputError(f"verifier {spec!r} is not one of: full, exit:K")
 
 

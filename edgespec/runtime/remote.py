@@ -33,7 +33,7 @@ server that went quiet are bounded by that same deadline (at least 1 s).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from time import monotonic, perf_counter
 
 import numpy as np
@@ -44,16 +44,11 @@ from edgespec.runtime.link import Exchange, Remote
 from edgespec.runtime.local import LocalVerifier
 from edgespec.runtime.round import Done, Pending, Proposal, Verdict
 from edgespec.runtime.sampling import SamplingParams
-from edgespec.runtime.stats import RoundStats
+from edgespec.runtime.stats import ChannelStats, RoundStats
 
 
-def _channel(x: Exchange) -> dict[str, float]:
-    return {
-        "server_seconds": x.result.server_seconds,
-        "network_seconds": x.network_seconds,
-        "bytes_up": x.bytes_up,
-        "bytes_down": x.bytes_down,
-    }
+def _channel(x: Exchange) -> ChannelStats:
+    return ChannelStats(x.network_seconds, x.result.server_seconds, x.bytes_up, x.bytes_down)
 
 
 def _verdict(x: Exchange, resync: bool = False) -> Verdict:
@@ -67,7 +62,11 @@ class _InFlight:
 
     remote: Remote
     base: int
-    drafted: int
+    proposal: Proposal  # the drafts sent: the caller's, or the prefix that fit the server
+
+    @property
+    def sent(self) -> int:
+        return len(self.proposal.tokens)
 
     def done(self) -> bool:
         return self.remote.answered()
@@ -76,7 +75,7 @@ class _InFlight:
         """The verdict; RoundLate after `late` seconds (the round stays in flight)."""
         x = self.remote.receive(late=late)
         n = x.result.accepted
-        if n > self.drafted or x.result.length != self.base + n + 1:
+        if n > self.sent or x.result.length != self.base + n + 1:
             self.remote.drop()
             raise LinkError(f"the server's answer does not fit the round: {x.result}")
         return _verdict(x)
@@ -147,10 +146,11 @@ class RemoteVerifier:
         if self.remote.limits is not None:  # within the session's room and the request size
             most = max(self.server_capacity - len(seq), 0)
             msg = P.fit(msg, self.remote.limits.max_request_bytes, most)
+        sent = proposal
         if len(msg.drafts) < len(proposal.tokens):  # the decode loop recommits its drafter
-            proposal.tokens, proposal.q = msg.drafts, msg.q
+            sent = replace(proposal, tokens=list(msg.drafts), q=msg.q)
         self.remote.send(msg)
-        return _InFlight(self.remote, len(seq), len(msg.drafts))
+        return _InFlight(self.remote, len(seq), sent)
 
     def truncate(self, length: int) -> None:
         pass  # the server truncates its own cache to what it accepted
@@ -169,9 +169,16 @@ class _Guarded:
     pending: _InFlight
     fallback: FallbackVerifier
     seq: list[int]
-    proposal: Proposal
     params: SamplingParams
     rng: np.random.Generator
+
+    @property
+    def sent(self) -> int:
+        return self.pending.sent
+
+    @property
+    def proposal(self) -> Proposal:  # what was sent: what a local round verifies instead
+        return self.pending.proposal
 
     def done(self) -> bool:
         try:
@@ -185,7 +192,7 @@ class _Guarded:
         try:
             return self.pending.result(late)
         except RoundLate:  # verify here now; the answer may still put the server back in use
-            f.went_late(self.pending, self.proposal)
+            f.went_late(self.pending)
             return f.local_round(self.seq, self.proposal, self.params, self.rng)
         except ServerLimit as e:  # an older server that announced no limits
             f.give_up(e)
@@ -238,8 +245,8 @@ class FallbackVerifier:
         self.remote.close()
         self.remote.remote.drop()
 
-    def went_late(self, pending: _InFlight, proposal: Proposal) -> None:
-        self.late, self.late_drafts = pending, proposal.tokens[: pending.drafted]
+    def went_late(self, pending: _InFlight) -> None:
+        self.late, self.late_drafts = pending, list(pending.proposal.tokens)
 
     def _settle(self, seq: list[int]) -> None:
         """The late round's answer, if here: the server is back in use if it answered what
@@ -345,22 +352,23 @@ class FallbackVerifier:
     def submit(
         self, seq: list[int], proposal: Proposal, params: SamplingParams, rng: np.random.Generator
     ) -> Pending:
+        g = len(proposal.tokens)
         if self.server_done or self.late is not None:
-            return Done(self.local_round(seq, proposal, params, rng))
+            return Done(self.local_round(seq, proposal, params, rng), g)
         if self.next_retry is None:
             try:
                 pending = self.remote.submit(seq, proposal, params, rng)
             except LinkError as e:
-                return Done(self.recover(e, seq, proposal, params, rng))
-            return _Guarded(pending, self, seq, proposal, params, rng)
+                return Done(self.recover(e, seq, proposal, params, rng), g)
+            return _Guarded(pending, self, seq, params, rng)
         if self._retry_due() and not proposal.tokens:
             # a probe while decoding locally: one attempt, bounded by the device's own
             # deadline, so a stalled server costs the device little per probe
             wait = max(1.0, self.remote.remote.late_after())
             verdict = self._reconnect(seq, params, 1, wait)
             if verdict is not None:
-                return Done(verdict)
-        return Done(self.local_round(seq, proposal, params, rng))
+                return Done(verdict, g)
+        return Done(self.local_round(seq, proposal, params, rng), g)
 
     def local_round(
         self, seq: list[int], proposal: Proposal, params: SamplingParams, rng: np.random.Generator

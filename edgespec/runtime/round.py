@@ -11,22 +11,25 @@ what a verifier answers.
             to propose; `source` names who will propose them (a chain's member), so the
             policy can price each member apart
   Verifier  prefill / submit -> Pending / truncate: local graphs, a server, or both
+  Pending   a submitted round: how many of the proposal's drafts it verifies (`sent`: all,
+            or a prefix when a server's request limit left the rest out), then the verdict
   Verdict   the verifier's answer: accepted count, the target's next token, and timings
+            (and, from a server, the channel as the round saw it)
 
 Drafters and verifiers never consult the policy: the decode loop asks it once per round.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal, Protocol
 
 import numpy as np
 
 from edgespec.runtime.draft_q import SparseQ
-from edgespec.runtime.graph import GraphSession
+from edgespec.runtime.graph_protocol import Graph
 from edgespec.runtime.sampling import SamplingParams
-from edgespec.runtime.stats import RoundStats
+from edgespec.runtime.stats import ChannelStats, RoundStats
 
 
 @dataclass(frozen=True)
@@ -48,7 +51,7 @@ class TailInput:
     turns them into target logits (the head's KV is already in the target's cache)."""
 
     hidden: np.ndarray
-    tail: GraphSession
+    tail: Graph
     exit_layer: int
     # the head call on d_γ that computed its hidden state: part of verifying (the tail needs
     # it; at γ = 0 head + tail is one plain target step), so the verdict counts it
@@ -105,17 +108,22 @@ class Verdict:
     verify_seconds: float
     verifier: str = "local"  # "local" | "remote"
     resync: bool = False  # a new server session answered: the round's drafts were void
-    channel: dict[str, float] = field(default_factory=dict)  # RoundStats channel fields
+    channel: ChannelStats | None = None  # from a server: the channel as this round saw it
 
     def fill(self, stats: RoundStats) -> RoundStats:
         stats.verifier = self.verifier
         stats.reconnected = self.resync  # counted as GenerationStats.reconnects
-        for name, value in self.channel.items():
-            setattr(stats, name, value)
+        if self.channel is not None:
+            stats.set_channel(self.channel)
         return stats
 
 
 class Pending(Protocol):
+    @property
+    def sent(self) -> int:
+        """How many of the proposal's drafts this round verifies: all of them, or the prefix
+        a server's request limit left room for (the decode loop recommits its drafter to it)."""
+
     def done(self) -> bool:
         """Whether the verdict is here (never waits)."""
 
@@ -128,6 +136,7 @@ class Done:
     """A verdict computed on the spot (local verification)."""
 
     verdict: Verdict
+    sent: int  # the drafts it verified
 
     def done(self) -> bool:
         return True
@@ -163,7 +172,8 @@ class Verifier(Protocol):
         params: SamplingParams,
         rng: np.random.Generator,
     ) -> Pending:
-        """Score the drafts after seq (the verifier holds seq[:-1]) and accept a prefix."""
+        """Score the drafts after seq (the verifier holds seq[:-1]) and accept a prefix;
+        never changes `proposal` (the round verifies its first `Pending.sent` drafts)."""
 
     def truncate(self, length: int) -> None:
         """Only the first `length` tokens remain valid in the verifier's cache."""

@@ -10,17 +10,20 @@ ids go into the first stage and hidden states into the next.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import numpy as np
 
-from edgespec.runtime.graph import GraphSession
+from edgespec.runtime.graph_protocol import Graph
 from edgespec.runtime.kv_cache import KVCache
 
-StageCall = Callable[[GraphSession, dict[str, np.ndarray], bool], dict[str, np.ndarray]]
+G = TypeVar("G", bound=Graph)
 
 
-def run_stages(stages: list[GraphSession], ids: np.ndarray, call: StageCall) -> dict:
+def run_stages(
+    stages: Sequence[G], ids: np.ndarray, call: Callable[[G, dict[str, np.ndarray], bool], dict]
+) -> dict:
     """Feed `ids` to the first stage and each stage's hidden states to the next;
     `call(stage, inputs, last)` runs one stage. Returns the last stage's outputs."""
     x: dict[str, np.ndarray] = {"input_ids": ids}
@@ -34,7 +37,7 @@ def run_stages(stages: list[GraphSession], ids: np.ndarray, call: StageCall) -> 
 
 
 class Stack:
-    def __init__(self, stages: list[GraphSession], logits: str = "logits") -> None:
+    def __init__(self, stages: list[Graph], logits: str = "logits") -> None:
         self.stages = stages
         self.logits = logits  # "exit_logits" for a head@k run on its own
         self.cache: KVCache | None = None
@@ -42,8 +45,8 @@ class Stack:
         self.model = model
         self.vocab_size = model.vocab_size
         self.layers = sorted({i for s in stages for i in s.graph.kv_layers})
-        # static graphs (runtime/static.py) run on a cache of exactly their max context
-        self.fixed_capacity: int | None = getattr(stages[0], "fixed_capacity", None)
+        # static and Core ML graphs run on a cache of exactly their max context
+        self.fixed_capacity = stages[0].fixed_capacity
         self.max_positions = min(model.max_position_embeddings, self.fixed_capacity or 1 << 62)
 
     @property
@@ -53,7 +56,7 @@ class Stack:
     def reset(self, capacity: int) -> None:
         """An empty cache with room for `capacity` positions (buffers reused when big enough)."""
         capacity = self.fixed_capacity or capacity
-        if getattr(self.stages[0], "holds_kv", False):  # Core ML: KV in the model's state
+        if self.stages[0].holds_kv:  # Core ML: KV in the model's state
             self.cache = KVCache([], [], [])  # only the length is kept here
             return
         if self.cache is not None and self.cache.capacity >= capacity:
@@ -67,7 +70,7 @@ class Stack:
             m.head_dim,
             capacity,
             first.kv_dtype,
-            getattr(first, "kv_device", None),  # static and Core ML graphs: host memory
+            first.kv_device,  # None (host memory) for static and Core ML graphs
         )
 
     def resume(self, capacity: int, keep: int) -> int:
@@ -80,7 +83,7 @@ class Stack:
         keep = min(keep, self.cache.length)
         self.cache.truncate(keep)
         capacity = self.fixed_capacity or capacity
-        if not getattr(self.stages[0], "holds_kv", False) and self.cache.capacity < capacity:
+        if not self.stages[0].holds_kv and self.cache.capacity < capacity:
             # grow geometrically: a conversation gains a turn at a time
             room = min(max(capacity, 2 * self.cache.capacity), self.max_positions)
             self.cache = self.cache.grown(max(room, capacity))
@@ -91,14 +94,14 @@ class Stack:
         cache = self.cache
         assert cache is not None, "call reset() first"
 
-        def call(stage: GraphSession, x: dict, last: bool) -> dict:
+        def call(stage: Graph, x: dict, last: bool) -> dict:
             return stage.run(cache, cache.length, keep=keep if last else 0, **x)
 
         out = run_stages(self.stages, ids[None, :], call)
         cache.length += len(ids)
         return out[self.logits][0]
 
-    def forward_tail(self, tail: GraphSession, hidden: np.ndarray, keep: int) -> np.ndarray:
+    def forward_tail(self, tail: Graph, hidden: np.ndarray, keep: int) -> np.ndarray:
         """Logits for hidden states [S, H] that a head already computed (its layers' KV are in
         the cache beyond `length`); advances the length by S."""
         assert self.cache is not None

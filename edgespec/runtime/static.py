@@ -25,14 +25,17 @@ import onnxruntime as ort
 
 from edgespec.bundle import BundleError, GraphInfo, ModelInfo, static_width
 from edgespec.runtime.graph import check_io, copies_on_bind
-from edgespec.runtime.kv_cache import KVCache
+from edgespec.runtime.kv_cache import Device, KVCache
 
 MASKED = -30000.0  # must match edgespec.export.static.MASKED (exp() of it is 0 in fp32)
 DTYPES = {"float32": np.float32, "float16": np.float16, "int64": np.int64, "int32": np.int32}
 
 
 class StaticGraphSession:
-    """The static graphs of one role (one per width), called like a `GraphSession`."""
+    """The static graphs of one role (one per width), a `Graph` like `GraphSession`."""
+
+    holds_kv = False
+    kv_device: Device | None = None  # the cache is copied in and out of host buffers
 
     def __init__(
         self,
@@ -65,7 +68,9 @@ class StaticGraphSession:
         """Process S new positions ([1, S] ids, or [1, S, H] hidden states) after `past`
         cached ones, writing their keys/values into `cache`; return the outputs (logits for
         the last `keep` positions, hidden states for all S). The caller owns the length."""
-        new = (input_ids if input_ids is not None else hidden)[0]  # type: ignore[index]
+        given = input_ids if input_ids is not None else hidden
+        assert given is not None, "pass input_ids or hidden"
+        new = given[0]
         s = len(new)
         if cache.capacity != self.fixed_capacity:
             raise ValueError(

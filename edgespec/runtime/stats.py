@@ -9,6 +9,16 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 
+@dataclass(frozen=True)
+class ChannelStats:
+    """Split decoding: the channel as one round saw it (the server's answer to it)."""
+
+    network_seconds: float  # waiting for the server's answer, less its verify time
+    server_seconds: float  # the verify time the server reported
+    bytes_up: int
+    bytes_down: int
+
+
 @dataclass
 class RoundStats:
     """One forward round: what was drafted and accepted, and where the time went."""
@@ -38,6 +48,11 @@ class RoundStats:
     # prefill of a conversation's turn: prompt positions kept from the cache (not processed;
     # input_tokens counts only the rest)
     cached_tokens: int = 0
+
+    def set_channel(self, c: ChannelStats) -> None:
+        """Record what the channel did in this round."""
+        self.network_seconds, self.server_seconds = c.network_seconds, c.server_seconds
+        self.bytes_up, self.bytes_down = c.bytes_up, c.bytes_down
 
 
 @dataclass

@@ -1,9 +1,10 @@
 """Continuous batching of verify rounds: one KV pool for all sessions, shared forwards.
 
-The pool holds, per layer, one buffer [max_sessions, kv_heads, capacity, head_dim]; a session
-owns a slot (a row) and an integer length (the positions valid in its row). A contiguous
-range of rows of a C-order buffer is contiguous memory, so a `KVCache` over rows lo..hi
-(numpy views, OrtValues over them) binds to onnxruntime without a copy.
+The pool (`runtime.kv_cache.KVPool`) holds, per layer, one buffer [max_sessions, kv_heads,
+capacity, head_dim]; a session owns a slot (a row) and an integer length (the positions valid
+in its row). A contiguous range of rows of a C-order buffer is contiguous memory, so a
+`KVCache` over rows lo..hi (numpy views, OrtValues over them) binds to onnxruntime without a
+copy.
 
 `forward_rounds(stages, pool, work)` takes the new token ids of several rows, appends them to
 their rows and returns each row's logits for all its ids (the caller truncates rejected
@@ -26,95 +27,16 @@ before graphs took `query_seqlens` run every round alone.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
 
 import numpy as np
-import onnxruntime as ort
 
 from edgespec.runtime.graph import GraphSession
-from edgespec.runtime.kv_cache import KVCache
+from edgespec.runtime.kv_cache import KVPool
 from edgespec.runtime.stack import run_stages
 
 DUMMY_TOKEN = 0
 log = logging.getLogger("edgespec.serve")
 _told = False  # the log said batching is off for these graphs
-
-
-@dataclass
-class KVPool:
-    layers: list[int]
-    keys: list[np.ndarray]  # [max_sessions, kv_heads, capacity, head_dim] each
-    values: list[np.ndarray]
-    lengths: np.ndarray  # [max_sessions] positions valid in each row
-    free: list[int]  # free slots, lowest first (keeps busy rows together)
-    views: dict[tuple[int, int], KVCache] = field(default_factory=dict)
-    reserved: list[int] = field(default_factory=list)  # rows held for good: see `reserve`
-
-    @classmethod
-    def allocate(
-        cls,
-        layers: list[int],
-        kv_heads: int,
-        head_dim: int,
-        context: int,
-        max_sessions: int,
-        dtype: np.dtype,
-    ) -> KVPool:
-        # np.zeros maps untouched pages lazily: memory grows with the positions used
-        shape = (max_sessions, kv_heads, context, head_dim)
-        keys = [np.zeros(shape, dtype) for _ in layers]
-        values = [np.zeros(shape, dtype) for _ in layers]
-        return cls(
-            layers, keys, values, np.zeros(max_sessions, np.int64), list(range(max_sessions))
-        )
-
-    @property
-    def held(self) -> int:
-        """Slots owned by sessions now (what /health reports: it cannot drift from the pool);
-        reserved rows are not sessions."""
-        return self.keys[0].shape[0] - len(self.free) - len(self.reserved)
-
-    def reserve(self) -> int:
-        """A row taken for as long as the pool lives: an OpenAI conversation's cache, kept
-        between its requests so that the next turn prefills only what is new."""
-        slot = self.acquire()
-        if slot is None:
-            raise ValueError("the KV pool has no free row to reserve")
-        self.reserved.append(slot)
-        return slot
-
-    @property
-    def capacity(self) -> int:
-        return self.keys[0].shape[2]
-
-    def acquire(self) -> int | None:
-        if not self.free:
-            return None
-        self.free.sort()
-        slot = self.free.pop(0)
-        self.lengths[slot] = 0
-        return slot
-
-    def truncate(self, slot: int, length: int) -> None:
-        """Only the first `length` positions of the row stay valid (never grows it)."""
-        self.lengths[slot] = min(length, int(self.lengths[slot]))
-
-    def release(self, slot: int) -> None:
-        self.lengths[slot] = 0
-        self.free.append(slot)
-
-    def rows(self, lo: int, hi: int) -> KVCache:
-        """A cache over rows lo..hi-1 (same memory; cached, so bindings are reused)."""
-        view = self.views.get((lo, hi))
-        if view is None:
-            keys = [k[lo:hi] for k in self.keys]
-            values = [v[lo:hi] for v in self.values]
-            view = KVCache(self.layers, keys, values)
-            for i, k, v in zip(self.layers, keys, values, strict=True):
-                view.bound[f"key.{i}"] = ort.OrtValue.ortvalue_from_numpy(k)
-                view.bound[f"value.{i}"] = ort.OrtValue.ortvalue_from_numpy(v)
-            self.views[(lo, hi)] = view
-        return view
 
 
 def batchable(stages: list[GraphSession]) -> bool:

@@ -32,7 +32,7 @@ from edgespec.backbone import HELLO_PREFIX, BackboneMismatch, parse_hello
 from edgespec.backbone import check as check_backbone
 from edgespec.serve.requests import FieldError
 from edgespec.serve.requests import check_start as check_sampling
-from edgespec.serve.session import ResumeRefused, ServerSession, prefill, release_all
+from edgespec.serve.session import CannotResume, ServerSession, prefill, release_all
 from edgespec.serve.state import Conn, State
 
 log = logging.getLogger("edgespec.serve")
@@ -164,7 +164,7 @@ async def _session_rounds(conn: Conn, state: State, limits: bool) -> None:
                     f"{P.NAMES[P.HEADER.unpack_from(data)[2]]} is a server message: devices "
                     "send START, VERIFY, PAUSE and END"
                 )
-        except ResumeRefused as e:  # nothing changed: the device STARTs afresh on this link
+        except CannotResume as e:  # nothing changed: the device STARTs afresh on this link
             state.counters.resumes_refused += 1
             log.info("session %d: %d %s", sid, e.code, e)
             if not await _send(ws, P.Error(e.code, str(e), sid, round_id)):

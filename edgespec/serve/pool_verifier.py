@@ -27,10 +27,10 @@ import numpy as np
 
 from edgespec.protocol import Result, Verify
 from edgespec.runtime.graph import GraphSession
+from edgespec.runtime.kv_cache import KVPool
 from edgespec.runtime.round import Proposal, Verdict
 from edgespec.runtime.sampling import SamplingParams, next_token
 from edgespec.runtime.stats import RoundStats
-from edgespec.serve.batching import KVPool
 from edgespec.serve.session import ServerSession, acceptance_rng, fill
 from edgespec.serve.worker import Worker
 
@@ -41,6 +41,7 @@ class Posted:
 
     future: concurrent.futures.Future
     start: float
+    sent: int  # the drafts posted: all of the proposal's
 
     def done(self) -> bool:
         return self.future.done()
@@ -100,7 +101,8 @@ class PoolVerifier:
                 "an early-exit drafter cannot draft into a pool row: draft from head@k alone"
             )
         msg = Verify(len(seq), list(proposal.tokens), proposal.q)
-        return Posted(self.worker.post("round", (self.session, msg)), perf_counter())
+        posted = self.worker.post("round", (self.session, msg))
+        return Posted(posted, perf_counter(), len(msg.drafts))
 
     def truncate(self, length: int) -> None:
         pass  # the worker truncated the row to the accepted prefix (or rolled a failed round back)

@@ -34,13 +34,14 @@ from edgespec.protocol import (
 )
 from edgespec.runtime.accept import accept
 from edgespec.runtime.graph import GraphSession
+from edgespec.runtime.kv_cache import KVPool
 from edgespec.runtime.sampling import SamplingParams, next_token
-from edgespec.serve.batching import KVPool, forward_alone, forward_rounds
+from edgespec.serve.batching import forward_alone, forward_rounds
 
 MIN_CHUNK = 16  # positions: smaller prefill chunks cost more in per-forward overhead
 
 
-class ResumeRefused(ProtocolError):
+class CannotResume(ProtocolError):
     """A START that resumes a session the connection does not hold (410), or keeps more
     positions than its cache holds (409): answered, the connection stays open and the session
     as it was, and the device starts afresh."""
@@ -107,7 +108,7 @@ def prefill(
     chunk is sized from the last one's speed to take about that long (at least MIN_CHUNK
     positions): a round waiting behind a chunk waits about `budget`, whatever the model.
     With msg.keep > 0 the session is `resume` (the connection's), cut to its first keep
-    positions and continued with msg.ids; ResumeRefused if it cannot be.
+    positions and continued with msg.ids; CannotResume if it cannot be.
     The generator returns (session, first Result). Everything that can refuse the request
     is built before the slot is taken; the session is appended to `held` as soon as it owns
     one (so a handler that is gone by the time it ends can free it), and the slot is freed
@@ -159,14 +160,14 @@ def prefill(
 def _resumable(pool: KVPool, s: ServerSession | None, keep: int) -> ServerSession:
     """The connection's session, if its cache holds at least `keep` positions."""
     if s is None or s.slot is None:
-        raise ResumeRefused(
+        raise CannotResume(
             f"START keep={keep}: this connection holds no session to resume (none started "
             "on it, ended, evicted or timed out): START with keep 0 and the whole sequence",
             GONE,
         )
     cached = int(pool.lengths[s.slot])
     if keep > cached:
-        raise ResumeRefused(
+        raise CannotResume(
             f"START keep={keep}: this session's cache holds {cached} positions: START with "
             "keep 0 and the whole sequence",
             OUT_OF_SYNC,

@@ -16,11 +16,12 @@ from starlette.websockets import WebSocket
 
 from edgespec import protocol as P
 from edgespec.bundle import Manifest
+from edgespec.errors import EdgespecError
 from edgespec.runtime.graph import GraphSession
+from edgespec.runtime.kv_cache import KVPool
 from edgespec.runtime.opener import GraphOptions, open_bundle
 from edgespec.runtime.tokenizer import Tokenizer
 from edgespec.serve.auth import Gate
-from edgespec.serve.batching import KVPool
 from edgespec.serve.chat_engine import ChatEngine, load_model
 from edgespec.serve.pool_verifier import PoolVerifier
 from edgespec.serve.session import BatchStats, ServerSession, verify_rounds
@@ -69,7 +70,7 @@ class ServerConfig:
         _seconds("prefill_budget_ms", self.prefill_budget_ms, positive=False, most=10000.0)
 
 
-class ConfigError(ValueError):
+class ConfigError(EdgespecError, ValueError):
     """A server setting out of range; the message names the flag and what it accepts."""
 
 

@@ -13,8 +13,10 @@ import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from edgespec.errors import EdgespecError
 
-class ChannelError(ValueError):
+
+class ChannelError(EdgespecError, ValueError):
     """A channel cannot be set up as given; the message says what to change."""
 
 

@@ -91,9 +91,10 @@ def _post_processor(
             name = item["SpecialToken"]["id"]
             spec = cfg.get("special_tokens", {}).get(name)
             ids = list(spec["ids"]) if spec else [token_to_id(name)]
-            if None in ids:
+            found = [i for i in ids if i is not None]
+            if len(found) < len(ids):
                 raise TokenizerError(f"post_processor special token {name!r} has no id")
-            (after if seen_a else before).extend(ids)  # type: ignore[arg-type]
+            (after if seen_a else before).extend(found)
         return before, after
     raise _unsupported(
         "post_processor",
@@ -207,8 +208,9 @@ class Tokenizer:
             bos_id = self._prefix[0]
         eos: list[int] = []
         name = _token_content(config.get("eos_token"))
-        if name and self.token_to_id(name) is not None:
-            eos.append(self.token_to_id(name))  # type: ignore[arg-type]
+        eos_id = self.token_to_id(name) if name else None
+        if eos_id is not None:
+            eos.append(eos_id)
         gen_eos = gen.get("eos_token_id")
         for i in gen_eos if isinstance(gen_eos, list) else [gen_eos]:
             if isinstance(i, int) and i not in eos:

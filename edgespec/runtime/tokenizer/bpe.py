@@ -75,8 +75,9 @@ class _BPE:
                 continue
             if self.byte_fallback:
                 byte_ids = [vocab.get(f"<0x{b:02X}>") for b in s.encode()]
-                if None not in byte_ids:
-                    ids += byte_ids  # type: ignore[arg-type]
+                known = [i for i in byte_ids if i is not None]
+                if len(known) == len(byte_ids):
+                    ids += known
                     continue
             if self.unk_token is not None:
                 if unk_pending and not self.fuse_unk:
@@ -87,9 +88,10 @@ class _BPE:
         return ids
 
     def _unk_id(self) -> int:
-        if self.unk_token not in self.vocab:
-            raise TokenizerError(f"unk_token {self.unk_token!r} is not in the vocab")
-        return self.vocab[self.unk_token]  # type: ignore[index]
+        unk = self.unk_token
+        if unk is None or unk not in self.vocab:
+            raise TokenizerError(f"unk_token {unk!r} is not in the vocab")
+        return self.vocab[unk]
 
     def _merge(self, ids: list[int]) -> list[int]:
         n = len(ids)

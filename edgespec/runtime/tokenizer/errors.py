@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from edgespec.errors import EdgespecError
 
-class TokenizerError(ValueError):
+
+class TokenizerError(EdgespecError, ValueError):
     """A tokenizer file is missing, corrupt or unsupported, or an id is out of range."""
 
 
