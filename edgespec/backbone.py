@@ -58,8 +58,10 @@ def parse_hello(text: str) -> tuple[int, str, str] | None:
     if not text.startswith(HELLO_PREFIX):
         return None
     parts = text[len(HELLO_PREFIX) :].split(":")
-    # ASCII digits only: str.isdigit() is true for "³", which int() refuses
-    if len(parts) != 3 or not (parts[0].isascii() and parts[0].isdigit()):
+    # ASCII digits only: str.isdigit() is true for "³", which int() refuses; a depth is a
+    # layer count, and int() refuses more than 4,300 digits
+    depth = parts[0] if parts else ""
+    if len(parts) != 3 or not (depth.isascii() and depth.isdigit() and len(depth) <= 9):
         raise BackboneMismatch(f"malformed backbone fingerprint {text[:40]!r}")
     return int(parts[0]), parts[1], parts[2]
 

@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from dataclasses import dataclass
@@ -74,3 +75,59 @@ def start_server(
             time.sleep(0.1)
     server.stop()
     raise RuntimeError("server did not come up in 60s")
+
+
+@dataclass
+class InProcessServer:
+    """The real app (`serve.server.create_app`) under uvicorn on a thread of this process, so
+    a test can reach its `state`: e.g. hold the worker with a queued call that waits on an
+    event, to arrange which jobs are queued together (`hold_worker`)."""
+
+    state: object
+    server: object
+    thread: object
+    port: int
+    token: str | None
+
+    url = ServerProcess.url
+    http = ServerProcess.http
+    health = ServerProcess.health
+
+    def stop(self) -> None:
+        from edgespec.serve.server import stop
+
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+        stop(self.state)
+
+
+def serve_in_process(bundle: Path, token: str | None = TOKEN, **settings) -> InProcessServer:
+    """`edgespec serve BUNDLE` with ServerConfig `settings` (threads=1 unless given)."""
+    import uvicorn
+
+    from edgespec.serve.server import ServerConfig, create_app, load_state
+    from edgespec.serve.transport import uvicorn_config
+
+    config = ServerConfig(str(bundle), token=token, **{"threads": 1, **settings})
+    state = load_state(config)
+    port = free_port()
+    app = create_app(config, state)
+    server = uvicorn.Server(uvicorn_config(app, config, "127.0.0.1", port, "warning"))
+    thread = threading.Thread(target=server.run, name="edgespec-test-server", daemon=True)
+    thread.start()
+    out = InProcessServer(state, server, thread, port, token)
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            out.stop()
+            raise RuntimeError("the in-process server did not start")
+        time.sleep(0.02)
+    return out
+
+
+def hold_worker(state) -> threading.Event:
+    """Queue a call that blocks the server's worker thread until the returned event is set:
+    every job queued meanwhile waits, and runs (its rounds batched) once it is released."""
+    release = threading.Event()
+    state.worker.submit(release.wait)
+    return release

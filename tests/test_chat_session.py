@@ -199,6 +199,8 @@ def test_chat_on_a_bundle_without_a_template_says_so_and_generate_still_works(bu
         (dict(top_p=0), "top_p must be in"),
         (dict(truncation="middle"), "truncation 'middle'"),
         (dict(stop=[""]), "stop strings"),
+        (dict(flags={"messages": []}), "flags: messages is set by the session itself"),
+        (dict(flags={"add_generation_prompt": False}), "add_generation_prompt is set by"),
     ],
 )
 def test_bad_chat_options_are_refused_before_any_work(chat_bundle, options, message):

@@ -160,6 +160,9 @@ BODIES = [
 ]
 JSON_SWAPS = ["NaN", "Infinity", "-Infinity", "1e400", "-1", "0", "true", "null", "[]", "{}"]
 JSON_SWAPS += ['""', '"x"', "1" + "0" * 30, "1e-320", "[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]"]
+# lone surrogates, nesting past the limit (and past the template's recursion), huge integers
+JSON_SWAPS += ['"a\\ud800b"', '"\\udfff"', '["\\ud83d"]', '{"\\ud800": 1}']
+JSON_SWAPS += ["[" * 70 + "]" * 70, "[" * 600 + "]" * 600, "1" + "0" * 5000, "-" + "9" * 4400]
 
 
 def mutate_json(rng: random.Random, body: dict) -> bytes:
@@ -232,3 +235,113 @@ def test_a_device_refuses_server_messages_that_are_not_answers():
         assert time.monotonic() - t0 < 2
         link.close()
         server.shutdown()
+
+
+CHAT_BODIES = [
+    {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "temperature": 0},
+    {
+        "messages": [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": [{"type": "text", "text": "x = "}]},
+        ],
+        "max_tokens": 2,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    },
+    {
+        "messages": [{"role": "user", "content": "weather?"}],
+        "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
+        "chat_template_kwargs": {"enable_thinking": False},
+        "max_tokens": 2,
+        "stream": True,
+        "model": "m",
+    },
+]
+
+
+def mutate_chat(rng: random.Random, body: dict) -> bytes:
+    """A chat body with a hostile value somewhere inside (not only at the top), streamed or
+    not, or mangled as text."""
+    body = json.loads(json.dumps(body))
+    body["stream"] = rng.random() < 0.5
+    if not body["stream"]:
+        body.pop("stream_options", None)
+    op = rng.randrange(4)
+    if op == 0:  # a hostile value at a random place of the tree
+        marker = "@@HOSTILE@@"
+        _plant(rng, body, marker)
+        return json.dumps(body).replace(f'"{marker}"', rng.choice(JSON_SWAPS), 1).encode()
+    if op == 1:  # a template flag or an extra message field
+        key = rng.choice(["messages", "tools", "template", "documents", "add_generation_prompt"])
+        body["chat_template_kwargs"] = {key: 1} if rng.random() < 0.5 else {"x": [[1]]}
+        body["messages"][0][rng.choice(["name", "extra", "\ud800"])] = "@"
+        return json.dumps(body).encode()
+    if op == 2:  # bytes flipped in the text
+        raw = bytearray(json.dumps(body).encode())
+        for _ in range(rng.randint(1, 4)):
+            raw[rng.randrange(len(raw))] = rng.randrange(256)
+        return bytes(raw)
+    return json.dumps(body).encode()  # well formed: answered 200
+
+
+def _plant(rng: random.Random, tree: dict | list, marker: str) -> None:
+    """Put `marker` in place of a random value (or a new key) somewhere in `tree`."""
+    while True:
+        keys = list(tree) if isinstance(tree, dict) else list(range(len(tree)))
+        if not keys:
+            break
+        k = rng.choice(keys)
+        if isinstance(tree[k], dict | list) and tree[k] and rng.random() < 0.7:
+            tree = tree[k]
+            continue
+        tree[k] = marker
+        return
+    if isinstance(tree, dict):
+        tree["extra"] = marker
+    else:
+        tree.append(marker)
+
+
+@pytest.fixture(scope="module")
+def chat_server(chat_bundle, tmp_path_factory):
+    s = start_server(
+        chat_bundle,
+        tmp_path_factory.mktemp("fuzz-chat"),
+        TOKEN,
+        *("--max-sessions", "4", "--conversations", "2", "--max-context", "96"),
+        *("--body-timeout", "5"),
+    )
+    yield s
+    s.stop()
+
+
+def test_mutated_chat_bodies_streamed_or_not_get_a_named_answer(chat_server):
+    """Every chat body gets 200 or a 4xx naming the problem; every stream that started ends
+    with [DONE] (an error event before it if the reply failed); nothing leaks."""
+    rng = random.Random(SEED + 3)
+    seen: dict[int, int] = {}
+    for _ in range(150):
+        data = mutate_chat(rng, rng.choice(CHAT_BODIES))
+        req = urllib.request.Request(
+            f"{chat_server.http}/v1/chat/completions",
+            data=data,
+            headers={"Authorization": f"Bearer {TOKEN}"},
+            method="POST",
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r:
+                status, text = r.status, r.read().decode()
+                streamed = r.headers["content-type"].startswith("text/event-stream")
+        except urllib.error.HTTPError as e:
+            status, text, streamed = e.code, e.read().decode(), False
+        seen[status] = seen.get(status, 0) + 1
+        assert status in (200, 400, 413), (status, data[:200], text[:300])
+        if streamed:
+            assert text.endswith("data: [DONE]\n\n"), (data[:200], text[-300:])
+        elif status != 200:
+            assert json.loads(text)["error"]["message"], text
+    assert seen.get(400) and seen.get(200), seen
+    end = time.monotonic() + 10
+    while chat_server.health()["sessions"] and time.monotonic() < end:
+        time.sleep(0.05)
+    assert chat_server.health()["sessions"] == 0

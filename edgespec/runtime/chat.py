@@ -31,7 +31,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from edgespec.runtime.chat_template import ChatTemplate, ChatTemplateError
+from edgespec.runtime.chat_template import RENDER_ARGUMENTS, ChatTemplate, ChatTemplateError
 from edgespec.runtime.config import LoadConfig
 from edgespec.runtime.decode import decode
 from edgespec.runtime.link import Remote
@@ -266,6 +266,12 @@ class ChatSession:
             raise ChatError(f"truncation {o.truncation!r} is not one of: {', '.join(TRUNCATION)}")
         if any(not isinstance(s, str) or not s for s in o.stop):
             raise ChatError("stop strings must be non-empty strings")
+        taken = sorted(set(o.flags) & set(RENDER_ARGUMENTS))
+        if taken:
+            raise ChatError(
+                f"flags: {', '.join(taken)} is set by the session itself, not a template flag: "
+                "pass messages, tools, documents and template as their own arguments"
+            )
         gen = self.manifest.chat.generation if self.manifest.chat else {}
         sampled = bool(gen.get("do_sample"))
         temperature = o.temperature

@@ -31,6 +31,9 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from edgespec.bundle import Manifest
 from edgespec.errors import EdgespecError
 
+# what `ChatTemplate.render` passes the template itself: never a template flag
+RENDER_ARGUMENTS = ("messages", "add_generation_prompt", "tools", "documents", "template")
+
 # names a message's reasoning may come under; templates read the first (transformers aliases them)
 REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 

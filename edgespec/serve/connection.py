@@ -30,6 +30,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from edgespec import protocol as P
 from edgespec.backbone import HELLO_PREFIX, BackboneMismatch, parse_hello
 from edgespec.backbone import check as check_backbone
+from edgespec.serve.http import sessions_admitted
 from edgespec.serve.requests import FieldError
 from edgespec.serve.requests import check_start as check_sampling
 from edgespec.serve.session import CannotResume, ServerSession, prefill, release_all
@@ -51,9 +52,9 @@ async def session_endpoint(ws: WebSocket) -> None:
     limits = P.SUBPROTOCOL in ws.scope.get("subprotocols", [])
     await ws.accept(subprotocol=P.SUBPROTOCOL if limits else None)
     sid = next(state.ids)
-    full = len(state.connections) >= state.config.max_sessions
+    full = sessions_admitted(state) >= state.config.max_sessions  # OpenAI requests count too
     victim = _evictable(state) if full and not state.closing else None
-    if state.closing or len(state.connections) >= state.config.max_sessions:
+    if state.closing or sessions_admitted(state) >= state.config.max_sessions:
         reason = (
             "the server is shutting down"
             if state.closing

@@ -40,7 +40,7 @@ async def read_body(request: Request, limit: int, timeout: float) -> bytes:
     the limit, 408 when it takes longer than `timeout`, None when the client left."""
     length = request.headers.get("content-length")
     if length is not None:
-        if not length.isdigit():
+        if not (length.isascii() and length.isdigit() and len(length) <= 18):
             raise BodyError(error(f"Content-Length {length[:20]!r} is not a byte count"))
         if int(length) > limit:
             raise BodyError(error(f"request of {length} bytes exceeds the limit of {limit}", 413))
@@ -67,6 +67,13 @@ def sessions_in_use(state: State) -> int:
     """KV caches really in use: split sessions' pool slots and OpenAI requests running (what
     /health reports and what `max_sessions` bounds)."""
     return state.pool.held + (state.chat.load if state.chat else 0)
+
+
+def sessions_admitted(state: State) -> int:
+    """What `max_sessions` bounds, for both kinds of session: open split connections (each
+    holds a slot or STARTs into one; paused ones count until evicted) and OpenAI requests
+    running or queued. A split connection and an OpenAI request are admitted only below it."""
+    return len(state.connections) + (state.chat.load if state.chat else 0)
 
 
 async def health(request: Request) -> JSONResponse:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -31,7 +32,7 @@ from starlette.routing import Route
 from edgespec.runtime.chat import ChatError, ChatReply, Prompt
 from edgespec.runtime.chat_template import ChatTemplateError
 from edgespec.serve.chat_engine import ChatEngine, Job
-from edgespec.serve.http import BodyError, busy, disconnected, read_body, sessions_in_use
+from edgespec.serve.http import BodyError, busy, disconnected, read_body, sessions_admitted
 from edgespec.serve.openai_requests import (
     RequestError,
     parse_chat,
@@ -40,6 +41,7 @@ from edgespec.serve.openai_requests import (
 )
 from edgespec.serve.state import State
 
+log = logging.getLogger("edgespec.serve")
 NO_TOKEN = "missing or wrong bearer token (Authorization: Bearer ...)"
 
 
@@ -72,7 +74,7 @@ async def _admit(request: Request) -> tuple[State, dict[str, Any] | Response]:
 def _busy(state: State) -> Response | None:
     if state.closing:
         return busy("the server is shutting down: try again later")
-    if sessions_in_use(state) >= state.config.max_sessions:
+    if sessions_admitted(state) >= state.config.max_sessions:
         return busy("the server is full: try again later")
     return None
 
@@ -232,28 +234,41 @@ async def _respond(
 
 
 async def _stream(engine: ChatEngine, job: Job, shape: _Shape, usage: bool) -> AsyncIterator[bytes]:
+    """The SSE events of one reply. Its 200 headers are out before the first event, so a
+    failure after them cannot become a status: it ends the stream with an error event and
+    `[DONE]`, as a decoding error does (a client that left is not written to)."""
     try:
-        if shape.kind == "chat":
-            yield _sse(shape.chunk(None, None, role=True) | ({"usage": None} if usage else {}))
-        while True:
-            what, payload = await job.queue.get()
-            if what == "chunk":
-                if payload.text:
-                    yield _sse(shape.chunk(payload.text, None) | ({"usage": None} if usage else {}))
-                continue
-            if what == "done":
-                finish = shape.chunk(None, payload.finish_reason)
-                yield _sse(finish | ({"usage": None} if usage else {}))
-                if usage:
-                    yield _sse(shape.usage_chunk(payload))
-            else:
-                message, status, code = _failure(payload)
-                err = {"message": message, "type": "invalid_request_error", "code": code}
-                yield _sse({"error": err | {"param": None, "status": status}})
-            yield _sse("[DONE]")
-            return
+        async for event in _events(job, shape, usage):
+            yield event
+    except Exception as e:
+        log.exception("a streamed reply failed after its headers")
+        err = {"message": f"the reply failed ({type(e).__name__})", "type": "server_error"}
+        yield _sse(json.dumps({"error": err | {"param": None, "code": None, "status": 500}}))
+        yield _sse("[DONE]")
     finally:
         engine.cancel(job)
+
+
+async def _events(job: Job, shape: _Shape, usage: bool) -> AsyncIterator[bytes]:
+    if shape.kind == "chat":
+        yield _sse(shape.chunk(None, None, role=True) | ({"usage": None} if usage else {}))
+    while True:
+        what, payload = await job.queue.get()
+        if what == "chunk":
+            if payload.text:
+                yield _sse(shape.chunk(payload.text, None) | ({"usage": None} if usage else {}))
+            continue
+        if what == "done":
+            finish = shape.chunk(None, payload.finish_reason)
+            yield _sse(finish | ({"usage": None} if usage else {}))
+            if usage:
+                yield _sse(shape.usage_chunk(payload))
+        else:
+            message, status, code = _failure(payload)
+            err = {"message": message, "type": "invalid_request_error", "code": code}
+            yield _sse({"error": err | {"param": None, "status": status}})
+        yield _sse("[DONE]")
+        return
 
 
 ROUTES = [

@@ -14,10 +14,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from edgespec.runtime.chat import ChatOptions
+from edgespec.runtime.chat_template import RENDER_ARGUMENTS
 from edgespec.serve import requests as R
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_STOP = 4
+MAX_DEPTH = 64  # JSON nesting levels a body may use (a tool's schema needs a handful)
 
 
 class RequestError(ValueError):
@@ -45,16 +47,61 @@ class CompletionRequest:
 
 
 def parse_json(body: bytes) -> dict[str, Any]:
-    # NaN / Infinity parse as floats: the field they stand in is refused by name below
+    """The body as a JSON object whose every string is Unicode text and whose nesting is at
+    most MAX_DEPTH levels, or a RequestError naming the field that is not.
+
+    NaN / Infinity parse as floats, and so do integers too long for Python's int-string
+    limit (4,300 digits: past every range here): the field they stand in is refused by name
+    below, as `1e400` is. A lone UTF-16 surrogate ("\\ud800") is valid JSON but not text: no
+    tokenizer, template or JSON encoder takes it. Deep nesting would exhaust the template's
+    recursion; no request field needs more than a few levels."""
     try:
-        req = json.loads(body or b"")
+        req = json.loads(body or b"", parse_int=R.json_int)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise RequestError(f"the body is not valid JSON ({e})") from None
     except RecursionError:
-        raise RequestError("the body is nested too deeply") from None
+        raise RequestError(f"the body is nested deeper than {MAX_DEPTH} levels") from None
     if not isinstance(req, dict):
         raise RequestError("the body must be a JSON object")
+    _check_tree(req)
     return req
+
+
+def _check_tree(req: dict[str, Any]) -> None:
+    """Every key and string value Unicode text, every value at most MAX_DEPTH levels deep."""
+    stack: list[tuple[Any, str, int]] = [(req, "", 0)]
+    while stack:
+        value, where, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise RequestError(
+                f"{where} is nested deeper than {MAX_DEPTH} levels: flatten it", where
+            )
+        if isinstance(value, dict):
+            for k, v in value.items():
+                name = f"{where}.{_printable(k)}" if where else _printable(k)
+                _text(k, name)
+                stack.append((v, name, depth + 1))
+        elif isinstance(value, list):
+            stack.extend((v, f"{where}[{i}]", depth + 1) for i, v in enumerate(value))
+        elif isinstance(value, str):
+            _text(value, where)
+
+
+def _text(value: str, where: str) -> None:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        bad = _printable(value[e.start : e.end])
+        raise RequestError(
+            f"{where} holds a lone UTF-16 surrogate ({bad}), which is not text: send UTF-8 "
+            "text (a character past U+FFFF as a surrogate pair)",
+            where,
+        ) from None
+
+
+def _printable(text: str) -> str:
+    """`text` with lone surrogates as \\uXXXX escapes (safe to echo in a UTF-8 answer)."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _field(check: Any, *args: Any) -> Any:
@@ -201,6 +248,13 @@ def parse_chat(req: dict[str, Any], context: int) -> ChatRequest:
     flags = req.get("chat_template_kwargs")  # vLLM's extension, e.g. {"enable_thinking": false}
     if flags is not None and not isinstance(flags, dict):
         raise RequestError("chat_template_kwargs must be an object", "chat_template_kwargs")
+    taken = sorted(set(flags or ()) & set(RENDER_ARGUMENTS))
+    if taken:
+        raise RequestError(
+            f"chat_template_kwargs.{taken[0]}: the server sets {', '.join(RENDER_ARGUMENTS)} "
+            "itself (messages and tools are fields of the request): drop it",
+            f"chat_template_kwargs.{taken[0]}",
+        )
     options = _options(req, context, flags)
     options.tools = tools or None
     stream, usage = _stream(req)

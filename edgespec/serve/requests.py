@@ -21,6 +21,16 @@ MAX_TEMPERATURE = 100.0
 MAX_SEED = (1 << 64) - 1  # START carries the seed as u64
 
 
+MAX_INT_DIGITS = 100  # longer JSON integers are past every range: parsed as ±inf, refused by name
+
+
+def json_int(text: str) -> int | float:
+    """`json.loads`' parse_int: an int, or ±inf for one longer than MAX_INT_DIGITS digits (an
+    int that long would meet Python's 4,300-digit limit, a ValueError naming no field; as
+    inf, the field's own check refuses it by name, as it refuses `1e400`)."""
+    return int(text) if len(text.lstrip("-")) <= MAX_INT_DIGITS else float(text)
+
+
 class FieldError(ValueError):
     """A request field with a bad value; the message names the field and the fix."""
 
