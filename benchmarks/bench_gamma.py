@@ -44,9 +44,9 @@ from common import DEFAULT_MODELS, load_line, table_header, table_row
 from plots import try_plot
 
 import edgespec
-from edgespec.runtime.estimates import CostModel
+from edgespec.runtime.estimates import PRIORS
 from edgespec.runtime.model import Model
-from edgespec.runtime.policies import PerSource
+from edgespec.runtime.policies import set_priors
 from edgespec.runtime.registry import make_policy
 
 SETUPS = "spec,self-spec@2,spec:int4"
@@ -74,28 +74,20 @@ def load_setup(models: Path, setup: str, threads: int) -> Model:
 
 def policies_for(model: Model, gammas: list[int], variants: list[str]) -> dict[str, Any]:
     """`auto` as the bundle builds it (a chain gets one per member), each variant of it
-    ("auto [warm_rounds=0]": a copy of that fresh `auto` whose cost models have that field
-    set), and each fixed γ."""
+    ("auto [warm_rounds=0]": a copy of that fresh `auto` whose cost models price with that
+    `Priors` variant), and each fixed γ."""
     policies = {"auto": model.policy}
     for variant in variants:
         policy = copy.deepcopy(model.policy)
         name, _, value = variant.partition("=")
-        for cost in cost_models(policy):
-            if not hasattr(cost, name) or not value:
-                fields = ", ".join(f for f in vars(cost) if not f.startswith("_"))
-                raise SystemExit(f"variant {variant!r}: a field=value of CostModel ({fields})")
-            number = float(value)
-            setattr(cost, name, number if isinstance(getattr(cost, name), float) else int(number))
+        try:
+            set_priors(policy, PRIORS.with_values({name: value}))
+        except ValueError as e:
+            raise SystemExit(f"variant {variant!r}: {e}") from None
         policies[f"auto [{variant}]"] = policy
     for g in gammas:
         policies[f"fixed:{g}"] = make_policy(f"fixed:{g}")
     return policies
-
-
-def cost_models(policy: Any) -> list[CostModel]:
-    if isinstance(policy, PerSource):
-        return [c for p in (policy.main, *policy.apart.values()) for c in cost_models(p)]
-    return [policy.cost] if isinstance(getattr(policy, "cost", None), CostModel) else []
 
 
 def bench_setup(
@@ -166,7 +158,7 @@ def main() -> None:
     ap.add_argument(
         "--variants",
         default="",
-        help="comma list of CostModel field=value: `auto` rows beside the default one (an A/B)",
+        help="comma list of Priors field=value: `auto` rows beside the default one (an A/B)",
     )
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()

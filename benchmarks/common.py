@@ -120,18 +120,12 @@ def load_line() -> str:
 
 
 def set_estimates(values: dict[str, Any], flag: str) -> dict[str, Any]:
-    """Set constants of runtime/estimates.py (an A/B of the estimators; `flag` names the
-    option in the error for an unknown one; a value given as text is read as a float);
-    returns their previous values, as they were, to set back."""
-    import edgespec.runtime.estimates as estimates
-
-    unknown = [name for name in values if not hasattr(estimates, name)]
-    if unknown:
-        raise SystemExit(f"{flag}: runtime/estimates.py has no constant {unknown[0]}")
-    saved = {name: getattr(estimates, name) for name in values}
-    for name, value in values.items():
-        setattr(estimates, name, float(value) if isinstance(value, str) else value)
-    return saved
+    """Refused: the estimators' constants are the cost model's `Priors` (a frozen dataclass),
+    and an A/B passes a variant of it instead of patching module state."""
+    raise SystemExit(
+        f"{flag}: the estimators' constants are fields of edgespec.runtime.estimates.Priors; "
+        "A/B them as `bench_gamma.py --variants FIELD=VALUE` or `bench_real.py --priors`"
+    )
 
 
 def worker_answer(
