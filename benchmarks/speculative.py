@@ -8,7 +8,7 @@ learned across prompts, as in an app. Plain decoding (`ar`, its own model) takes
 
 Rows per setup: `ar`, `auto`, each `--policies` entry (confidence:0.4, acceptance,
 dynamic-exit, ...), each fixed γ of `--gammas`, and each `--variants` of `auto`: a copy of the
-model's fresh `auto` whose cost models have the named fields set (`warm_rounds=0`; variants
+model's fresh `auto` whose cost models price with those `Priors` fields (`warm_rounds=0`; variants
 apart by ';'), an A/B in one run. Reported: end-to-end tok/s (prefill + `--max-new-tokens`),
 the ratio to `ar`, tokens per round, whether every greedy output equals `ar`'s token for
 token, and `auto` (and each variant) over the best fixed γ: in hindsight, and held out (the γ
@@ -68,24 +68,18 @@ def load_setup(models: Path, setup: str, threads: int) -> Any:
     return edgespec.load(pair_bundle(models, quantized), threads=threads, **options)
 
 
-def cost_models(policy: Any) -> list[Any]:
-    """The cost models inside an `auto` policy (a chain's policy has one per member)."""
-    from edgespec.runtime.estimates import CostModel
-    from edgespec.runtime.policies import PerSource
-
-    if isinstance(policy, PerSource):
-        return [c for p in (policy.main, *policy.apart.values()) for c in cost_models(p)]
-    return [policy.cost] if isinstance(getattr(policy, "cost", None), CostModel) else []
-
-
 def policies_for(model: Any, args: Any) -> dict[str, Any]:
+    from edgespec.runtime.estimates import PRIORS
+    from edgespec.runtime.policies import set_priors
     from edgespec.runtime.registry import make_policy
 
     policies = {"auto": model.policy}
     for fields in args.variants:
         policy = copy.deepcopy(model.policy)
-        for cost in cost_models(policy):
-            flags.set_fields(cost, fields)
+        try:
+            set_priors(policy, PRIORS.with_values(fields))
+        except ValueError as e:
+            raise SystemExit(f"--variants: {e}") from None
         policies[f"auto [{','.join(f'{k}={v}' for k, v in fields.items())}]"] = policy
     exits = model.manifest.exit_layers
     for spec in args.policies:
@@ -163,7 +157,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--setups", default=SETUPS, help=f"comma list (default {SETUPS})")
     p.add_argument("--gammas", default="1,2,3,4,5,6,7,8", help="the fixed γ rows")
     p.add_argument("--policies", default="", help="more policies: confidence:0.4,dynamic-exit")
-    p.add_argument("--variants", default="", help="auto with CostModel fields set: a=1;a=2,b=3")
+    p.add_argument("--variants", default="", help="auto with Priors fields set: a=1;a=2,b=3")
     p.add_argument("--prompts", type=int, default=32, help="held-out code prompts (of 32)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--passes", type=int, default=3)

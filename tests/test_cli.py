@@ -122,10 +122,10 @@ def test_calibrate_stores_round_costs_that_seed_the_auto_policy(spec_bundles, tm
     assert chain.main.cost.round_time[0] == entry["spec"]["round_seconds"]["0"]
     assert chain.apart["lookup"].cost.round_time[1] == entry["lookup"]["round_seconds"]["1"]
     # seeding prices, not how acceptance is learnt: prompt lookup keeps its own state prior
-    from edgespec.runtime.estimates import STATE_PRIOR_FIRST
+    from edgespec.runtime.estimates import PRIORS
 
-    assert chain.apart["lookup"].cost.acceptance.state_prior == STATE_PRIOR_FIRST
-    assert chain.main.cost.acceptance.state_prior is None  # the module's STATE_PRIOR
+    assert chain.apart["lookup"].cost.acceptance.priors.state_prior == PRIORS.state_prior_first
+    assert chain.main.cost.acceptance.priors.state_prior == PRIORS.state_prior
 
 
 def test_bench_compares_modes_and_checks_outputs(spec_bundles):

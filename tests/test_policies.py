@@ -275,7 +275,9 @@ def test_a_generations_cold_first_rounds_are_priced_as_the_warm_rounds_they_woul
     generation's rounds 1-9 ran 1.7x .. 1.1x a steady round. Priced as they were, they made
     the γ that opened each generation look dear for most of it, and `auto` moved off its
     best γ."""
-    from edgespec.runtime.estimates import CostModel
+    from dataclasses import replace
+
+    from edgespec.runtime.estimates import PRIORS, CostModel
 
     def steady(g: int) -> float:
         return 0.0017 + 0.00006 * g + g * 0.00018
@@ -288,7 +290,7 @@ def test_a_generations_cold_first_rounds_are_priced_as_the_warm_rounds_they_woul
                 draft = g * 0.00018 * slow
                 cost.observe(RoundStats("decode", 4, g + 1, steady(g) * slow, g, 3, draft, index=i))
 
-    warm, cold = CostModel(), CostModel(warm_rounds=0)
+    warm, cold = CostModel(), CostModel(priors=replace(PRIORS, warm_rounds=0))
     generations(warm)
     generations(cold)
     for g in (4, 5, 6):

@@ -7,7 +7,9 @@ tokens and costs
 
     T(γ) = γ·t_draft + RTT + bytes_up(γ)/uplink + bytes_down(γ)/downlink + t_verify(γ)
 
-The policy picks γ ∈ [0, max_length] maximising N(γ)/T(γ) — γ = 0 (the server generates one
+N(γ) and t_draft are the ones every adaptive policy uses (`estimates.CostModel`: per-position
+acceptance, draft seconds per token); this policy adds only the channel's round time and
+energy. It picks γ ∈ [0, max_length] maximising N(γ)/T(γ) — γ = 0 (the server generates one
 token per round trip) included — subject to an energy budget per generated token,
 
     E(γ)/N(γ) <= budget,  E(γ) = γ·J_draft + J_tx·bytes_up + J_rx·bytes_down
@@ -16,8 +18,8 @@ token per round trip) included — subject to an energy budget per generated tok
 and when no γ fits, the γ with the least energy per token (`over_budget` says so; a client
 may then switch to device-only decoding).
 
-Everything is learned online from the `RoundStats` the split client fills in: α as
-accepted / (accepted + rejected) drafts over recent rounds, t_draft as an EWMA; the link by
+Everything is learned online from the `RoundStats` the split client fills in: acceptance and
+t_draft by the cost model; the link by
 regressing `network_seconds` on (bytes_up, bytes_down) — slopes (seconds per byte =
 1/bandwidth) from the differences between rounds of different sizes (`OnlineLinear`), the
 intercept (RTT) from a fast EWMA of what the slopes leave — so a change of RTT shows within
@@ -36,7 +38,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import cast
 
-from edgespec.runtime.estimates import MAX_DRAFT, expected_tokens
+from edgespec.runtime.estimates import MAX_DRAFT, PRIORS, CostModel, Priors
 from edgespec.runtime.round import Plan
 from edgespec.runtime.stats import RoundStats
 
@@ -112,6 +114,12 @@ class OnlineLinear:
     def observe(self, x: Sequence[float], y: float) -> None:
         x = [float(v) for v in x]
         first = False  # a first slope (of a regime): the intercept restarts from it
+        if self._last is not None and _jumped(y, self._last[1]):
+            # y itself changed regime (token ids, then sampling's q rows: 400x the bytes):
+            # a difference across the change is no slope, and the old slopes no guide
+            self._last, self._scale, self.a = None, None, None
+            self._cxy = [0.0] * self.n
+            self._cxx = [[0.0] * self.n for _ in range(self.n)]
         if self._last is not None:
             dx = [xi - li for xi, li in zip(x, self._last[0], strict=True)]
             if any(dx):
@@ -153,6 +161,12 @@ class OnlineLinear:
         return (self.a or 0.0) + sum(bi * xi for bi, xi in zip(self.b, x, strict=True))
 
 
+def _jumped(y: float, last: float) -> bool:
+    """y is more than 8x (or under 1/8 of) the last, both well above zero."""
+    low, high = sorted((abs(y), abs(last)))
+    return high > 8 * max(low, 1e-12) and high > 0 and low > 0
+
+
 def _solve(m: list[list[float]], v: list[float]) -> list[float]:
     """Gaussian elimination for the tiny (1x1, 2x2) positive-definite systems above."""
     n = len(v)
@@ -189,8 +203,7 @@ class ChannelAware:
     dither_every: int = 4  # every n-th round drafts optimum ± 1 so message sizes vary
     probe_gap: int = 4  # γ = 0 rounds before a probe; doubles while probes lose, up to max
     max_probe_gap: int = 32
-    alpha_decay: float = 0.1  # forgetting per drafting round of the acceptance counts
-    t_draft: float | None = None  # seconds per draft token (EWMA)
+    cost: CostModel = field(default_factory=CostModel)  # N(γ) and t_draft, as `auto` has them
     # network_seconds ≈ RTT + bytes_up/uplink + bytes_down/downlink (seconds per byte)
     link: OnlineLinear = field(
         default_factory=lambda: OnlineLinear(2, fast=0.4, ridge=4.0, min_clip=0.002)
@@ -203,8 +216,6 @@ class ChannelAware:
         default_factory=lambda: OnlineLinear(1, fast=0.5, slow=0.6, ridge=0.1)
     )
     last: Choice | None = None
-    _accepted: float = 1.2  # decayed counts of accepted and rejected drafts (prior α = 0.6)
-    _rejected: float = 0.8
     _round: int = 0
     _remote_rounds: int = 0
     _gap: int = 4
@@ -235,8 +246,13 @@ class ChannelAware:
 
     @property
     def alpha(self) -> float:
-        """Per-token acceptance: accepted / (accepted + rejected) drafts over recent rounds."""
-        return self._accepted / (self._accepted + self._rejected)
+        """Per-token acceptance of a geometric model with the cost model's N(4) (reports)."""
+        return self.cost.alpha
+
+    @property
+    def t_draft(self) -> float | None:
+        """Seconds per draft token, as the cost model measured them."""
+        return self.cost.t_draft
 
     # -- the model ------------------------------------------------------------------------------
     def round_seconds(self, gamma: int) -> float:
@@ -259,7 +275,7 @@ class ChannelAware:
         )
 
     def evaluate(self, gamma: int) -> Choice:
-        n = expected_tokens(min(self.alpha, 0.999), gamma)
+        n = self.cost.expected(gamma)
         joules = self.round_joules(gamma) / n
         over = self.energy_budget is not None and joules > self.energy_budget
         return Choice(gamma, n / self.round_seconds(gamma), joules, over)
@@ -303,16 +319,7 @@ class ChannelAware:
     def observe(self, stats: RoundStats) -> None:
         if stats.phase != "decode":
             return  # a prefill's timing is not a round's
-        if stats.drafted:
-            keep = 1 - self.alpha_decay
-            self._accepted = keep * self._accepted + stats.accepted
-            self._rejected = keep * self._rejected + (stats.accepted < stats.drafted)
-            per_token = stats.draft_seconds / stats.drafted
-            self.t_draft = (
-                per_token
-                if self.t_draft is None
-                else self.t_draft + 0.15 * (per_token - self.t_draft)
-            )
+        self.cost.observe_drafting(stats)
         if stats.verifier != "remote":
             return  # a round verified locally (the link was down) says nothing of the link
         self._remote_rounds += 1
@@ -331,9 +338,11 @@ def parse_channel_aware(
     arg: str,
     energy_budget: float | None = None,
     device_profile: Mapping[str, object] | None = None,
+    priors: Priors = PRIORS,
 ) -> ChannelAware:
     """ "channel-aware[:BUDGET]" (J/token); an explicit `energy_budget` wins over the string."""
     budget = float(arg) if arg else None
     if energy_budget is not None:
         budget = energy_budget
-    return ChannelAware(energy_budget=budget, energy=EnergyModel.from_profile(device_profile))
+    energy = EnergyModel.from_profile(device_profile)
+    return ChannelAware(energy_budget=budget, energy=energy, cost=CostModel(priors=priors))

@@ -12,7 +12,7 @@ import os
 import platform
 from pathlib import Path
 
-from edgespec.runtime.estimates import CostModel
+from edgespec.runtime.estimates import PRIORS, CostModel, Priors
 from edgespec.runtime.policies import Acceptance, Auto, DraftLengthPolicy, DynamicExit, PerSource
 
 FILE = "calibration.json"
@@ -23,7 +23,9 @@ def device_key(device: str, threads: int | None) -> str:
     return f"{device}/threads={threads or os.cpu_count()}/{cpu}"
 
 
-def load_cost(folder: Path, device: str, threads: int | None, key: str) -> CostModel | None:
+def load_cost(
+    folder: Path, device: str, threads: int | None, key: str, priors: Priors = PRIORS
+) -> CostModel | None:
     """A cost model seeded from calibration.json, or None if this device has no entry."""
     path = folder / FILE
     if not path.exists():
@@ -37,6 +39,7 @@ def load_cost(folder: Path, device: str, threads: int | None, key: str) -> CostM
     return CostModel(
         t_draft=float(entry["draft_token_seconds"]) or None,
         round_time={int(g): float(t) for g, t in entry["round_seconds"].items()},
+        priors=priors,
     )
 
 
@@ -54,7 +57,8 @@ def seed_from_calibration(
             if cost is not None:
                 policy.costs[k] = cost
     elif isinstance(policy, Auto | Acceptance):
-        cost = load_cost(folder, device, threads, f"self-spec@{exit}" if exit else mode)
+        key = f"self-spec@{exit}" if exit else mode
+        cost = load_cost(folder, device, threads, key, policy.cost.priors)
         if cost is not None:
             cost.acceptance = policy.cost.acceptance  # how it learns acceptance stays
             policy.cost = cost

@@ -20,15 +20,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from edgespec.runtime.estimates import MAX_DRAFT, CostModel
+from edgespec.runtime.estimates import MAX_DRAFT, CostModel, Priors
 from edgespec.runtime.round import Plan
 from edgespec.runtime.stats import RoundStats
 
-# `auto` backs its probes off only while drafting is priced under this share of plain decoding
-CLEARLY_LOSING = 0.9
 # (round trip s, uplink bytes/s) of a policy that does not model a channel
 NO_CHANNEL: tuple[float | None, float | None] = (None, None)
-
 
 class DraftLengthPolicy(Protocol):
     max_length: int
@@ -100,17 +97,17 @@ class Acceptance:
 class Auto:
     """Speculate only when it wins. γ = 0 (one plain target step) is a candidate like any
     other, priced by its own measured round time; when plain decoding is the better bet the
-    policy still probes a short draft now and then (every 4, 8, ... up to 128 plain rounds,
-    backing off while probes keep losing clearly) so speculation switches back on when the
-    text gets predictable again. While speculation is priced within CLEARLY_LOSING of plain
-    decoding, probes stay every 4 rounds: plain rounds teach nothing about acceptance, and a
-    few slow or unlucky rounds (the first rounds of a generation after other models ran) could
-    otherwise leave `auto` stepping plainly for hundreds of rounds where drafting paid."""
+    policy still probes a short draft now and then (every `probe_gap`, twice that, ... up to
+    `max_probe_gap` plain rounds, backing off while probes keep losing clearly) so speculation
+    switches back on when the text gets predictable again. While speculation is priced within
+    `clearly_losing` of plain decoding, probes stay every `probe_gap` rounds: plain rounds
+    teach nothing about acceptance, and a few slow or unlucky rounds (the first rounds of a
+    generation after other models ran) could otherwise leave `auto` stepping plainly for
+    hundreds of rounds where drafting paid. The constants are the cost model's `Priors`."""
 
     max_length: int = MAX_DRAFT
     cost: CostModel = field(default_factory=CostModel)
-    max_gap: int = 128
-    _gap: int = 4
+    _gap: int = 0  # plain rounds before the next probe (0: the first gap, `probe_gap`)
     _plain_rounds: int = 0
 
     def plan(self, source: str | None = None) -> Plan:
@@ -121,16 +118,18 @@ class Auto:
             return min(2, self.max_length)  # learn α and the draft cost first
         if 0 not in self.cost.round_time:
             return 0  # then what a plain step costs here
+        p = self.cost.priors
         g, rate = self.cost.best_length(self.max_length, min_length=1)
         plain = self.cost.rate(0)
         if rate > plain:
-            self._gap = 4
+            self._gap = p.probe_gap
             return g
+        self._gap = self._gap or p.probe_gap
         self._plain_rounds += 1
         if self._plain_rounds >= self._gap:
             self._plain_rounds = 0
-            if rate < CLEARLY_LOSING * plain:
-                self._gap = min(2 * self._gap, self.max_gap)
+            if rate < p.clearly_losing * plain:
+                self._gap = min(2 * self._gap, p.max_probe_gap)
             return g
         return 0
 
@@ -208,3 +207,20 @@ class DynamicExit:
 
     def channel_estimates(self) -> tuple[float | None, float | None]:
         return NO_CHANNEL
+
+def cost_models(policy: object) -> list[CostModel]:
+    """The cost models an adaptive policy prices rounds with (a chain's members' too)."""
+    if isinstance(policy, PerSource):
+        return [c for p in (policy.main, *policy.apart.values()) for c in cost_models(p)]
+    if isinstance(policy, DynamicExit):
+        return list(policy.costs.values())
+    cost = policy.cost if isinstance(policy, Auto | Acceptance) else None
+    return [cost] if cost is not None else []
+
+
+def set_priors(policy: object, priors: Priors) -> None:
+    """Price with `priors` from now on (an A/B of the estimators on a policy as a bundle
+    built it): a copying drafter's models (prompt lookup) keep their state prior."""
+    for cost in cost_models(policy):
+        own = priors.copying() if cost.priors.is_copying else priors
+        cost.priors = cost.acceptance.priors = own

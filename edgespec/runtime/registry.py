@@ -17,7 +17,7 @@ sessions `graphs` opened once: a conversation is a second build (`runtime.chat`)
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -34,7 +34,7 @@ from edgespec.runtime.drafters import (
     NoDrafter,
 )
 from edgespec.runtime.errors import InputError, SplitError
-from edgespec.runtime.estimates import STATE_PRIOR_FIRST, AcceptanceModel, CostModel
+from edgespec.runtime.estimates import PRIORS, AcceptanceModel, CostModel, Priors
 from edgespec.runtime.graph_protocol import Graph
 from edgespec.runtime.link import Remote
 from edgespec.runtime.local import LocalVerifier
@@ -84,9 +84,72 @@ def best_local_mode(manifest: Manifest) -> str:
     return "lookup"
 
 
-POLICIES = "fixed:N (0..64), confidence:T (0..1), acceptance, auto, dynamic-exit, " + (
-    "channel-aware[:J per token > 0]"
-)
+@dataclass(frozen=True)
+class PolicyName:
+    """One policy name: its spelling with the argument (help text and errors) and how an
+    argument ("" when none was given) becomes the policy; a ValueError refuses it."""
+
+    spelling: str
+    build: Callable[[str, PolicyContext], DraftLengthPolicy]
+
+
+@dataclass(frozen=True)
+class PolicyContext:
+    """What a policy may need beyond its own argument."""
+
+    exits: list[int]
+    energy_budget: float | None = None
+    device_profile: Mapping[str, object] | None = None
+    priors: Priors = PRIORS
+
+
+def _in_range(value: float, low: float, high: float) -> float:
+    if not low <= value <= high:
+        raise ValueError(f"{value} is outside {low:g}..{high:g}")
+    return value
+
+
+def _bare(name: str, arg: str) -> None:
+    if arg:
+        raise ValueError(f"{name} takes no argument")
+
+
+def _auto(arg: str, c: PolicyContext) -> DraftLengthPolicy:
+    _bare("auto", arg)
+    return Auto(cost=CostModel(priors=c.priors))
+
+
+def _acceptance(arg: str, c: PolicyContext) -> DraftLengthPolicy:
+    _bare("acceptance", arg)
+    return Acceptance(cost=CostModel(priors=c.priors))
+
+
+def _dynamic_exit(arg: str, c: PolicyContext) -> DraftLengthPolicy:
+    _bare("dynamic-exit", arg)
+    policy = DynamicExit(sorted(c.exits))
+    policy.costs = {k: CostModel(priors=c.priors) for k in policy.exits}
+    return policy
+
+
+# the one table of draft-length policies: help text, parsing and errors come from here
+POLICY_NAMES: dict[str, PolicyName] = {
+    "fixed": PolicyName(
+        "fixed:N (0..64)", lambda a, c: FixedLength(int(_in_range(int(a or 4), 0, 64)))
+    ),
+    "confidence": PolicyName(
+        "confidence:T (0..1)", lambda a, c: Confidence(_in_range(float(a or 0.4), 0, 1))
+    ),
+    "acceptance": PolicyName("acceptance", _acceptance),
+    "auto": PolicyName("auto", _auto),
+    "dynamic-exit": PolicyName("dynamic-exit", _dynamic_exit),
+    "channel-aware": PolicyName(
+        "channel-aware[:J per token > 0]",
+        lambda a, c: parse_channel_aware(a, c.energy_budget, c.device_profile, c.priors),
+    ),
+}
+POLICIES = ", ".join(p.spelling for p in POLICY_NAMES.values())
+# policies whose own messages say more than the table's list (no exit layers; a bad budget)
+_OWN_ERRORS = ("dynamic-exit", "channel-aware")
 
 
 def make_policy(
@@ -94,33 +157,24 @@ def make_policy(
     exits: list[int] | None = None,
     energy_budget: float | None = None,
     device_profile: Mapping[str, object] | None = None,
+    priors: Priors = PRIORS,
 ) -> DraftLengthPolicy:
     """Parse "fixed:4", "confidence:0.4", "acceptance", "auto", "dynamic-exit" or
     "channel-aware[:J]" (split decoding; J: energy budget per token, also `energy_budget`;
-    `device_profile` may carry its energy model, see `channel_policy.EnergyModel`)."""
+    `device_profile` may carry its energy model, see `channel_policy.EnergyModel`);
+    `priors`: the cost model's constants (benchmarks pass variants)."""
     name, _, arg = spec.partition(":")
     if energy_budget is not None and name != "channel-aware":
         raise ValueError(f"an energy budget needs the channel-aware policy, not {spec!r}")
-    policy: DraftLengthPolicy | None = None
-    try:
-        if name == "fixed" and 0 <= int(arg or 4) <= 64:
-            policy = FixedLength(int(arg or 4))
-        elif name == "confidence" and 0 <= float(arg or 0.4) <= 1:
-            policy = Confidence(float(arg or 0.4))
-        elif name == "acceptance" and not arg:
-            policy = Acceptance()
-        elif name == "auto" and not arg:
-            policy = Auto()
-        elif name == "dynamic-exit" and not arg:
-            policy = DynamicExit(sorted(exits or []))
-        elif name == "channel-aware":
-            policy = parse_channel_aware(arg, energy_budget, device_profile)
-    except ValueError:
-        if name == "dynamic-exit" or (name == "channel-aware" and not arg):
-            raise  # their own messages (no exit layers; bad budget or device profile)
-    if policy is None:
+    entry = POLICY_NAMES.get(name)
+    if entry is None:
         raise ValueError(f"draft policy {spec!r} is not one of: {POLICIES}")
-    return policy
+    try:
+        return entry.build(arg, PolicyContext(exits or [], energy_budget, device_profile, priors))
+    except ValueError:
+        if name in _OWN_ERRORS and not (name == "channel-aware" and arg):
+            raise
+        raise ValueError(f"draft policy {spec!r} is not one of: {POLICIES}") from None
 
 
 def _exit(spec: str, exits: list[int], what: str, check: bool = True) -> int:
@@ -274,8 +328,9 @@ def per_source(policy: DraftLengthPolicy, drafter: Drafter) -> DraftLengthPolicy
     kind = Acceptance if isinstance(policy, Acceptance) else Auto
 
     def copying() -> DraftLengthPolicy:  # prompt lookup: drafts pass whole or not at all
-        acceptance = AcceptanceModel(state_prior=STATE_PRIOR_FIRST)
-        return kind(cost=CostModel(acceptance=acceptance))
+        base = policy.cost.priors if isinstance(policy, Auto | Acceptance) else PRIORS
+        priors = base.copying()
+        return kind(cost=CostModel(AcceptanceModel(priors), priors=priors))
 
     return PerSource(policy, {d.name: copying() for d in drafter.drafters[:-1]})
 
