@@ -1,16 +1,13 @@
 """Flags every scenario spells the same way, and A/Bs as variants of a config object.
 
-`--variants 'name=value,...'` names fields of a config object (a dataclass, or a plain object
-such as the cost model), dotted for a nested one (`priors.shrink=3`); `with_fields` returns a
-copy with those fields set, the value converted to the field's type. An A/B runs the copy
-beside the original in the same run; nothing patches a module's globals.
+`--variants 'name=value,...;...'` names fields of a config object (the speculative scenario:
+`Priors`, whose `with_values` converts and checks them); an A/B runs the copy beside the
+original in the same run; nothing patches a module's globals.
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
-import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -43,52 +40,3 @@ def parse_variants(text: str) -> list[dict[str, str]]:
             fields[name.strip()] = value.strip()
         out.append(fields)
     return out
-
-
-def with_fields(obj: Any, fields: dict[str, str]) -> Any:
-    """A deep copy of `obj` with `fields` set (see `set_fields`)."""
-    out = copy.deepcopy(obj)
-    set_fields(out, fields)
-    return out
-
-
-def set_fields(obj: Any, fields: dict[str, str]) -> None:
-    """Set `fields` on the mutable `obj` (a dotted name reaches a nested object; a frozen
-    dataclass on the way is replaced, not mutated); an unknown name is refused with the
-    names there are."""
-    for name, value in fields.items():
-        head, *rest = name.split(".")
-        _check(obj, head)
-        child = getattr(obj, head)
-        setattr(obj, head, _replaced(child, rest, value) if rest else _typed(child, value))
-
-
-def _replaced(obj: Any, path: list[str], value: str) -> Any:
-    head, rest = path[0], path[1:]
-    _check(obj, head)
-    child = getattr(obj, head)
-    new = _replaced(child, rest, value) if rest else _typed(child, value)
-    if dataclasses.is_dataclass(obj) and obj.__dataclass_params__.frozen:  # type: ignore[attr-defined]
-        return dataclasses.replace(obj, **{head: new})
-    setattr(obj, head, new)
-    return obj
-
-
-def _check(obj: Any, name: str) -> None:
-    if dataclasses.is_dataclass(obj):
-        names = [f.name for f in dataclasses.fields(obj) if not f.name.startswith("_")]
-    else:
-        names = [n for n in vars(obj) if not n.startswith("_")]
-    if name not in names:
-        kind = type(obj).__name__
-        raise SystemExit(f"--variants: {kind} has no field {name!r} ({', '.join(names)})")
-
-
-def _typed(current: Any, value: str) -> Any:
-    if isinstance(current, bool):
-        return value.lower() in ("1", "true", "yes")
-    if isinstance(current, int) or (current is None and value.lstrip("-").isdigit()):
-        return int(float(value))
-    if isinstance(current, float) or current is None:
-        return float(value)
-    return value

@@ -108,12 +108,15 @@ def plot_split(data: dict[str, Any], out: Path) -> None:
     trace = [r for r in rows if r["condition"].startswith("trace")]
     for r in rows:
         m = re.match(r"([\d.]+) ms, ([\d.]+) Mbit/s", r["condition"])
-        if m and r["engine"] == "channel-aware":
+        if m and r["engine"].endswith("channel-aware"):
             grid[(float(m[1]), float(m[2]))] = r["tokens_per_s"]
     rtts = sorted({k[0] for k in grid})
     bws = sorted({k[1] for k in grid})
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
     values = [[grid.get((rtt, bw), float("nan")) for bw in bws] for rtt in rtts]
+    if not grid:
+        ax.axis("off")
+        values = [[float("nan")]]
     image = ax.imshow(values, cmap="viridis", origin="lower", aspect="auto")
     for i, rtt in enumerate(rtts):
         for j, bw in enumerate(bws):
