@@ -111,7 +111,15 @@ main()
 # lazy import still runs, so it still makes a circle or climbs a layer. Imports under
 # `if TYPE_CHECKING:` count too: a module that names another's types depends on its design,
 # and a circle hidden from the interpreter is still a circle for whoever reads the code.
-LAYERS_ABOVE_RUNTIME = ("edgespec.serve", "edgespec.export", "edgespec.cli")
+LAYERS_ABOVE_RUNTIME = (
+    "edgespec.serve",
+    "edgespec.export",
+    "edgespec.cli",
+    "edgespec.tools",
+    "edgespec.demo",
+)
+# what the runtime stands on imports nothing of edgespec above it
+LEAVES = ("edgespec.bundle", "edgespec.devices", "edgespec.protocol", "edgespec.errors")
 MAX_MODULE_LINES = 400
 
 
@@ -126,10 +134,9 @@ def _module_name(path: Path, root: Path) -> str:
 
 
 MODULES = {_module_name(p, PACKAGE.parent): p for p in sorted(PACKAGE.rglob("*.py"))}
-# the benchmark scripts run with their folder on sys.path (`import common`, `from lib import
-# x`); a module there answers to that name and to `benchmarks.<name>`
+# the benchmarks package (`python -m benchmarks.NAME`), when this is a checkout
 BENCH_MODULES = {
-    _module_name(p, BENCHMARKS): p
+    _module_name(p, PACKAGE.parent): p
     for p in sorted(BENCHMARKS.rglob("*.py"))
     if "results" not in p.parts
 }
@@ -162,8 +169,6 @@ def _own_imports(name: str, modules: dict[str, Path] = MODULES) -> list[tuple[st
 
 def _known(name: str, modules: dict[str, Path]) -> str | None:
     """The module of `modules` that an import of `name` loads (None: not one of them)."""
-    if modules is BENCH_MODULES and name.startswith("benchmarks."):
-        name = name.removeprefix("benchmarks.")
     return name if name in modules else None
 
 
@@ -241,6 +246,17 @@ def test_runtime_never_imports_serve_export_or_cli():
     assert not climbs, "runtime/ climbs a layer:\n" + "\n".join(climbs)
 
 
+def test_bundle_devices_protocol_and_errors_import_nothing_above_them():
+    climbs = [
+        f"{MODULES[name].relative_to(PACKAGE.parent)}:{line} imports {imported}"
+        for name in MODULES
+        if name.startswith(LEAVES)
+        for imported, line in _own_imports(name)
+        if imported.startswith(("edgespec.runtime", *LAYERS_ABOVE_RUNTIME))
+    ]
+    assert not climbs, "a leaf climbs a layer:\n" + "\n".join(climbs)
+
+
 def test_no_import_cycles_among_edgespec_modules():
     graph = {name: {m for m, _ in _own_imports(name)} for name in MODULES}
     cycles = _cycles(graph)
@@ -249,6 +265,17 @@ def test_no_import_cycles_among_edgespec_modules():
         for path, rest in cycles
     ]
     assert not cycles, "import cycles:\n" + "\n".join(lines)
+
+
+def test_no_import_cycles_among_benchmark_scripts():
+    graph = {name: {m for m, _ in _own_imports(name, BENCH_MODULES)} for name in BENCH_MODULES}
+    assert any(graph.values()), "no benchmark module imports another: is benchmarks/ read?"
+    cycles = _cycles(graph)
+    lines = [
+        " -> ".join(path) + (f"  (also in this circle: {', '.join(rest)})" if rest else "")
+        for path, rest in cycles
+    ]
+    assert not cycles, "import cycles in benchmarks/:\n" + "\n".join(lines)
 
 
 def test_no_edgespec_module_over_400_lines():
