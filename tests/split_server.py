@@ -105,7 +105,8 @@ def serve_in_process(bundle: Path, token: str | None = TOKEN, **settings) -> InP
     """`edgespec serve BUNDLE` with ServerConfig `settings` (threads=1 unless given)."""
     import uvicorn
 
-    from edgespec.serve.server import ServerConfig, create_app, load_state
+    from edgespec.serve.server import create_app
+    from edgespec.serve.state import ServerConfig, load_state
     from edgespec.serve.transport import uvicorn_config
 
     config = ServerConfig(str(bundle), token=token, **{"threads": 1, **settings})
