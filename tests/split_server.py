@@ -105,7 +105,8 @@ def serve_in_process(bundle: Path, token: str | None = TOKEN, **settings) -> InP
     """`edgespec serve BUNDLE` with ServerConfig `settings` (threads=1 unless given)."""
     import uvicorn
 
-    from edgespec.serve.server import ServerConfig, create_app, load_state
+    from edgespec.serve.server import create_app
+    from edgespec.serve.state import ServerConfig, load_state
     from edgespec.serve.transport import uvicorn_config
 
     config = ServerConfig(str(bundle), token=token, **{"threads": 1, **settings})
@@ -125,9 +126,44 @@ def serve_in_process(bundle: Path, token: str | None = TOKEN, **settings) -> InP
     return out
 
 
-def hold_worker(state) -> threading.Event:
-    """Queue a call that blocks the server's worker thread until the returned event is set:
-    every job queued meanwhile waits, and runs (its rounds batched) once it is released."""
-    release = threading.Event()
-    state.worker.submit(release.wait)
-    return release
+@dataclass
+class Hold:
+    """A stepped job blocking the server's worker (`hold_worker`)."""
+
+    released: threading.Event
+    holding: threading.Event
+
+    def release(self) -> None:
+        self.released.set()
+
+    def wait_held(self) -> None:
+        if not self.holding.wait(60):
+            self.release()
+            raise RuntimeError("the worker did not reach the hold within 60 s")
+
+
+def hold_worker(state, wait: bool = True, until=None) -> Hold:
+    """Block the server's worker thread until `release()`: every job queued after the hold
+    waits and runs once it is released, consecutive rounds batched together. A stepped job:
+    until `until()` is true it only takes turns with the stepped jobs (prefills) queued before
+    it, so that they can finish and their sessions go on to queue their next job (at most
+    one round each runs meanwhile). `wait`: return once the worker is blocked (else at
+    once)."""
+    hold = Hold(threading.Event(), threading.Event())
+
+    def held():
+        while until is not None and not until():
+            time.sleep(0.001)
+            yield 0  # a turn for the stepped jobs ahead, no work counted
+        hold.holding.set()
+        hold.released.wait()
+
+    state.worker.post("steps", (held, ()))
+    if wait:
+        hold.wait_held()
+    return hold
+
+
+def queued(state) -> int:
+    """Jobs waiting in the worker's queue (behind a hold: everything sent since)."""
+    return state.worker.jobs.qsize()

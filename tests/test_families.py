@@ -307,7 +307,13 @@ def test_split_decoding_against_a_real_server_equals_transformers(
     ]
     for bundle, options in runs:
         model = edgespec.load(
-            bundle, mode="split", server=server.url, token=TOKEN, threads=1, **options
+            bundle,
+            mode="split",
+            server=server.url,
+            token=TOKEN,
+            threads=1,
+            late_after=10.0,
+            **options,
         )
         out = model.generate(family_prompt(), max_new_tokens=N_NEW, ignore_eos=True)
         assert out.tokens == family_references[family], options

@@ -10,7 +10,7 @@ import time
 
 import openai
 import pytest
-from split_server import TOKEN, start_server
+from split_server import TOKEN, hold_worker, queued, serve_in_process
 from test_openai_server import reference
 
 import edgespec
@@ -92,25 +92,26 @@ def test_a_second_turn_prefills_only_its_new_positions_on_the_pool_row(chat_bund
 
 
 def test_openai_requests_and_split_sessions_share_forwards_and_keep_their_outputs(
-    chat_bundle, chat_checkpoints, hf_chat, tmp_path
+    chat_bundle, chat_checkpoints, hf_chat
 ):
     """Three chat requests and two split sessions at once: each gets exactly its solo greedy
-    output (transformers'), and the batch stats show OpenAI rounds sharing forwards, with
-    each other and with split rounds."""
+    output (transformers'). That rounds of both kinds share a forward is arranged, not left
+    to timing: a split device stops after its START, the worker is held once the first chat
+    request has prefilled, the device's next round and the chat's next round queue behind
+    the hold, and released they run as one batch (a mixed forward). Devices wait for the
+    server as long as the test runs (late_after): a loaded machine must not move rounds."""
     import torch
 
-    server = start_server(
-        chat_bundle,
-        tmp_path,
-        TOKEN,
-        *("--mode", "ar", "--conversations", "3", "--batch-window-ms", "20"),
-    )
-    client = openai.OpenAI(base_url=f"{server.http}/v1", api_key=TOKEN, max_retries=0, timeout=60)
+    # one prefill step per prompt (no budget sizing): the arrangement below counts jobs
+    server = serve_in_process(chat_bundle, mode="ar", conversations=3, prefill_budget_ms=0)
+    state = server.state
+    client = openai.OpenAI(base_url=f"{server.http}/v1", api_key=TOKEN, max_retries=0, timeout=120)
     chats = [[{"role": "user", "content": f"Tell me about {t}."}] for t in ("tea", "rain", "owls")]
     prompts = [[5, 9, 31, 7, 2, 40], [11, 3, 8, 8, 21]]
     new = 24
     got: dict = {}
     errors: list = []
+    started, go = threading.Event(), threading.Event()
 
     def chat(i: int) -> None:
         try:
@@ -127,29 +128,56 @@ def test_openai_requests_and_split_sessions_share_forwards_and_keep_their_output
     def split(i: int) -> None:
         try:
             device = edgespec.load(
-                chat_bundle, mode="split", server=server.url, token=TOKEN, draft_policy="fixed:1"
-            )
-            out = device.generate(prompts[i], max_new_tokens=new)
-            assert out.stats.local_rounds == 0  # every round verified by the server
-            got[("split", i)] = out.tokens
+                chat_bundle, mode="split", server=server.url, token=TOKEN, draft_policy="fixed:1",
+                timeout=120, late_after=120, threads=1,
+            )  # fmt: skip
+            tokens, local = [], 0
+            for k, chunk in enumerate(device.stream(prompts[i], max_new_tokens=new)):
+                tokens += chunk.tokens
+                local += chunk.stats.verifier == "local"
+                if k == 0 and i == 0:  # after its START: no round is sent until resumed
+                    started.set()
+                    assert go.wait(120)
+            assert local == 0  # every round verified by the server
+            got[("split", i)] = tokens
+            device.remote.drop()
         except Exception as e:
             errors.append(e)
+            started.set()
 
-    threads = [threading.Thread(target=chat, args=(i,)) for i in range(len(chats))]
-    threads += [threading.Thread(target=split, args=(i,)) for i in range(len(prompts))]
+    # the arrangement needs the first chat reply to go on for two rounds past its prefill
+    assert reference(hf_chat, chats[0], new)[1] >= 3
+    first = threading.Thread(target=split, args=(0,))
+    lead = threading.Thread(target=chat, args=(0,))
+    rest = [threading.Thread(target=chat, args=(i,)) for i in (1, 2)]
+    rest.append(threading.Thread(target=split, args=(1,)))
+    holds: list = []
     try:
-        for t in threads:
+        first.start()
+        assert started.wait(120)
+        holds.append(hold_worker(state))
+        lead.start()
+        _until(lambda: queued(state) == 1)  # the chat's prefill, behind the hold
+        # behind that prefill, a hold that lets it finish, then stops the chat's next round
+        prefilled = lambda: state.chat.stats.prefilled_positions > 0  # noqa: E731
+        holds.append(hold_worker(state, wait=False, until=prefilled))
+        holds[0].release()
+        holds[1].wait_held()
+        go.set()  # the device sends its next round
+        _until(lambda: queued(state) == 2)  # it and the chat's next round
+        holds[1].release()  # ... run as one batch: a mixed forward
+        for t in rest:
             t.start()
-        for t in threads:
+        for t in [first, lead, *rest]:
             t.join(timeout=180)
-        stats = server.health()
         # a split device's END is a notification: the server frees its session a moment
-        # after generate() returns (one CI run read the health before that)
-        deadline = time.monotonic() + 10
-        while (stats["sessions"] or stats["openai"]["active"]) and time.monotonic() < deadline:
-            time.sleep(0.05)
-            stats = server.health()
+        # after generate() returns
+        _until(lambda: not (server.health()["sessions"] or server.health()["openai"]["active"]))
+        stats = server.health()
     finally:
+        for hold in holds:
+            hold.release()
+        go.set()
         server.stop()
     assert not errors, errors
     for i, messages in enumerate(chats):
@@ -169,3 +197,10 @@ def test_openai_requests_and_split_sessions_share_forwards_and_keep_their_output
     assert stats["openai_rounds_shared"] > 0, stats
     assert stats["mixed_forwards"] > 0, stats  # an OpenAI round and a split round, one forward
     assert stats["sessions"] == 0 and stats["openai"]["active"] == 0
+
+
+def _until(what, seconds: float = 120.0) -> None:
+    end = time.monotonic() + seconds
+    while not what():
+        assert time.monotonic() < end, "the server never reached the arranged state"
+        time.sleep(0.01)

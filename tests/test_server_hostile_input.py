@@ -167,7 +167,7 @@ def test_openai_requests_filling_the_cap_turn_a_split_device_away(server, chat_b
     prompt = [5, 9, 31, 7, 2, 40]
     want = edgespec.load(chat_bundle, threads=1).generate(prompt, max_new_tokens=8).tokens
     state = server.state
-    release = hold_worker(state)
+    hold = hold_worker(state)
     threads = [threading.Thread(target=chat, args=(i,)) for i in range(4)]
     try:
         for t in threads:
@@ -179,7 +179,7 @@ def test_openai_requests_filling_the_cap_turn_a_split_device_away(server, chat_b
         out = device.generate(prompt, max_new_tokens=8)
         health = server.health()
     finally:
-        release.set()
+        hold.release()
         for t in threads:
             t.join(timeout=120)
     assert not errors, errors
@@ -213,7 +213,7 @@ def test_split_devices_filling_the_cap_turn_openai_requests_away(server, chat_bu
 
     state = server.state
     _wait(lambda: not state.connections)
-    release = hold_worker(state)
+    hold = hold_worker(state)
     threads = [threading.Thread(target=device) for _ in range(4)]
     try:
         for t in threads:
@@ -224,7 +224,7 @@ def test_split_devices_filling_the_cap_turn_openai_requests_away(server, chat_bu
                 model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=2
             )
     finally:
-        release.set()
+        hold.release()
         for t in threads:
             t.join(timeout=120)
     assert refused.value.status_code == 503 and "full" in str(refused.value)

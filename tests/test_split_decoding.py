@@ -12,7 +12,7 @@ import pytest
 from split_server import TOKEN, free_port, start_server
 
 import edgespec
-from edgespec.runtime.errors import SplitError
+from edgespec.runtime.errors import InputError, SplitError
 
 ARCH = "llama-gqa-tied"
 PROMPT = "def fibonacci(n):\n    if n < 2:\n        return n\n"
@@ -39,6 +39,9 @@ def ar_tokens(bundle):
 
 def split(bundle, url, **options):
     options.setdefault("token", TOKEN)
+    # rounds move here only when the link fails or times out (late_after is capped by the
+    # timeout), never because a loaded machine answered late: the tests count local rounds
+    options.setdefault("late_after", 10.0)
     return edgespec.load(bundle, mode="split", server=url, threads=1, **options)
 
 
@@ -168,3 +171,19 @@ def test_generate_cli_split_mode(bundle, server, tmp_path, ar_tokens):
     assert "verified by the server" in result.output
     bad = CliRunner().invoke(main, ["generate", str(bundle), "-p", "x", "--server", server.url])
     assert bad.exit_code != 0 and "--mode split" in bad.output
+
+
+def test_late_after_replaces_the_adaptive_late_deadline_and_is_checked(bundle):
+    url = f"ws://127.0.0.1:{free_port()}"  # loading connects to nothing
+    adaptive = split(bundle, url, late_after=None).remote
+    adaptive.round_seconds = 0.5
+    assert adaptive.late_after() == 2.0  # 4x the round trip
+    fixed = split(bundle, url, late_after=3.0, timeout=10.0).remote
+    fixed.round_seconds = 0.5
+    assert fixed.late_after() == 3.0
+    never = split(bundle, url, late_after=60.0, timeout=10.0).remote
+    never.round_seconds = 0.5
+    assert never.late_after() == 10.0  # capped by the timeout: only a timeout moves rounds
+    for bad in (0, -1.0, float("nan"), True):
+        with pytest.raises(InputError, match="late_after"):
+            split(bundle, url, late_after=bad)

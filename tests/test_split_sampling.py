@@ -53,6 +53,7 @@ def test_split_sampling_follows_the_target_distribution(
             threads=1,
             drafter=drafter,
             draft_policy="fixed:1",
+            late_after=10.0,  # only a failed link moves rounds here: local_rounds is counted
             **({"draft_support": support} if support else {}),
         )
         counts = [np.zeros(16), np.zeros(16), np.zeros(16)]

@@ -57,7 +57,7 @@ def format_stats(s: Any, finish: str, split: bool = False) -> str:
     if split:
         line += (
             f"\nsplit: {s.remote_rounds} rounds verified by the server, {s.local_rounds} locally"
-            + (" (server unreachable: continued on the local verifier)" if s.local_rounds else "")
+            + (" (server unreachable or late)" if s.local_rounds else "")
             + (f", {s.reconnects} reconnects" if s.reconnects else "")
             + f" | network {s.network_seconds:.2f}s, server {s.server_seconds:.2f}s | "
             f"{s.bytes_up} B up, {s.bytes_down} B down"
@@ -158,6 +158,14 @@ def decoding_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--energy-budget", default=None, type=float, help="split: joules per token."),
         click.option("--timeout", default=None, type=float, help="split: seconds per answer [10]."),
         click.option(
+            "--late-after",
+            default=None,
+            type=float,
+            help="split: a round unanswered this long (seconds) is verified here while its "
+            "answer is awaited [adaptive: 4x the round trip, at least 0.5 s; --timeout or "
+            "more: never early].",
+        ),
+        click.option(
             "--draft-top-k",
             default=None,
             type=int,
@@ -182,7 +190,7 @@ def load_config(options: dict[str, Any]) -> Any:
     from edgespec.runtime.config import LoadConfig
 
     names = ("device", "threads", "mode", "draft_policy", "exit_layer", "drafter", "verifier")
-    names += ("server", "energy_budget", "timeout", "static", "coreml")
+    names += ("server", "energy_budget", "timeout", "late_after", "static", "coreml")
     chosen = {k: options.pop(k) for k in names}
     chosen["token"] = _read_token(options.pop("token_file"))
     if chosen["timeout"] is None:

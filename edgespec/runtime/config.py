@@ -21,6 +21,10 @@ class SplitConfig:
     server: str | None = None  # ws://HOST:PORT of `edgespec serve`
     token: str | None = None  # its bearer token
     timeout: float = ANSWER_TIMEOUT  # seconds to wait for one answer
+    # seconds after which an unanswered round is verified here while its answer is still
+    # awaited; None: adaptive (4x the EWMA round trip, at least 0.5 s: `link.Remote`); at
+    # `timeout` or more: never early (only a failed link or a timeout moves rounds here)
+    late_after: float | None = None
     energy_budget: float | None = None  # joules per generated token, for channel-aware
     local_fallback: bool = True  # continue on the bundle's own `full` graph if the link fails
 

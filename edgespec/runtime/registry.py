@@ -17,6 +17,7 @@ sessions `graphs` opened once: a conversation is a second build (`runtime.chat`)
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -360,8 +361,20 @@ def _split_verifier(b: _Builder, drafter: str) -> FallbackVerifier:
         fingerprint = hello(m)  # the server checks its target's lower layers against it
     # sampled drafts carry their q (at most this many ids each), except prompt lookup's
     q_ids = None if drafter == "lookup" else b.config.draft_support.max_ids(m.target.vocab_size)
+    late = {}
+    if c.late_after is not None:  # a fixed deadline instead of the adaptive one
+        if isinstance(c.late_after, bool) or not (
+            isinstance(c.late_after, int | float)
+            and math.isfinite(c.late_after)
+            and c.late_after > 0
+        ):
+            raise InputError(
+                f"late_after={c.late_after!r}: give seconds (more than 0), or None for the "
+                "adaptive deadline"
+            )
+        late = {"late_floor": float(c.late_after), "late_factor": 0.0}
     remote = RemoteVerifier(
-        Remote(server, c.token, fingerprint, timeout=c.timeout),
+        Remote(server, c.token, fingerprint, timeout=c.timeout, **late),
         m.target.max_position_embeddings,
         q_ids,
     )
