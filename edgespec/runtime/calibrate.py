@@ -128,8 +128,13 @@ def measure_acceptance(model: Model, new_tokens: int = 48) -> dict[str, float]:
     stop = frozenset(model.manifest.eos_token_ids)
     for text in PROMPTS:
         steps = decode(
-            model.verifier, model.drafter, FixedLength(PROBE), prompt_ids(model, text),
-            SamplingParams(), new_tokens, stop,
+            model.verifier,
+            model.drafter,
+            FixedLength(PROBE),
+            prompt_ids(model, text),
+            SamplingParams(),
+            new_tokens,
+            stop,
         )
         for step in steps:
             s = step.stats
