@@ -99,7 +99,7 @@ def test_every_turn_equals_transformers_and_prefills_only_new_positions(chat_bun
 
 
 def test_a_second_turn_prefills_only_the_new_messages(chat_bundle):
-    model = edgespec.load(chat_bundle)
+    model = edgespec.load(chat_bundle, mode="ar")
     session = model.chat_session()
     counting = Counting(session.target.stages[0])
     session.target.stages = [counting]

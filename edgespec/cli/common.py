@@ -134,10 +134,11 @@ def decoding_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option(
             "--mode",
             type=click.Choice(MODES),
-            default="ar",
-            show_default=True,
+            default=None,
             help="ar, spec (draft model), self-spec (early exit), lookup (prompt lookup), "
-            "split (draft here, verify on --server).",
+            "split (draft here, verify on --server). Default: the mode this bundle's "
+            "calibration here favours (`edgespec bench B --calibrate`), else its draft model, "
+            "else prompt lookup.",
         ),
         click.option(
             "--draft-policy",

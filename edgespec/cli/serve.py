@@ -52,9 +52,10 @@ from edgespec.cli.common import _friendly, _read_token
     "--mode",
     type=click.Choice(["ar", "spec", "self-spec", "lookup"]),
     default=None,
-    help="How the OpenAI endpoints decode (default: the fastest the bundle supports: spec if "
-    "it has a draft model, else self-spec, else lookup; the auto policy speculates only while "
-    "it wins).",
+    help="How the OpenAI endpoints decode (default: the mode this bundle's calibration here "
+    "favours, `edgespec bench B --calibrate`; uncalibrated: spec if it has a draft model, else "
+    "self-spec at an exit whose fitted adapter pays, else lookup; the auto policy speculates "
+    "only while it wins).",
 )
 @click.option(
     "--draft-policy",

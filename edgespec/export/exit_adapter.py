@@ -1,15 +1,19 @@
 """Fit Kangaroo-style exit adapters: make head@k's exit logits match the final layer's.
 
 `fit_exit_adapters(hf_model, tokenizer, weights, layers, calibration)` runs the transformers
-model once over the calibration text (windows of up to 128 tokens), keeps the residual
-stream at each exit layer k (`hidden_states[k]`, exactly head@k's `hidden` output) and the
-final layer's logits, then fits per k an `ExitAdapter` (RMSNorm + a linear map, added to the
-residual stream; zero-initialised, so training starts from the plain shared-head exit) by
-minimising KL(final softmax || exit softmax) through the model's own frozen final norm and
-LM head. The adapters go into `weights.exit_adapters`; it returns per layer the fit record
-for the manifest (KL and top-1 agreement with the final layer before and after, on the
-last tenth of the windows, held out from the fit). Deterministic for a given seed.
-Progress goes to `on_progress` (ten lines per adapter, with the current KL); it never prints.
+model once over the calibration text (windows of up to 128 tokens; best: the model's own
+replies, `benchmarks/own_text.py`), keeps the residual stream at each exit layer k
+(`hidden_states[k]`, exactly head@k's `hidden` output) and the final layer's normed states
+(the teacher's logits are recomputed from them a batch at a time: kept whole they were
+tokens x vocabulary floats, gigabytes for a real vocabulary), then fits per k an
+`ExitAdapter` (RMSNorm + a linear map, added to the residual stream) in two steps: a ridge
+least-squares solve that maps the exit's normed state onto the final one (seconds, and most
+of the gain), then `steps` Adam steps minimising KL(final softmax || exit softmax) through
+the model's own frozen final norm and LM head. It returns per layer the fit record for the
+manifest (KL and top-1 agreement with the final layer before, after the solve and after the
+steps, on the last tenth of the windows, held out from the fit). Deterministic for a given
+seed. Progress goes to `on_progress` (ten lines per adapter, with the current KL); it never
+prints.
 """
 
 from __future__ import annotations
@@ -59,28 +63,82 @@ def fit_exit_adapters(
     windows = calibration_windows(tokenizer, calibration, hf_model.config.max_position_embeddings)
     held = max(1, len(windows) // 10)
     hidden: dict[int, list[torch.Tensor]] = {k: [] for k in layers}
-    teacher: list[torch.Tensor] = []
+    final: list[torch.Tensor] = []  # the last layer's normed states: the teacher's logits' input
+    head = _Head(weights)
     with torch.no_grad():
         for batch in torch.from_numpy(windows).split(8):
             out = hf_model(batch, output_hidden_states=True)
-            teacher.append(out.logits.float().reshape(-1, out.logits.shape[-1]))
+            last = out.hidden_states[-1].float().reshape(-1, out.hidden_states[-1].shape[-1])
+            if not final:  # the normed states must give the model's own logits
+                _check_teacher(head, last, out.logits.float().reshape(last.shape[0], -1))
+            final.append(last)
             for k in layers:
                 h = out.hidden_states[k]
                 hidden[k].append(h.float().reshape(-1, h.shape[-1]))
-    logits = torch.cat(teacher)
+    teacher = torch.cat(final)
     split = (len(windows) - held) * windows.shape[1]
     records = {}
     for k in layers:
         h = torch.cat(hidden[k])
-        adapter, record = _fit_one(h, logits, split, weights, k, steps, seed, on_progress)
+        adapter, record = _fit_one(h, teacher, split, weights, k, steps, seed, on_progress)
         weights.exit_adapters[k] = adapter
         records[k] = record | {"calibration": str(calibration), "tokens": int(windows.size)}
     return records
 
 
+class _Head:
+    """The model's final norm and LM head (and output softcap), frozen, as torch ops."""
+
+    def __init__(self, weights: DecoderWeights) -> None:
+        import torch
+
+        fn = weights.final_norm
+        self.eps, self.cap = fn.eps, weights.final_softcap
+        self.head = torch.from_numpy(np.asarray(weights.lm_head, np.float32))
+        self.bias = None if weights.lm_head_b is None else torch.from_numpy(weights.lm_head_b)
+        self.gamma = torch.from_numpy(np.asarray(fn.gamma, np.float32))
+        self.beta = None if fn.beta is None else torch.from_numpy(fn.beta)
+
+    def norm(self, a: Any) -> Any:
+        import torch.nn.functional as F
+
+        if self.beta is None:
+            return _rms(a, self.gamma, self.eps)
+        return F.layer_norm(a, (a.shape[-1],), self.gamma, self.beta, self.eps)
+
+    def logits(self, normed: Any) -> Any:
+        """Logits of states after the final norm (the family's output transform applied)."""
+        import torch
+        import torch.nn.functional as F
+
+        out = F.linear(normed, self.head, self.bias)
+        return out if self.cap is None else torch.tanh(out / self.cap) * self.cap
+
+    def unnormed(self, normed: Any) -> Any:
+        """What the final norm's input looks like, up to scale: the normed state less the
+        norm's shift, over its gain (gains near zero clamped: those dims barely matter)."""
+        import torch
+
+        shift = 0 if self.beta is None else self.beta
+        g = self.gamma.abs().clamp_min(1e-2 * float(self.gamma.abs().mean())) * self.gamma.sign()
+        g = torch.where(g == 0, torch.ones_like(g), g)
+        return (normed - shift) / g
+
+
+def _check_teacher(head: _Head, normed: Any, logits: Any) -> None:
+    diff = float((head.logits(normed) - logits).abs().max())
+    scale = float(logits.abs().max())
+    if diff > 1e-3 * max(scale, 1.0):
+        raise ExportError(
+            "--fit-exit-adapter: this model's last hidden state does not give its logits "
+            f"through its final norm and head (max difference {diff:.3g}); exit adapters are "
+            "not supported for it"
+        )
+
+
 def _fit_one(
     h: Any,
-    logits: Any,
+    teacher: Any,
     split: int,
     weights: DecoderWeights,
     k: int,
@@ -92,54 +150,61 @@ def _fit_one(
     import torch.nn.functional as F
 
     torch.manual_seed(seed)
-    fn = weights.final_norm
-    head = torch.from_numpy(np.asarray(weights.lm_head, np.float32))
-    bias = None if weights.lm_head_b is None else torch.from_numpy(weights.lm_head_b)
-    gamma_f = torch.from_numpy(fn.gamma)
-    beta_f = None if fn.beta is None else torch.from_numpy(fn.beta)
+    fn, head = weights.final_norm, _Head(weights)
     size = h.shape[-1]
     gain = torch.ones(size, requires_grad=True)
     w = torch.zeros(size, size, requires_grad=True)
 
     def exit_logits(x: torch.Tensor) -> torch.Tensor:
-        a = x + _rms(x, gain, fn.eps) @ w
-        if beta_f is None:
-            a = _rms(a, gamma_f, fn.eps)
-        else:
-            a = F.layer_norm(a, (size,), gamma_f, beta_f, fn.eps)
-        out = F.linear(a, head, bias)
-        cap = weights.final_softcap  # the family's own output transform, as head@k applies it
-        return out if cap is None else torch.tanh(out / cap) * cap
+        return head.logits(head.norm(x + _rms(x, gain, fn.eps) @ w))
 
     def kl(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-        lt = F.log_softmax(t, -1)
+        lt = F.log_softmax(head.logits(t), -1)
         return F.kl_div(
             F.log_softmax(exit_logits(x), -1), lt, log_target=True, reduction="batchmean"
         )
 
     def evaluate() -> tuple[float, float]:
         with torch.no_grad():
-            x, t = h[split:], logits[split:]
-            agree = (exit_logits(x).argmax(-1) == t.argmax(-1)).float().mean()
-            return float(kl(x, t)), float(agree)
+            total, agree = 0.0, 0.0
+            for x, t in zip(h[split:].split(512), teacher[split:].split(512), strict=True):
+                total += float(kl(x, t)) * len(x)
+                agree += float((exit_logits(x).argmax(-1) == head.logits(t).argmax(-1)).sum())
+            n = len(h) - split
+            return total / n, agree / n
 
     before = evaluate()
-    opt = torch.optim.Adam([gain, w], lr=1e-3)
+    with torch.no_grad():  # the solve: x + x̂·W ≈ r·u, u the final norm's input direction
+        x = h[:split]
+        r = x.pow(2).mean(-1, keepdim=True).add(fn.eps).sqrt()
+        xh = x / r
+        u = head.unnormed(teacher[:split])
+        u = u / u.pow(2).mean(-1, keepdim=True).add(fn.eps).sqrt()
+        gram = xh.T @ xh
+        ridge = 1e-2 * float(gram.diagonal().mean())  # a few thousand tokens for an [H, H] map
+        w.copy_(torch.linalg.solve(gram + ridge * torch.eye(size), xh.T @ (u - xh)))
+    solved = evaluate()
+    opt = torch.optim.Adam([gain, w], lr=1e-4)
     gen = torch.Generator().manual_seed(seed)
     report = max(1, steps // 10)  # ten progress lines per adapter: readable in a log
-    batch = min(512, split)
+    batch = min(256, split)
     for step in range(steps):
         idx = torch.randint(0, split, (batch,), generator=gen)
-        lr = 1e-3 * 0.5 * (1 + np.cos(np.pi * step / steps))  # cosine: ends annealed
+        lr = 1e-4 * 0.5 * (1 + np.cos(np.pi * step / steps))  # cosine: ends annealed
         for group in opt.param_groups:
             group["lr"] = lr
-        loss = kl(h[idx], logits[idx])
+        loss = kl(h[idx], teacher[idx])
         opt.zero_grad()
         loss.backward()
         opt.step()
         if on_progress is not None and ((step + 1) % report == 0 or step + 1 == steps):
             on_progress(f"exit adapter @{k}: step {step + 1}/{steps}, kl={loss.item():.3f}")
     after = evaluate()
+    if after[0] > solved[0]:  # the steps did not help on held-out windows: keep the solve
+        with torch.no_grad():
+            gain.fill_(1.0)
+            w.copy_(torch.linalg.solve(gram + ridge * torch.eye(size), xh.T @ (u - xh)))
+        after = solved
     adapter = ExitAdapter(
         Norm(gain.detach().numpy().copy(), None, fn.eps), w.detach().numpy().copy()
     )
@@ -147,8 +212,10 @@ def _fit_one(
         "kind": "rmsnorm+linear",
         "steps": steps,
         "kl_before": round(before[0], 5),
+        "kl_solved": round(solved[0], 5),
         "kl_after": round(after[0], 5),
         "top1_before": round(before[1], 5),
+        "top1_solved": round(solved[1], 5),
         "top1_after": round(after[1], 5),
     }
     return adapter, record

@@ -1,12 +1,17 @@
-"""Device calibration: what a speculative round costs here, stored next to the bundle.
+"""Device calibration: what a speculative round costs here and what it yields, stored next to
+the bundle.
 
 `calibrate(bundle)` runs real rounds of every mode the bundle supports (spec, self-spec at
 each exit, lookup) with fixed draft lengths γ = 0..max on synthetic prompts, and records the
-median wall time per round and per draft token. They are saved in `calibration.json` under a
-key naming this device (execution provider, threads, processor), and `Model.load` seeds the
-adaptive policies with them, so the first generation prices rounds with this machine's
-numbers instead of learning them from scratch. Acceptance is not calibrated: it depends on
-the text, and is learnt live.
+median wall time per round and per draft token; then each mode drafts γ = 4 per round while
+the model answers a few built-in instruct prompts (its own greedy replies, through its chat
+template when it has one) and records the tokens a round of γ = 1..4 yields
+(`tokens_per_round`). They are saved in `calibration.json` under a key naming this device
+(execution provider, threads, processor). `Model.load` seeds the adaptive policies with them,
+so the first generation prices rounds with this machine's numbers and starts from a measured
+acceptance instead of a prior, and a bundle loaded without a mode decodes in the mode they
+favour (`registry.best_local`): where no drafter pays, plain decoding's equal, prompt lookup.
+Acceptance depends on the text: live rounds keep learning it.
 """
 
 from __future__ import annotations
@@ -19,10 +24,23 @@ from statistics import median
 import numpy as np
 
 from edgespec.runtime.costs import FILE, device_key
-from edgespec.runtime.decode import Ahead, speculative_round
+from edgespec.runtime.decode import Ahead, decode, speculative_round
 from edgespec.runtime.model import Model
+from edgespec.runtime.policies import FixedLength
 from edgespec.runtime.round import Plan
 from edgespec.runtime.sampling import SamplingParams
+
+# the instruct prompts acceptance is measured on: a question, a rewrite, a summary (lookup
+# and the drafters see the kinds of text a chat model writes)
+PROMPTS = (
+    "Why do leaves change colour in autumn? Answer in a short paragraph.",
+    "Rewrite this Python function with type hints and a docstring:\n\ndef area(w, h):\n"
+    "    if w < 0 or h < 0:\n        return 0\n    return w * h\n",
+    "Summarise in two sentences: The library will close for renovation from June to August. "
+    "During that time, books can be borrowed from the school hall, and returns can be left "
+    "in the box by the main door. The new library will have more study rooms and a cafe.",
+)
+PROBE = 4  # drafts per round while measuring acceptance: tells N(1..4) at once
 
 __all__ = ["calibrate", "device_key", "measure_rounds", "mode_keys"]
 
@@ -55,6 +73,7 @@ def calibrate(
             progress(key)
         model = Model.load(folder, device=device, threads=threads, **options)
         entry[key] = measure_rounds(model, max_length, repeats)
+        entry[key]["tokens_per_round"] = measure_acceptance(model)
     path = folder / FILE
     saved = json.loads(path.read_text()) if path.exists() else {}
     saved[device_key(device, threads)] = entry
@@ -92,3 +111,42 @@ def measure_rounds(model, max_length: int, repeats: int) -> dict:
         "round_seconds": {str(g): median(v) for g, v in rounds.items()},
         "draft_token_seconds": median(per_token) if per_token else 0.0,
     }
+
+
+def prompt_ids(model: Model, text: str) -> list[int]:
+    """`text` as a user's message through the chat template, or plain without one."""
+    if model.manifest.chat:
+        return model.chat_session().prepare([{"role": "user", "content": text}]).ids
+    return model.encode(text)
+
+
+def measure_acceptance(model: Model, new_tokens: int = 48) -> dict[str, float]:
+    """Tokens a round drafting γ = 1..PROBE yields on the model's own greedy replies to
+    PROMPTS: each round drafts PROBE, which tells what every shorter draft would have
+    accepted (N(γ) = 1 + Σ_{k≤γ} P(drafts 1..k accepted))."""
+    reached, passed = [0] * (PROBE + 1), [0] * (PROBE + 1)
+    stop = frozenset(model.manifest.eos_token_ids)
+    for text in PROMPTS:
+        steps = decode(
+            model.verifier,
+            model.drafter,
+            FixedLength(PROBE),
+            prompt_ids(model, text),
+            SamplingParams(),
+            new_tokens,
+            stop,
+        )
+        for step in steps:
+            s = step.stats
+            if s.phase != "decode" or not s.drafted:
+                continue
+            judged = min(s.accepted + 1, s.drafted, PROBE)  # drafts the verifier got to
+            for k in range(1, judged + 1):
+                reached[k] += 1
+                passed[k] += k <= s.accepted
+    tokens, survive, out = 1.0, 1.0, {}
+    for g in range(1, PROBE + 1):  # P(drafts 1..g accepted) = Π h(k), h(k) = passed / reached
+        survive *= passed[g] / reached[g] if reached[g] else 0.0
+        tokens += survive
+        out[str(g)] = tokens
+    return out

@@ -31,7 +31,9 @@ class SplitConfig:
 
 @dataclass
 class LoadConfig:
-    mode: str = "ar"  # ar | spec | self-spec | lookup | split (registry.MODES)
+    # ar | spec | self-spec | lookup | split (registry.MODES); None: the mode this bundle's
+    # calibration on this device favours (`registry.best_local`)
+    mode: str | None = None
     drafter: str | None = None  # draft | exit:K | lookup | chains like lookup+draft
     verifier: str | None = None  # full | exit:K (local graphs)
     draft_policy: str | None = None  # fixed:N | confidence:T | acceptance | auto | ...

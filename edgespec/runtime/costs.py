@@ -1,4 +1,5 @@
-"""Calibrated round costs: reading `calibration.json` and seeding the adaptive policies.
+"""Calibrated round costs: reading `calibration.json`, seeding the adaptive policies, and the
+mode a bundle decodes in by default (`best_local`).
 
 `calibrate.py` measures and writes the file (`edgespec bench --calibrate`); `Model.load`
 reads this device's entry through `seed_from_calibration`, so the first generation prices
@@ -10,9 +11,12 @@ from __future__ import annotations
 import json
 import os
 import platform
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
-from edgespec.runtime.estimates import PRIORS, CostModel, Priors
+from edgespec.bundle import Manifest
+from edgespec.runtime.estimates import PRIORS, AcceptanceModel, CostModel, Priors
 from edgespec.runtime.policies import Acceptance, Auto, DraftLengthPolicy, DynamicExit, PerSource
 
 FILE = "calibration.json"
@@ -24,23 +28,46 @@ def device_key(device: str, threads: int | None) -> str:
 
 
 def load_cost(
-    folder: Path, device: str, threads: int | None, key: str, priors: Priors = PRIORS
+    folder: Path,
+    device: str,
+    threads: int | None,
+    key: str,
+    priors: Priors = PRIORS,
+    acceptance: AcceptanceModel | None = None,
 ) -> CostModel | None:
-    """A cost model seeded from calibration.json, or None if this device has no entry."""
-    path = folder / FILE
-    if not path.exists():
+    """A cost model seeded from calibration.json (round times, draft time and, when measured,
+    acceptance, into `acceptance` if given), or None if this device has no entry."""
+    entry = calibration_entry(folder, device, threads).get(key)
+    if not isinstance(entry, dict) or "round_seconds" not in entry:
         return None
-    try:
-        entry = json.loads(path.read_text()).get(device_key(device, threads), {}).get(key)
-    except (json.JSONDecodeError, AttributeError):
-        return None  # an unreadable calibration only costs a blind start
-    if not entry:
-        return None
-    return CostModel(
+    cost = CostModel(
+        acceptance or AcceptanceModel(priors),
         t_draft=float(entry["draft_token_seconds"]) or None,
         round_time={int(g): float(t) for g, t in entry["round_seconds"].items()},
         priors=priors,
     )
+    seed_acceptance(cost, entry)
+    return cost
+
+
+def seed_acceptance(cost: CostModel, entry: Mapping[str, Any]) -> None:
+    """Start `cost`'s acceptance from the entry's measured tokens per round, if it has them."""
+    tokens = entry.get("tokens_per_round")
+    if tokens:
+        curve = {int(g): float(n) for g, n in tokens.items()}
+        cost.acceptance.seed(curve, cost.priors.calibrated_acceptance)
+
+
+def calibration_entry(folder: Path, device: str, threads: int | None) -> dict[str, Any]:
+    """This device's calibration (mode key -> measurements), {} if none."""
+    path = folder / FILE
+    if not path.exists():
+        return {}
+    try:
+        entry = json.loads(path.read_text()).get(device_key(device, threads), {})
+    except (json.JSONDecodeError, AttributeError):
+        return {}  # an unreadable calibration only costs a blind start
+    return entry if isinstance(entry, dict) else {}
 
 
 def seed_from_calibration(
@@ -58,7 +85,67 @@ def seed_from_calibration(
                 policy.costs[k] = cost
     elif isinstance(policy, Auto | Acceptance):
         key = f"self-spec@{exit}" if exit else mode
-        cost = load_cost(folder, device, threads, key, policy.cost.priors)
+        # how the policy learns acceptance stays its own (prompt lookup's state prior)
+        cost = load_cost(folder, device, threads, key, policy.cost.priors, policy.cost.acceptance)
         if cost is not None:
-            cost.acceptance = policy.cost.acceptance  # how it learns acceptance stays
             policy.cost = cost
+
+
+# a mode is the default only if its calibration promises more than this over plain decoding:
+# closer is within the host's run-to-run spread
+DEFAULT_MARGIN = 1.03
+
+
+def best_local(
+    manifest: Manifest, calibration: Mapping[str, Any] | None = None
+) -> tuple[str, int | None]:
+    """The local mode (and self-spec's exit layer) this bundle decodes fastest in: the default
+    of `Model.load`, the CLI and the server, and in split mode the device's drafter.
+
+    With this device's calibration (`edgespec bench BUNDLE --calibrate`: round times and the
+    tokens a round yields on instruct replies, per mode), the mode whose best γ promises the
+    most tokens per second, N(γ) / T(γ) against 1 / T(0), if that beats plain decoding by
+    DEFAULT_MARGIN. Without one: the bundle's draft model; else an exit whose fitted adapter
+    agrees with the final layer on more than k/L + 0.1 of tokens (a round drafting one token
+    at exit k costs about 1 + k/L plain steps: raw exits of a model not trained for them
+    agree far less and lose). Else, and where nothing measured pays, prompt lookup: it costs
+    nothing where it finds nothing to copy, and `auto` then steps plainly."""
+    if calibration:
+        rates = {key: calibrated_speedup(entry) for key, entry in calibration.items()}
+        measured = {key: r for key, r in rates.items() if r is not None}
+        if measured:
+            key = max(measured, key=lambda k: measured[k])
+            if measured[key] > DEFAULT_MARGIN:
+                return mode_of_key(key)
+            return "lookup", None
+    if "draft" in manifest.roles:
+        return "spec", None
+    layers = manifest.target.num_layers
+    fitted = manifest.extra.get("exit_adapters", {}) if isinstance(manifest.extra, dict) else {}
+    paying = [
+        int(k)
+        for k, record in fitted.items()
+        if int(k) in manifest.exit_layers
+        and float(record.get("top1_after", 0.0)) > int(k) / layers + 0.1
+    ]
+    if paying:
+        return "self-spec", max(paying)
+    return "lookup", None
+
+
+def calibrated_speedup(entry: Any) -> float | None:
+    """max over γ of N(γ) / T(γ), over 1 / T(0), from a calibration entry (None: no
+    acceptance was measured, or the entry is unreadable)."""
+    try:
+        times = {int(g): float(t) for g, t in entry["round_seconds"].items()}
+        tokens = {int(g): float(n) for g, n in entry["tokens_per_round"].items()}
+        plain = times[0]
+        return max(tokens[g] / times[g] for g in tokens if g in times) * plain
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
+
+
+def mode_of_key(key: str) -> tuple[str, int | None]:
+    """A calibration key ("spec", "self-spec@K", "lookup") as (mode, exit layer)."""
+    mode, _, k = key.partition("@")
+    return mode, int(k) if k else None

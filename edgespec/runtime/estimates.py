@@ -48,6 +48,9 @@ class Priors:
     warm_rounds: int = 16
     cold_decay: float = 0.2  # EWMA weight of a generation's round in its place's slowness
     calibrated_rounds: float = 3.0  # the weight of a calibrated round time, in live rounds
+    # the weight of calibrated acceptance, in drafting rounds: enough that `auto` starts
+    # plain where drafting loses, little enough that the live text overrides it in ~10 rounds
+    calibrated_acceptance: float = 8.0
     # -- auto's switch to plain decoding -------------------------------------------------------
     probe_gap: int = 4  # plain rounds before the first probe when speculation loses
     max_probe_gap: int = 128  # the longest stretch of plain rounds between probes
@@ -124,6 +127,19 @@ class AcceptanceModel:
     _after: dict[bool, tuple[list[float], list[float]]] = field(
         default_factory=lambda: {True: _counts(), False: _counts()}
     )
+
+    def seed(self, tokens_per_round: Mapping[int, float], rounds: float) -> None:
+        """Start from a calibration: N(1..g) measured, worth `rounds` rounds drafting g."""
+        last, survive = 1.0, 1.0
+        for k in sorted(tokens_per_round):
+            if not 1 <= k <= MAX_DRAFT:
+                continue
+            share = min(max(tokens_per_round[k] - last, 0.0), survive)  # P(drafts 1..k pass)
+            last = tokens_per_round[k]
+            for reached, passed in (self._all, *self._after.values()):
+                reached[k] += rounds * survive
+                passed[k] += rounds * share
+            survive = share
 
     def observe(self, drafted: int, accepted: int) -> None:
         """One round that drafted `drafted` tokens and had `accepted` of them accepted."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -19,6 +19,7 @@ from edgespec.bundle import BundleError, Manifest
 from edgespec.devices import get_profile
 from edgespec.runtime.chat import ChatOptions, ChatReply, ChatSession
 from edgespec.runtime.config import LoadConfig
+from edgespec.runtime.costs import best_local, calibration_entry
 from edgespec.runtime.decode import decode
 from edgespec.runtime.errors import InputError
 from edgespec.runtime.link import Remote
@@ -84,7 +85,7 @@ class Model:
         elif options:
             raise InputError("pass a LoadConfig or keyword options, not both")
         c = config
-        if c.mode not in MODES:
+        if c.mode is not None and c.mode not in MODES:
             raise InputError(f"mode {c.mode!r} is not one of: {', '.join(MODES)}")
         if (c.static or c.coreml) and c.mode == "split":
             raise InputError("split mode does not run static or Core ML graphs yet: drop them")
@@ -103,6 +104,7 @@ class Model:
     def from_graphs(cls, graphs: BundleGraphs, config: LoadConfig) -> Model:
         """A model over a bundle already opened: the graphs it needs come from `graphs`, so
         those someone opened there before (the server's target) are shared, not loaded again."""
+        config = resolve_mode(graphs, config)
         return cls(graphs, config, build(graphs, config))
 
     # -- requests ---------------------------------------------------------------------------
@@ -202,6 +204,25 @@ class Model:
         known = [t for t in tokens if self.tokenizer.id_to_token(t) is not None]
         text = self.tokenizer.decode(known, skip_special_tokens=True)
         return Generation(text, tokens, prompt_ids, finish, stats)
+
+
+def resolve_mode(graphs: BundleGraphs, config: LoadConfig) -> LoadConfig:
+    """`config` with its mode chosen when none was given: self-spec if an exit layer was,
+    spec (verified by the full model) if a drafter was, plain decoding if a verifier was or
+    the graphs are fixed-shape ones (NPUs, Core ML), else the mode this bundle's calibration
+    on this device favours (`costs.best_local`)."""
+    c = config
+    if c.mode is not None:
+        return c
+    if c.exit_layer is not None:
+        return replace(c, mode="self-spec")
+    if c.drafter is not None:
+        return replace(c, mode="spec")
+    if c.verifier is not None or graphs.options.static or graphs.options.coreml:
+        return replace(c, mode="ar")  # a chosen verifier, or fixed-shape graphs: uncalibrated
+    calibration = calibration_entry(graphs.folder, c.device, c.threads)
+    mode, exit_layer = best_local(graphs.manifest, calibration)
+    return replace(c, mode=mode, exit_layer=exit_layer if mode == "self-spec" else None)
 
 
 def chat_options(**options: Any) -> ChatOptions:

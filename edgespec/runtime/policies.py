@@ -27,6 +27,7 @@ from edgespec.runtime.stats import RoundStats
 # (round trip s, uplink bytes/s) of a policy that does not model a channel
 NO_CHANNEL: tuple[float | None, float | None] = (None, None)
 
+
 class DraftLengthPolicy(Protocol):
     max_length: int
 
@@ -207,6 +208,7 @@ class DynamicExit:
 
     def channel_estimates(self) -> tuple[float | None, float | None]:
         return NO_CHANNEL
+
 
 def cost_models(policy: object) -> list[CostModel]:
     """The cost models an adaptive policy prices rounds with (a chain's members' too)."""

@@ -23,10 +23,9 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from edgespec.backbone import hello
-from edgespec.bundle import Manifest
 from edgespec.runtime.channel_policy import parse_channel_aware
 from edgespec.runtime.config import LoadConfig
-from edgespec.runtime.costs import seed_from_calibration
+from edgespec.runtime.costs import best_local, calibration_entry, seed_from_calibration
 from edgespec.runtime.drafters import (
     Chain,
     EarlyExitDrafter,
@@ -72,17 +71,6 @@ class Decoder:
 
 
 DRAFTERS = ("none", "draft", "exit:K", "lookup")
-
-
-def best_local_mode(manifest: Manifest) -> str:
-    """The fastest local mode a bundle supports: its draft model, else its deepest early exit,
-    else prompt lookup (`auto` then speculates only while it wins). The server's default
-    mode, and in split mode the drafter the device uses."""
-    if "draft" in manifest.roles:
-        return "spec"
-    if manifest.exit_layers:
-        return "self-spec"
-    return "lookup"
 
 
 @dataclass(frozen=True)
@@ -207,8 +195,10 @@ class _Builder:
         """The drafter's name with every bare "exit" made exit:K at the default exit."""
         c, exits = self.config, self.exits
         if c.mode == "split" and c.drafter is None:  # the best drafter the bundle has
-            best = MODES[best_local_mode(self.manifest)].drafter
-            return f"exit:{exits[-1]}" if best == "exit" else best
+            calibration = calibration_entry(self.graphs.folder, c.device, c.threads)
+            mode, k = best_local(self.manifest, calibration)
+            best = MODES[mode].drafter
+            return f"exit:{k if k is not None else exits[-1]}" if best == "exit" else best
         parts = (c.drafter or MODES[c.mode].drafter).split("+")
         return "+".join(self._default_exit() if p == "exit" else p for p in parts)
 

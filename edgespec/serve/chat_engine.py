@@ -27,10 +27,11 @@ from typing import Any
 
 from edgespec.runtime.chat import ChatChunk, ChatSession, Prompt
 from edgespec.runtime.config import LoadConfig
+from edgespec.runtime.costs import best_local, calibration_entry
 from edgespec.runtime.drafters import EarlyExitDrafter
 from edgespec.runtime.model import Model
 from edgespec.runtime.opener import BundleGraphs
-from edgespec.runtime.registry import MODES, best_local_mode
+from edgespec.runtime.registry import MODES
 from edgespec.runtime.round import Verifier
 
 log = logging.getLogger("edgespec.serve")
@@ -69,7 +70,10 @@ def load_model(
     own small cache and is verified by head@k + tail@k over the pool row (one forward that
     can share a batch; LayerSkip's reuse of the head's KV needs a target cache of its own)."""
     m = graphs.manifest
-    mode = mode or best_local_mode(m)
+    best_exit = None
+    if mode is None:  # the mode this device's calibration favours (costs.best_local)
+        calibration = calibration_entry(graphs.folder, graphs.options.device, threads)
+        mode, best_exit = best_local(m, calibration)
     if mode not in LOCAL_MODES:
         raise ValueError(f"--mode {mode!r}: the OpenAI endpoints decode with one of {LOCAL_MODES}")
     if mode == "ar" and draft_policy:
@@ -85,7 +89,7 @@ def load_model(
             )
         if draft_policy == "dynamic-exit":  # a pool row is verified whole: one exit drafts
             raise ValueError("--draft-policy dynamic-exit: the server drafts from its deepest exit")
-        exit_layer = f"exit:{m.exit_layers[-1]}"
+        exit_layer = f"exit:{best_exit if best_exit is not None else m.exit_layers[-1]}"
         config.mode, config.drafter, config.verifier = "spec", exit_layer, exit_layer
     model = Model.from_graphs(graphs, config)
     model.mode = mode

