@@ -21,9 +21,9 @@ What it produces (under ``--out``, default ``~/.cache/edgespec-bench/trained``):
 * ``draft/``: a separate 2-layer ``LlamaForCausalLM`` (hidden 192) with the same tokenizer,
   trained by distillation: KL(target softmax || draft softmax) at temperature 1 plus a
   weighted CE on the real next token (`--draft-ce-weight`, default 0: distillation alone,
-  which agrees with the target best; stops 1-30 used 0.5). Matching the target's whole
-  distribution (not only the data) is what raises the draft's acceptance rate, greedy or
-  sampled.
+  which agrees with the target best; a weight of 0.5 fits the data instead). Matching the
+  target's whole distribution (not only the data) is what raises the draft's acceptance rate,
+  greedy or sampled.
 * ``prompts_code.jsonl``: 32 chunks of held-out stdlib code (~100-200 tokens each) cut at a
   natural point: right after a ``def ...:`` line or after a statement inside a function.
   Speculation should do well on these.
