@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
+from typing import Any, cast
 
 from edgespec.runtime.stats import RoundStats
 
@@ -65,8 +66,11 @@ class Priors:
         unknown = sorted(set(values) - set(known))
         if unknown:
             raise ValueError(f"Priors has no field {unknown[0]!r}: the fields are {sorted(known)}")
-        typed = {k: (int if known[k].type == "int" else float)(float(v)) for k, v in values.items()}
-        return replace(self, **typed)  # type: ignore[arg-type]
+        typed: dict[str, Any] = {
+            k: (int if known[k].type == "int" else float)(float(cast(float, v)))
+            for k, v in values.items()
+        }
+        return replace(self, **typed)
 
     @property
     def is_copying(self) -> bool:
