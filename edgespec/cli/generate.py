@@ -100,7 +100,12 @@ def format_demo(prompt: str, rows: list[Any]) -> str:
 
 @click.command()
 @click.argument("bundle", type=click.Path())
-@click.option("--calibrate", is_flag=True, help="Measure round costs; store calibration.json.")
+@click.option(
+    "--calibrate",
+    is_flag=True,
+    help="Measure each mode's round costs and acceptance here; store calibration.json (it "
+    "seeds `auto` and picks the mode a load without --mode decodes in).",
+)
 @click.option("--prompt", "-p", default="def fibonacci(n):\n", show_default=True)
 @click.option("--max-new-tokens", "-n", default=64, show_default=True, type=int)
 @click.option("--device", default="cpu", show_default=True, help="A device profile or auto.")
@@ -131,8 +136,13 @@ def bench(
         for key, e in entry.items():
             rounds = " ".join(f"{t * 1000:.1f}" for t in e["round_seconds"].values())
             click.echo(f"{key:<14} {e['draft_token_seconds'] * 1000:>10.2f}ms  {rounds} (ms)")
+        click.echo(f"{'mode':<14} tokens a round drafting γ = 1, 2, ... yields on instruct replies")
+        for key, e in entry.items():
+            click.echo(f"{key:<14} " + " ".join(f"{n:.2f}" for n in e["tokens_per_round"].values()))
+        default = edgespec.load(bundle, device=device, threads=threads)
+        click.echo(f"a load without --mode now decodes in: {default.mode}")
         return
-    ar = edgespec.load(bundle, device=device, threads=threads)
+    ar = edgespec.load(bundle, device=device, threads=threads, mode="ar")
     rows = [("ar", ar)] + [
         (key, edgespec.load(bundle, device=device, threads=threads, **options))
         for key, options in mode_keys(ar.manifest)

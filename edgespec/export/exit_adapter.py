@@ -2,18 +2,19 @@
 
 `fit_exit_adapters(hf_model, tokenizer, weights, layers, calibration)` runs the transformers
 model once over the calibration text (windows of up to 128 tokens; best: the model's own
-replies, `benchmarks/own_text.py`), keeps the residual stream at each exit layer k
+replies, `python -m benchmarks.real B --own-text`), keeps the residual stream at each exit layer k
 (`hidden_states[k]`, exactly head@k's `hidden` output) and the final layer's normed states
 (the teacher's logits are recomputed from them a batch at a time: kept whole they were
 tokens x vocabulary floats, gigabytes for a real vocabulary), then fits per k an
 `ExitAdapter` (RMSNorm + a linear map, added to the residual stream) in two steps: a ridge
-least-squares solve that maps the exit's normed state onto the final one (seconds, and most
-of the gain), then `steps` Adam steps minimising KL(final softmax || exit softmax) through
-the model's own frozen final norm and LM head. It returns per layer the fit record for the
-manifest (KL and top-1 agreement with the final layer before, after the solve and after the
-steps, on the last tenth of the windows, held out from the fit). Deterministic for a given
-seed. Progress goes to `on_progress` (ten lines per adapter, with the current KL); it never
-prints.
+least-squares solve that maps the exit's normed state onto the final one (seconds), then
+`steps` Adam steps minimising KL(final softmax || exit softmax) through the model's own
+frozen final norm and LM head, from the solve or the plain exit, whichever is closer on
+held-out windows (the steps are kept only if they get closer still). It returns per layer
+the fit record for the manifest (KL and top-1 agreement with the final layer before, after
+the solve and after the steps, on the last tenth of the windows, held out from the fit).
+Deterministic for a given seed. Progress goes to `on_progress` (ten lines per adapter, with
+the current KL); it never prints.
 """
 
 from __future__ import annotations
@@ -184,13 +185,21 @@ def _fit_one(
         ridge = 1e-2 * float(gram.diagonal().mean())  # a few thousand tokens for an [H, H] map
         w.copy_(torch.linalg.solve(gram + ridge * torch.eye(size), xh.T @ (u - xh)))
     solved = evaluate()
-    opt = torch.optim.Adam([gain, w], lr=1e-4)
+    # the steps start from the better of the solve and the plain exit on held-out windows (a
+    # few thousand tokens can overfit an [H, H] map); from the plain exit with a larger rate
+    start = solved if solved[0] < before[0] else before
+    if start is before:
+        with torch.no_grad():
+            w.zero_()
+    base_lr = 1e-4 if start is solved else 1e-3
+    kept = (w.detach().clone(), start)
+    opt = torch.optim.Adam([gain, w], lr=base_lr)
     gen = torch.Generator().manual_seed(seed)
     report = max(1, steps // 10)  # ten progress lines per adapter: readable in a log
     batch = min(256, split)
     for step in range(steps):
         idx = torch.randint(0, split, (batch,), generator=gen)
-        lr = 1e-4 * 0.5 * (1 + np.cos(np.pi * step / steps))  # cosine: ends annealed
+        lr = base_lr * 0.5 * (1 + np.cos(np.pi * step / steps))  # cosine: ends annealed
         for group in opt.param_groups:
             group["lr"] = lr
         loss = kl(h[idx], teacher[idx])
@@ -200,11 +209,11 @@ def _fit_one(
         if on_progress is not None and ((step + 1) % report == 0 or step + 1 == steps):
             on_progress(f"exit adapter @{k}: step {step + 1}/{steps}, kl={loss.item():.3f}")
     after = evaluate()
-    if after[0] > solved[0]:  # the steps did not help on held-out windows: keep the solve
+    if after[0] > kept[1][0]:  # the steps did not help on held-out windows: keep the start
         with torch.no_grad():
             gain.fill_(1.0)
-            w.copy_(torch.linalg.solve(gram + ridge * torch.eye(size), xh.T @ (u - xh)))
-        after = solved
+            w.copy_(kept[0])
+        after = kept[1]
     adapter = ExitAdapter(
         Norm(gain.detach().numpy().copy(), None, fn.eps), w.detach().numpy().copy()
     )
