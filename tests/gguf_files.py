@@ -103,6 +103,7 @@ def write_gguf(
         w.add_token_merges(merges)
         w.add_bos_token_id(vocab - 2)
         w.add_eos_token_id(vocab - 1)
+        w.add_pad_token_id(vocab - 1)  # else transformers' Phi-3 default pad id (32000) is used
         w.add_add_bos_token(False)
     else:
         w.add_tokenizer_model("llama")

@@ -49,8 +49,14 @@ REFUSED = (
 
 
 def is_gguf(model: str | Path) -> bool:
+    """A path ending in .gguf, or a file that starts with GGUF's magic."""
     p = Path(str(model)).expanduser()
-    return p.suffix.lower() == ".gguf" or (p.is_file() and p.read_bytes()[:4] == b"GGUF")
+    if p.suffix.lower() == ".gguf":
+        return True
+    if not p.is_file():
+        return False
+    with open(p, "rb") as f:
+        return f.read(4) == b"GGUF"
 
 
 def export_gguf(path: str | Path, out: str | Path, config: ExportConfig | None = None) -> Manifest:

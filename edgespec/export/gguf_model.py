@@ -317,9 +317,7 @@ def _layer(
         up_w = _columns([r.matrix(f"{p}ffn_gate.weight"), r.matrix(f"{p}ffn_up.weight")])
     else:  # Phi-3: ffn_up holds gate|up
         up_w = r.matrix(f"{p}ffn_up.weight")
-    slide = arch.swa_all or (arch.swa_pattern and (i + 1) % arch.swa_pattern != 0)
-    if arch.swa_pattern and r.key("attention.sliding_window_pattern") is not None:
-        raise ValueError(f"{r.arch}.attention.sliding_window_pattern is not supported")
+    slide = _slides(r, arch, i, window)
     rope = "local" if arch.model_type == "gemma3_text" and slide else "global"
     return LayerWeights(
         attn_norm=norms.get("attn_norm"),
@@ -339,6 +337,24 @@ def _layer(
         window=int(window) if slide and window else None,
         rope=rope,
     )
+
+
+def _slides(r: _Reader, arch: Arch, i: int, window: Any) -> bool:
+    """Whether layer i attends through the sliding window: `attention.sliding_window_pattern`
+    (a bool per layer, or every n-th layer global) where the file states it, else the
+    architecture's rule (llama.cpp's: Gemma 2 every 2nd, Gemma 3 every 6th layer global,
+    Phi-3 every layer; the others, as llama.cpp, none)."""
+    pattern = r.key("attention.sliding_window_pattern")
+    if isinstance(pattern, list):
+        return bool(pattern[i])
+    if isinstance(pattern, int) and pattern > 0:
+        return (i + 1) % pattern != 0
+    if window and arch.model_type == "olmo2":
+        raise ValueError(
+            f"{r.arch}.attention.sliding_window with no sliding_window_pattern: which layers "
+            "slide is not stated"
+        )
+    return bool(arch.swa_all or (arch.swa_pattern and (i + 1) % arch.swa_pattern != 0))
 
 
 def _granite(r: _Reader, w: DecoderWeights) -> None:
