@@ -10,19 +10,20 @@ transformers (`from_pretrained(dir, gguf_file=...)`: the file dequantized to fp3
 oracle) and with each bundle in `ar` and `lookup`, and reports how many prompts give
 transformers' tokens exactly, the mean length of the agreeing prefix, whether lookup's
 tokens equal ar's, and tokens/s (end to end, prefill included; ar and lookup alternate prompt
-by prompt so load drifts hit both). Writes results/bench_gguf.json.
+by prompt so load drifts hit both).
 
-    python benchmarks/bench_gguf.py            # ~10 min on 2 busy cores (needs [export,gguf])
+    python -m benchmarks.gguf_import --json benchmarks/results/gguf_import.json  # ~12 min
+    python -m benchmarks.gguf_import --variants float -n 8   # smallest run
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import time
 from pathlib import Path
 
-from common import REPO, load_line, table_header, table_row
+from benchmarks.lib.flags import add_common, listed, parser
+from benchmarks.lib.machine import load_line, log
+from benchmarks.lib.tables import table_header, table_row, write_result
 
 PROMPTS = [
     "What are the three primary colors, and why are they called primary?",
@@ -51,21 +52,23 @@ def main() -> None:
     from edgespec.export import export_bundle
     from edgespec.runtime.chat_template import ChatTemplate
 
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--gguf", type=Path, default=None)
+    ap = parser(__doc__)
+    add_common(ap)
+    ap.add_argument("--gguf", type=Path, default=None, help="default: the demo's model file")
     ap.add_argument("--cache", type=Path, default=Path.home() / ".cache/edgespec-bench/gguf")
     ap.add_argument("-n", "--max-new-tokens", type=int, default=64)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--variants", default=",".join(VARIANTS), help="of: " + ", ".join(VARIANTS))
     args = ap.parse_args()
     path = args.gguf or demo_gguf()
     torch.set_num_threads(args.threads)
     bundles = {}
-    for name, options in VARIANTS.items():
+    for name in listed(args.variants):
         out = args.cache / f"{path.stem}-{name}"
         if not (out / "manifest.json").exists():
-            export_bundle(path, out, overwrite=True, **options)
+            log(f"exporting {name} -> {out}")
+            export_bundle(path, out, overwrite=True, **VARIANTS[name])
         bundles[name] = out
-    first = edgespec.load(bundles["float"])
+    first = edgespec.load(next(iter(bundles.values())))
     template = ChatTemplate.from_bundle(first.folder, first.manifest)
     prompts = [
         first.tokenizer.encode(
@@ -124,11 +127,7 @@ def main() -> None:
                 ]
             )
         )
-    result = {"gguf": path.name, "machine": load_line(), "threads": args.threads,
-              "max_new_tokens": args.max_new_tokens, "variants": rows}  # fmt: skip
-    out = REPO / "benchmarks" / "results" / "bench_gguf.json"
-    out.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"wrote {out}")
+    write_result(args.json, args, {"gguf": path.name, "load": load_line(), "variants": rows})
 
 
 def _prefix(a: list[int], b: list[int]) -> int:
