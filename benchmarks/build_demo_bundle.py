@@ -1,8 +1,9 @@
-"""Build the bundle `edgespec demo` ships: the trained pair of train_models.py, exported small.
+"""Build the 11M code model's bundle (a test and benchmark fixture, outside the wheel): the
+trained pair of train_models.py, exported small.
 
 Takes the trained target + draft (`--models`, default ~/.cache/edgespec-bench/trained, made by
-`python -m benchmarks.train_models`). Guarantees: `--out` (default edgespec/demo_bundle, package
-data) holds an edgespec bundle of the target with early exits at layers 2 and 4 and the draft,
+`python -m benchmarks.train_models`). Guarantees: `--out` (default tests/fixtures/code_model)
+holds an edgespec bundle of the target with early exits at layers 2 and 4 and the draft,
 the target's weights as `--quantize` says (default none: fp32. Why not int8, which is 4x smaller
 and 2.5x faster for plain decoding: at int8 this 11M model takes ~0.7 ms a token, nearly all of
 it onnxruntime's fixed cost per graph call rather than reading weights, so a draft step costs
@@ -11,10 +12,12 @@ as this model's are in fp32, which is what the demo is there to show) and the dr
 `--draft-quantize` says (default int4: the output is the fp32 target's whatever the draft's
 precision, and a draft step takes 0.15 ms instead of 0.34 ms; 45 MiB in all), checked by the
 exporter against transformers, plus `provenance.json` (training steps, held-out losses, the
-command). The runtime loads it with numpy + onnxruntime only, so `edgespec demo` needs no torch.
+command). The runtime loads it with numpy + onnxruntime only, so
+`edgespec demo --bundle tests/fixtures/code_model` needs no torch.
 
     python -m benchmarks.train_models          # once (~35 min on 2 cores, cached)
-    python -m benchmarks.build_demo_bundle     # ~1 min; then: edgespec demo
+    python -m benchmarks.build_demo_bundle     # ~1 min; then:
+    edgespec demo --bundle tests/fixtures/code_model
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ EXITS = [2, 4]
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", type=Path, default=Path.home() / ".cache/edgespec-bench/trained")
-    ap.add_argument("--out", type=Path, default=REPO / "edgespec" / "demo_bundle")
+    ap.add_argument("--out", type=Path, default=REPO / "tests" / "fixtures" / "code_model")
     ap.add_argument("--quantize", choices=("int8", "int4", "none"), default="none")
     ap.add_argument(
         "--draft-quantize",

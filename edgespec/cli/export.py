@@ -39,7 +39,15 @@ from edgespec.cli.common import ExportProgress, _friendly, _report_compat
     default=4,
     show_default=True,
     type=click.IntRange(0, 4),
-    help="int8/int4 compute: 4 = int8 activations (fast), 0 = float.",
+    help="int8/int4 (and a GGUF file's blocks) compute: 4 = int8 activations (fast), 0 = float.",
+)
+@click.option(
+    "--gguf-weights",
+    type=click.Choice(["blocks", "float"]),
+    default="blocks",
+    show_default=True,
+    help="A GGUF file's quantized tensors: kept as MatMulNBits blocks, or as their exact "
+    "float32 values (float compute).",
 )
 @click.option(
     "--batched-verify/--no-batched-verify",
@@ -100,6 +108,7 @@ def export(
     draft_quantize: str | None,
     block_size: int | None,
     accuracy_level: int,
+    gguf_weights: str,
     batched_verify: bool | None,
     revision: str | None,
     no_verify: bool,
@@ -114,7 +123,8 @@ def export(
     adapter_steps: int,
     check_compat: str | None,
 ) -> None:
-    """Export MODEL (a local checkpoint folder, a hub id, or builtin:tiny-llama) to a bundle."""
+    """Export MODEL (a local checkpoint folder, a hub id, builtin:tiny-llama, or a GGUF file)
+    to a bundle."""
     try:
         from edgespec.export import ExportConfig, ExportError, export_bundle
     except ImportError as e:
@@ -145,6 +155,7 @@ def export(
             draft_quantize=draft_quantize,
             block_size=block_size,
             accuracy_level=accuracy_level,
+            gguf_weights=gguf_weights,
             batched_verify=batched_verify,
             revision=revision,
             verify=not no_verify,

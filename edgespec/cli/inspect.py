@@ -65,6 +65,7 @@ def inspect(bundle: str | None, compat: tuple[str, str] | None) -> None:
             q = m.extra["draft_quantization"]
             rows.append(("draft quantization", q["method"] + _quant_details(q)))
     rows += _chat_rows(m, Path(bundle))
+    rows += _gguf_rows(m.extra.get("gguf"))
     if m.variant != "standard":
         rows.append(("variant", f"{m.variant}, backbone layers {m.backbone_layers}"))
     for k, a in m.extra.get("exit_adapters", {}).items():
@@ -77,9 +78,10 @@ def inspect(bundle: str | None, compat: tuple[str, str] | None) -> None:
         )
     if "max_abs_logit_diff" in m.extra.get("export_check", {}):
         c = m.extra["export_check"]
+        against = f" (vs {c['reference']})" if "reference" in c else ""
         rows.append(
             (
-                "export check",
+                "export check" + against,
                 f"max |logit diff| {c['max_abs_logit_diff']:.2e}, "
                 f"argmax agreement {c['argmax_agreement']:.0%}",
             )
@@ -116,6 +118,33 @@ def inspect(bundle: str | None, compat: tuple[str, str] | None) -> None:
         click.echo(f"{g.role:<10} {g.file:<16} {layers:<8} {size:>8.2f}  {inputs}, past KV")
     weights = (folder / m.weights_file).stat().st_size / 2**20
     click.echo(f"{'weights':<10} {m.weights_file:<16} {'shared':<8} {weights:>8.1f}")
+
+
+def _gguf_rows(g: dict | None) -> list[tuple[str, str]]:
+    """Where each part of a bundle imported from a GGUF file came from."""
+    if not g:
+        return []
+    rows = [
+        (
+            "imported from GGUF",
+            f"{g['file']} ({g['name']}, general.architecture="
+            f"{g['architecture']}, general.file_type={g['file_type']})",
+        )
+    ]
+    rows.append(("  config", g["config"]))
+    for how, n in g["weights"].items():
+        rows.append(("  weights", f"{n} tensors: {how}"))
+    for name, e in g.get("requantized", {}).items():
+        rows.append(
+            (
+                "  re-quantized",
+                f"{name}: max abs error {e['max_abs_error']:.3g}, "
+                f"relative RMS {e['relative_rms_error']:.3g}",
+            )
+        )
+    rows.append(("  tokenizer", g["tokenizer"]))
+    rows.append(("  chat template", g["chat_template"] or "none in the file"))
+    return rows  # fmt: skip
 
 
 def _chat_rows(m: Any, folder: Path) -> list[tuple[str, str]]:

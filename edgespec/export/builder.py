@@ -21,6 +21,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
+from edgespec.export.gguf_blocks import PackedMatrix
 from edgespec.export.nbits import (
     BITS,
     WeightFormat,
@@ -172,8 +173,11 @@ class GraphBuilder:
     # -- layers -----------------------------------------------------------------------------
     def linear(self, x: str, name: str, w: np.ndarray, b: np.ndarray | None = None) -> str:
         """y = x @ w + b, with w stored [in, out]; int8/int4 weights use MatMulNBits
-        (layout in export/nbits.py)."""
-        if self.quantize in BITS:
+        (layout in export/nbits.py); a `PackedMatrix` (an imported GGUF's blocks) keeps its own
+        blocks, whatever `quantize` says."""
+        if isinstance(w, PackedMatrix):
+            y = self._packed_linear(x, name, w)
+        elif self.quantize in BITS:
             f = weight_format(self.quantize, self.block_size)
             block, tensors = self._nbits(name, w, f)
             y = self.op1(
@@ -198,6 +202,8 @@ class GraphBuilder:
         `linear` stores a [hidden, vocab] weight: in an int8 bundle a tied LM head and its
         embedding share one copy of the bytes. (A float table was 544 of the Qwen2.5-0.5B
         shape's 818 MB int4 bundle.) A hidden size no supported block divides stays float."""
+        if isinstance(table, PackedMatrix):
+            return self._packed_gather(ids, name, table)
         k = table.shape[1]
         f = embedding_format(self.quantize, self.block_size) if self.quantize in BITS else None
         if f is None or k % block_for(k, f.block_size):
@@ -212,6 +218,58 @@ class GraphBuilder:
             block_size=block,
             bits=f.bits,
         )
+
+    def _packed_linear(self, x: str, name: str, w: PackedMatrix) -> str:
+        """x @ W for W held in its file's blocks: MatMulNBits over q, scales (and zero points),
+        plus, for blocks with a minimum, x's block sums times the minima [K / block, N]."""
+        if w.transposed:
+            raise ValueError(f"{name}: a transposed packed matrix is an embedding table")
+        ins = [x, *self._packed_tensors(name, w)]
+        y = self.op1(
+            "MatMulNBits",
+            ins,
+            domain=MS_DOMAIN,
+            K=w.k,
+            N=w.n,
+            bits=w.bits,
+            block_size=w.block,
+            accuracy_level=self.accuracy_level,
+        )
+        if w.minima is None:
+            return y
+        blocks = self.op1("Reshape", [x, self.const(np.array([0, 0, -1, w.block]))])
+        sums = self.op1("ReduceSum", [blocks, self.const(np.array([-1]))], keepdims=0)
+        mins = self.weight(f"{name}.minima", np.ascontiguousarray(w.minima.T))
+        return self.op1("Add", [y, self.op1("MatMul", [sums, mins])])
+
+    def _packed_tensors(self, name: str, w: PackedMatrix, rows: int | None = None) -> list[str]:
+        arrays = [w.packed, w.scales, w.zero_point_tensor()]
+        if rows is None:
+            arrays[1] = w.scales.reshape(-1)
+        names = []
+        for suffix, a in zip(("", "scale", "zero"), arrays, strict=True):
+            if a is not None:
+                a = a if rows is None else a.reshape(rows, -1)
+                names.append(self.weight(f"{name}.q{w.bits}{suffix}", a))
+        return names
+
+    def _packed_gather(self, ids: str, name: str, table: PackedMatrix) -> str:
+        """Rows of an embedding table held in its file's blocks: GatherBlockQuantized over
+        the same bytes as the tied LM head's MatMulNBits; blocks with a minimum gather the
+        exact float32 rows instead (the op has no minimum term)."""
+        if table.minima is not None or not table.transposed:
+            return self.op1("Gather", [self.weight(f"{name}.weight", np.asarray(table)), ids],
+                            axis=0)  # fmt: skip
+        return self.op1(
+            "GatherBlockQuantized",
+            [*self._packed_tensors(name, table, rows=table.n)[:1], ids,
+             *self._packed_tensors(name, table, rows=table.n)[1:]],
+            domain=MS_DOMAIN,
+            gather_axis=0,
+            quantize_axis=1,
+            block_size=table.block,
+            bits=table.bits,
+        )  # fmt: skip
 
     def _nbits(
         self, name: str, w: np.ndarray, f: WeightFormat, rows: int | None = None

@@ -22,6 +22,7 @@ DTYPES = {"fp32": np.float32, "fp16": np.float16}
 VARIANTS = ("standard", "shared-backbone")
 # a draft quantized apart from its target: block-wise weights or float ("none")
 DRAFT_QUANTIZATIONS = ("int8", "int4", "none")
+GGUF_WEIGHTS = ("blocks", "float")
 
 
 @dataclass
@@ -50,6 +51,9 @@ class ExportConfig:
     need onnxruntime >= 1.32 to load. False: graphs for older onnxruntime (onnxruntime-gpu's
     newest release is 1.31); a server then verifies rounds one by one. None: whichever the
     onnxruntime installed here loads.
+    gguf_weights: a GGUF file's quantized tensors as "blocks" (kept as MatMulNBits blocks, the
+    file's own integers and scales; `accuracy_level` sets their compute) or "float" (their
+    exact dequantized values as float weights: float compute, larger and slower than blocks).
     on_progress: called with a short description of each step as it starts.
     """
 
@@ -73,6 +77,7 @@ class ExportConfig:
     fit_exit_adapter: str | Path | None = None
     adapter_steps: int = 300
     batched_verify: bool | None = None
+    gguf_weights: str = "blocks"
     on_progress: Callable[[str], None] | None = None
     # derived in __post_init__: the weight quantization of the target and of the draft, checked
     quant: QuantConfig | None = field(init=False, default=None, repr=False)
@@ -92,6 +97,10 @@ class ExportConfig:
                 self.fit_exit_adapter,
             )
         )
+        if self.gguf_weights not in GGUF_WEIGHTS:
+            raise ExportError(
+                f"--gguf-weights {self.gguf_weights!r} is not one of: {', '.join(GGUF_WEIGHTS)}"
+            )
         dtype, quantize = self.dtype, self.quantize
         if dtype not in DTYPES:
             raise ExportError(

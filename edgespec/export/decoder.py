@@ -27,6 +27,7 @@ from onnx import TensorProto
 
 from edgespec.bundle import GraphInfo, TensorSpec
 from edgespec.export.builder import AttentionShape, GraphBuilder, io_specs
+from edgespec.export.gguf_blocks import PackedMatrix
 
 
 @dataclass
@@ -264,7 +265,7 @@ def _mlp(gb: GraphBuilder, h: str, name: str, lw: LayerWeights, activation: str)
 
 def _lm_head(gb: GraphBuilder, h: str, w: DecoderWeights) -> str:
     """Logits; a tied head reuses the embedding table (Gemm with transB, no transposed copy)."""
-    if gb.quantize in ("int8", "int4") or gb.matmul_head:
+    if gb.quantize in ("int8", "int4") or gb.matmul_head or isinstance(w.lm_head, PackedMatrix):
         return gb.linear(h, f"{w.prefix}lm_head", w.lm_head.T, w.lm_head_b)
     name = f"{w.prefix}embed.weight" if w.tied else f"{w.prefix}lm_head.weight"
     table = gb.weight(name, w.lm_head)

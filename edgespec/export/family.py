@@ -16,13 +16,15 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from edgespec.export.builder import AttentionShape
 from edgespec.export.decoder import DecoderWeights, LayerWeights, Norm
+
+if TYPE_CHECKING:
+    import torch
 
 # config activation name -> DecoderWeights.activation of a gated MLP
 GATED_ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh_gated"}
@@ -42,6 +44,8 @@ class Layout:
 
 
 def np32(t: torch.Tensor | None) -> np.ndarray | None:
+    import torch  # the Hugging Face path only: a GGUF import never loads it
+
     return None if t is None else t.detach().to(torch.float32).cpu().numpy()
 
 
@@ -137,6 +141,8 @@ def rotary_tables(
     model: Any, max_pos: int, layer_type: str | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
     """cos, sin [max_pos, rotary_dim / 2] as the model's rotary module computes them."""
+    import torch
+
     rope = model.model.rotary_emb
     positions = torch.arange(max_pos)[None, :]
     probe = torch.zeros(1, dtype=torch.float32)

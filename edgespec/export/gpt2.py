@@ -6,14 +6,20 @@ c_attn Conv1D (already [in, out], q|k|v), tanh-GELU MLP, LM head tied to the emb
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import torch
 
 from edgespec.export.builder import AttentionShape
 from edgespec.export.decoder import DecoderWeights, LayerWeights, Norm
 
+if TYPE_CHECKING:
+    import torch
+
 
 def _np(t: torch.Tensor | None) -> np.ndarray | None:
+    import torch  # the Hugging Face path only: a GGUF import never loads it
+
     return None if t is None else t.detach().to(torch.float32).cpu().numpy()
 
 

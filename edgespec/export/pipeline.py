@@ -1,10 +1,11 @@
 """The export pipeline: a Hugging Face checkpoint -> an edgespec bundle folder.
 
-`export_bundle(model, out, config)` takes a local checkpoint folder, a hub id or a
-`builtin:` name (plus, per `ExportConfig`, an optional separate draft model and early-exit
-layers), writes the ONNX graphs of each role, the tokenizer files, one shared weights file
-and `manifest.json`, and checks the exported `full` graph against the transformers model
-before it returns. Every user mistake is an `ExportError` saying what is wrong and what to
+`export_bundle(model, out, config)` takes a local checkpoint folder, a hub id, a
+`builtin:` name or a GGUF file (handed to gguf_export.py, which needs no torch) plus, per
+`ExportConfig`, an optional separate draft model and early-exit layers; it writes the ONNX
+graphs of each role, the tokenizer files, one shared weights file and `manifest.json`, and
+checks the exported `full` graph against the transformers model before it returns. Every
+user mistake is an `ExportError` saying what is wrong and what to
 do, raised before the output folder is touched where it can be.
 
 `variant="shared-backbone", backbone_layers=k` writes an edge bundle instead: only head@k
@@ -17,13 +18,10 @@ fits an adapter into every head@k (`exit_adapter.py`).
 from __future__ import annotations
 
 import dataclasses
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnx
 
 from edgespec import __version__
 from edgespec.bundle import (
@@ -33,12 +31,12 @@ from edgespec.bundle import (
     StaticVariants,
     save_manifest,
 )
-from edgespec.export.builder import GraphBuilder, WeightStore
+from edgespec.export.builder import WeightStore
 from edgespec.export.chat_format import save_chat_format
 from edgespec.export.config import DTYPES, ExportConfig
-from edgespec.export.decoder import DecoderWeights, build_graph, graph_info
 from edgespec.export.errors import ExportError
 from edgespec.export.exit_adapter import fit_exit_adapters
+from edgespec.export.gguf_export import export_gguf, is_gguf
 from edgespec.export.hf import (
     backbone_fingerprint,
     calibration_ids,
@@ -49,12 +47,12 @@ from edgespec.export.hf import (
     save_tokenizer,
     special_ids,
 )
-from edgespec.export.quantize import QdqCalibration, QuantConfig, externalize
+from edgespec.export.quantize import QdqCalibration
 from edgespec.export.shared_backbone import backbone_record, verify_head
+from edgespec.export.sink import WEIGHTS_FILE, GraphSink, _check_out, _prepare_out
 from edgespec.export.static_bundle import static_shapes, write_static_graph
 from edgespec.export.verify import verify_export, verify_static
 
-WEIGHTS_FILE = "weights.bin"
 OPTIONS = frozenset(f.name for f in dataclasses.fields(ExportConfig) if f.init)
 
 
@@ -84,6 +82,8 @@ def export_bundle(
         c = ExportConfig(**options)
     else:
         c = dataclasses.replace(config, **options) if options else config
+    if is_gguf(model):
+        return export_gguf(model, out, c)
     out = Path(out)
     _check_out(out, c.overwrite)  # refused before the (slow) load; written only after it
     steps = c.on_progress or _quiet
@@ -223,75 +223,3 @@ def export_bundle(
 
 def _quiet(what: str) -> None:
     """No progress callback given: the steps go unreported."""
-
-
-def _check_out(out: Path, overwrite: bool) -> None:
-    if out.exists() and not out.is_dir():
-        raise ExportError(f"--out {out} is a file; give a folder path")
-    if out.exists() and any(out.iterdir()):
-        if not overwrite:
-            raise ExportError(f"--out {out} is not empty; choose a new folder or pass --overwrite")
-        if not (out / "manifest.json").exists():
-            raise ExportError(
-                f"--out {out} is not empty and is not a bundle; refusing to overwrite it"
-            )
-
-
-def _prepare_out(out: Path, overwrite: bool) -> Path:
-    _check_out(out, overwrite)
-    if out.exists() and any(out.iterdir()):
-        shutil.rmtree(out)
-    out.mkdir(parents=True, exist_ok=True)
-    return out
-
-
-@dataclasses.dataclass(frozen=True)
-class GraphSink:
-    """Where an export's graphs go: the bundle folder, its weights file, the float dtype and
-    whether GroupQueryAttention takes `query_seqlens` (batched verify rounds)."""
-
-    out: Path
-    store: WeightStore
-    dtype: str
-    batched: bool = True
-
-    def write(
-        self,
-        weights: DecoderWeights,
-        role: str,
-        model: str,
-        quant: QuantConfig | None,
-        qdq: QdqCalibration | None = None,
-    ) -> GraphInfo:
-        """Build `role`'s graph of `weights` (quantized as `quant` says), save it, describe it."""
-        weight_only = quant.method if quant is not None and qdq is None else None
-        kw: dict[str, Any] = {}
-        if quant is not None:
-            kw = {"block_size": quant.block_size, "accuracy_level": quant.accuracy_level}
-        if qdq is None:
-            gb = GraphBuilder(
-                store=self.store,
-                dtype=np.dtype(DTYPES[self.dtype]),
-                quantize=weight_only,
-                query_seqlens=self.batched,
-                **kw,
-            )
-            build_graph(weights, role, gb)
-            proto = gb.model(f"edgespec_{role}")
-        else:  # float graph in a scratch file, quantized, then its tensors into the bundle's file
-            with tempfile.TemporaryDirectory() as tmp:
-                scratch = WeightStore(Path(tmp) / "float.bin")
-                gb = GraphBuilder(
-                    store=scratch,
-                    dtype=np.dtype(np.float32),
-                    matmul_head=True,
-                    query_seqlens=self.batched,
-                )
-                build_graph(weights, role, gb)
-                scratch.close()
-                proto = gb.model(f"edgespec_{role}")
-                onnx.load_external_data_for_model(proto, tmp)
-            proto = externalize(qdq.quantize(proto, role), self.store)
-        file = role.replace("@", "_at_") + ".onnx"
-        onnx.save(proto, str(self.out / file))
-        return graph_info(role, file, model, len(weights.layers), gb)
