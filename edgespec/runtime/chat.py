@@ -26,11 +26,13 @@ being garbage collected — ENDs it.
 
 from __future__ import annotations
 
+import os
 import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from edgespec.runtime import chat_store
 from edgespec.runtime.chat_template import RENDER_ARGUMENTS, ChatTemplate, ChatTemplateError
 from edgespec.runtime.config import LoadConfig
 from edgespec.runtime.decode import decode
@@ -273,20 +275,19 @@ class ChatSession:
 
     # -- helpers ----------------------------------------------------------------------------
     def _format(self, o: ChatOptions, chat: bool = True) -> tuple[str | None, Grammar | None]:
-        """(the tool-call format to read the reply in, the grammar it must follow)."""
-        tools = o.tools if chat else None
+        tools = o.tools if chat else None  # (the format calls are read in, the grammar)
         template = self.template.pick(o.template, tools) if tools and self.template else ""
         try:
-            style, grammar = reply_format(
-                o.response_format, tools, o.tool_choice, template, self.tokenizer.token_to_id
-            )
+            return reply_format(o, tools, template, self.tokenizer.token_to_id)
         except ValueError as e:
             raise ChatError(str(e)) from None
-        if grammar is not None and o.ignore_eos:
-            raise ChatError("ignore_eos: a response_format ends where its grammar ends")
-        if grammar is not None:
-            bundle_vocabulary(self.folder, self.manifest)  # a bundle it cannot read: refused here
-        return style, grammar
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the conversation and its caches to `path`, atomically; `load` resumes it."""
+        chat_store.save(self, path)
+
+    def load(self, path: str | os.PathLike) -> None:  # with the bundle and mode it was saved
+        chat_store.load(self, path)
 
     def _params(self, o: ChatOptions) -> SamplingParams:
         if o.max_new_tokens < 1:

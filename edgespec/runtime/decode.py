@@ -188,7 +188,7 @@ def speculative_round(
         n + 1,
         len(seq) if verdict.resync else g + 1,
         perf_counter() - start,
-        drafted=g - len(forced) if g else 0,
+        drafted=max(g - len(forced), 0),
         accepted=n - f,
         draft_seconds=proposal.seconds,
         verify_seconds=verdict.verify_seconds,

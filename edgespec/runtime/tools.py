@@ -253,15 +253,19 @@ def _partial(text: str, opener: str) -> int:
 
 # -- enforcing calls ------------------------------------------------------------------------
 def reply_format(
-    response_format: Any, tools: Any, choice: Any, template: str, token_id: TokenId
+    options: Any, tools: Any, template: str, token_id: TokenId
 ) -> tuple[str | None, Grammar | None]:
-    """(the tool-call format a reply is read in, None when calls are not read; the grammar it
-    must follow: the response_format's or a forcing tool_choice's). ValueError if unusable."""
-    grammar = from_response_format(response_format)
+    """For a chat request's options (`ChatOptions`): the tool-call format its reply is read in
+    (None: calls are not read) and the grammar it must follow (its response_format's, or a
+    tool_choice that forces calls). ValueError naming what cannot be served."""
+    grammar = from_response_format(options.response_format)
+    choice = options.tool_choice
     style = style_of(template) if tools and choice != "none" else None
     forced = choice_grammar(tools, choice, style, token_id)
     if forced is not None and grammar is not None:
         raise ValueError("give a response_format or a tool_choice that forces calls, not both")
+    if (grammar or forced) is not None and options.ignore_eos:
+        raise ValueError("ignore_eos: a response_format ends where its grammar ends")
     return style, grammar or forced
 
 
