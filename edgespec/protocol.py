@@ -17,7 +17,8 @@ Every message is a 12-byte header then a type-specific body, all little-endian:
              ERROR 409; both leave the connection open and the session as it was, and the
              device STARTs again with keep = 0 and the whole sequence. fingerprint: the
              bundle's backbone fingerprint, or from a shared-backbone edge bundle
-             `backbone:K:TOKENIZER:LOWER` (`edgespec.backbone`); a mismatch: ERROR 403
+             `backbone:K:TOKENIZER:LOWER` (`edgespec.backbone`); a mismatch: ERROR 403. GRAMMAR
+             flag: `| u32 length + utf-8 llguidance grammar | start u32` (ERROR 422 if unusable)
     VERIFY   c->s  base u32 | q kind u8 | drafts: u32 count + int32[] | q rows
              drafts d_1..d_γ after the `base` committed tokens (γ = 0: the server just
              generates one token). Sampling with a model drafter sends (q kind 1) the
@@ -73,7 +74,7 @@ START, VERIFY, RESULT, ERROR, END, PAUSE = 1, 2, 3, 4, 5, 6
 NAMES = dict(enumerate(("START", "VERIFY", "RESULT", "ERROR", "END", "PAUSE"), start=1))
 
 # START flags
-SAMPLING, HAS_SEED = 1, 2
+SAMPLING, HAS_SEED, GRAMMAR = 1, 2, 4
 # VERIFY: whether q rows follow the drafts, and how each row is stored
 Q_NONE, Q_ROWS = 0, 1
 ROW_SUPPORT = 3  # (1, 2: protocol 1's dense and sparse float32 rows, no longer accepted)
@@ -109,6 +110,7 @@ class Start:
     seed: int | None = None
     fingerprint: str = ""
     keep: int = 0  # positions of this connection's session cache that stay (0: a new one)
+    grammar: tuple[str, int] | None = None  # (llguidance grammar, where the output starts)
     session: int = 0
     round: int = 0
 
@@ -182,18 +184,21 @@ def _ids(ids: list[int]) -> bytes:
     return struct.pack("<I", len(ids)) + np.asarray(ids, dtype="<i4").tobytes()
 
 
-def _text(text: str, limit: int = MAX_TEXT) -> bytes:
+def _text(text: str, limit: int = MAX_TEXT, width: str = "<H") -> bytes:
     raw = text.encode()[:limit]
-    return struct.pack("<H", len(raw)) + raw
+    return struct.pack(width, len(raw)) + raw
 
 
 def encode(msg: Message) -> bytes:
     if isinstance(msg, Start):
         flags = (SAMPLING if msg.temperature > 0 else 0) | (HAS_SEED if msg.seed is not None else 0)
+        flags |= GRAMMAR if msg.grammar else 0
         head = START_HEAD.pack(
             flags, msg.top_k, msg.temperature, msg.top_p, msg.seed or 0, msg.capacity, msg.keep
         )
         body = head + _text(msg.fingerprint, 256) + _ids(msg.ids)
+        if msg.grammar:
+            body += _text(msg.grammar[0], 1 << 30, "<I") + struct.pack("<I", msg.grammar[1])
         return _header(START, msg.session, msg.round) + body
     if isinstance(msg, Verify):
         body = VERIFY_HEAD.pack(msg.base, Q_NONE if msg.q is None else Q_ROWS)
@@ -208,13 +213,10 @@ def encode(msg: Message) -> bytes:
             body += LIMITS_BODY.pack(msg.limits.max_context, msg.limits.max_request_bytes)
         return _header(RESULT, msg.session, msg.round) + body
     if isinstance(msg, Error):
-        return (
-            _header(ERROR, msg.session, msg.round) + struct.pack("<H", msg.code) + _text(msg.text)
-        )
-    if isinstance(msg, End):
-        return _header(END, msg.session, msg.round)
-    if isinstance(msg, Pause):
-        return _header(PAUSE, msg.session, msg.round)
+        body = struct.pack("<H", msg.code) + _text(msg.text)
+        return _header(ERROR, msg.session, msg.round) + body
+    if isinstance(msg, End | Pause):
+        return _header(END if isinstance(msg, End) else PAUSE, msg.session, msg.round)
     raise TypeError(f"not a protocol message: {msg!r}")
 
 
@@ -258,8 +260,8 @@ class _Reader:
             )
         return ids.tolist()
 
-    def text(self, field_name: str) -> str:
-        (n,) = struct.unpack("<H", self.take(2, field_name + " length"))
+    def text(self, field_name: str, width: str = "<H") -> str:
+        (n,) = struct.unpack(width, self.take(struct.calcsize(width), field_name + " length"))
         try:
             return self.take(n, field_name).decode()
         except UnicodeDecodeError:
@@ -298,7 +300,7 @@ def decode(data: bytes | str, limits: Limits | None = None) -> Message:
         flags, top_k, temperature, top_p, seed, capacity, keep = r.unpack(
             START_HEAD, "START fields"
         )
-        if flags & ~(SAMPLING | HAS_SEED):
+        if flags & ~(SAMPLING | HAS_SEED | GRAMMAR):
             raise ProtocolError(f"START: unknown flags {flags:#x}")
         if not (np.isfinite(temperature) and temperature >= 0 and 0 < top_p <= 1):
             raise ProtocolError(
@@ -317,6 +319,7 @@ def decode(data: bytes | str, limits: Limits | None = None) -> Message:
             seed if flags & HAS_SEED else None,
             fingerprint,
             keep,
+            (r.text("grammar", "<I"), r.count("start", 2**31)) if flags & GRAMMAR else None,
         )
     elif kind == VERIFY:
         base, q_kind = r.unpack(VERIFY_HEAD, "VERIFY fields")

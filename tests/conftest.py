@@ -197,16 +197,19 @@ def family_hf(family_checkpoints):
 CHAT_DIMS = dict(SMALL, num_key_value_heads=2, vocab_size=2048 + 32)
 
 
-def write_chat_checkpoint(folder: Path, seed: int = 0, template: str | None = None) -> Path:
+def write_chat_checkpoint(
+    folder: Path, seed: int = 0, template: str | None = None, **dims: int
+) -> Path:
     """A qwen2 checkpoint whose tokenizer has ChatML control tokens (ids past the trained
     2,048, inside the model's vocab) and, unless template="", a Qwen 2.5-style chat template
-    (`chat_templates.CHAT_BUNDLE_TEMPLATE`)."""
+    (`chat_templates.CHAT_BUNDLE_TEMPLATE`); `dims` override the model's (e.g. a longer
+    max_position_embeddings)."""
     from chat_templates import ADDED_TOKENS, CHAT_BUNDLE_TEMPLATE, SPECIAL_TOKENS
     from transformers import AutoTokenizer, GenerationConfig
 
     from edgespec.export.builtin import write_checkpoint
 
-    write_checkpoint(folder, "qwen2", seed=seed, **CHAT_DIMS)
+    write_checkpoint(folder, "qwen2", seed=seed, **{**CHAT_DIMS, **dims})
     tok = AutoTokenizer.from_pretrained(folder)
     tok.add_special_tokens({"additional_special_tokens": SPECIAL_TOKENS})
     tok.add_tokens(ADDED_TOKENS)

@@ -33,9 +33,10 @@ sys.meta_path.insert(0, Block())
 
 # optional packages a runtime module may import inside a function, only on the path that
 # needs them: coremltools when an app opens Core ML packages, websockets (the [serve] extra)
-# when split mode connects to a server (test_generate_runs_with_torch_unimportable checks
-# that ordinary use never does)
-LAZY_OPTIONAL = {"coreml.py": "coremltools", "link.py": "websockets"}
+# when split mode connects to a server, llguidance (the [grammar] extra) when a request asks
+# for a response_format (test_generate_runs_with_torch_unimportable checks that ordinary use
+# never does)
+LAZY_OPTIONAL = {"coreml.py": "coremltools", "link.py": "websockets", "grammar.py": "llguidance"}
 
 
 def _lazy_optional_imports(tree: ast.AST, package: str) -> set[ast.AST]:

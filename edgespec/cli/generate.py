@@ -27,13 +27,23 @@ from edgespec.cli.common import (
 @click.option("--stream/--no-stream", default=True, show_default=True, help="Print as produced.")
 @click.option("--stats", is_flag=True, help="Print speed and speculation stats to stderr.")
 @click.option("--ignore-eos", is_flag=True, help="Keep going past end-of-sequence tokens.")
+@click.option(
+    "--json-schema",
+    type=click.Path(),
+    default=None,
+    help="A JSON schema file: the output follows it, in any mode (needs edgespec[grammar]).",
+)
 @decoding_options
 @_friendly
 def generate(bundle: str, prompt: str, max_new_tokens: int, **options: Any) -> None:
     """Generate text from BUNDLE."""
+    from edgespec.runtime.grammar import read_schema
     from edgespec.runtime.model import Model
 
     sampling = {k: options.pop(k) for k in ("temperature", "top_p", "top_k", "seed", "ignore_eos")}
+    schema = options.pop("json_schema")
+    if schema is not None:  # read and checked before the bundle is loaded
+        sampling["response_format"] = read_schema(schema)
     stream, stats = options.pop("stream"), options.pop("stats")
     model = Model.load(bundle, load_config(options))
     _generate(model, prompt, max_new_tokens, sampling, stream, stats)

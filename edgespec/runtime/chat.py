@@ -26,21 +26,25 @@ being garbage collected — ENDs it.
 
 from __future__ import annotations
 
+import os
 import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from edgespec.runtime import chat_store
 from edgespec.runtime.chat_template import RENDER_ARGUMENTS, ChatTemplate, ChatTemplateError
 from edgespec.runtime.config import LoadConfig
 from edgespec.runtime.decode import decode
+from edgespec.runtime.grammar import Grammar, bundle_vocabulary
 from edgespec.runtime.link import Remote
 from edgespec.runtime.opener import BundleGraphs
 from edgespec.runtime.registry import build
 from edgespec.runtime.round import Verifier
 from edgespec.runtime.sampling import SamplingParams
-from edgespec.runtime.stats import GenerationStats, RoundStats, Step
+from edgespec.runtime.stats import GenerationStats, RoundStats
 from edgespec.runtime.tokenizer import Tokenizer
+from edgespec.runtime.tools import ToolCall, parse, reply_format
 
 TRUNCATION = ("error", "drop-oldest")
 FINISH = {"eos": "stop", "stop": "stop", "length": "length", "context": "length"}
@@ -68,6 +72,8 @@ class ChatOptions:
     template: str | None = None  # a named template of the bundle
     flags: dict[str, Any] = field(default_factory=dict)  # template variables: enable_thinking
     truncation: str = "error"  # or "drop-oldest": drop the oldest turns to fit the context
+    tool_choice: Any = "auto"  # "none", "required", {"type": "function", "function": {"name"}}
+    response_format: Any = None  # {"type": "json_object" | "json_schema", ..}, or a Grammar
 
 
 @dataclass
@@ -78,6 +84,8 @@ class Prompt:
     options: ChatOptions
     params: SamplingParams
     dropped: int = 0  # truncation="drop-oldest": messages left out
+    grammar: Grammar | None = None  # from options.response_format or a forcing tool_choice
+    tool_style: str | None = None  # the template's tool-call format, when calls are read
 
 
 @dataclass
@@ -97,6 +105,8 @@ class ChatReply:
     finish_reason: str
     stats: GenerationStats
     dropped_messages: int = 0  # truncation="drop-oldest": how many were left out
+    tool_calls: list[ToolCall] = field(default_factory=list)  # read from text (tools given)
+    content: str | None = None  # with tools: the text less its calls (None: only calls)
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -196,7 +206,8 @@ class ChatSession:
         o = options or ChatOptions()
         params = self._params(o)
         ids, dropped = self._prompt(list(messages), o)
-        return Prompt(ids, o, params, dropped)
+        style, grammar = self._format(o)
+        return Prompt(ids, o, params, dropped, grammar, style)
 
     def prepare_ids(self, ids: list[int], options: ChatOptions | None = None) -> Prompt:
         """A prompt that is already token ids (a plain completion: no template)."""
@@ -212,7 +223,7 @@ class ChatSession:
                 f"the prompt is {len(ids)} tokens but the model's context is {self.context()} "
                 "positions: shorten it"
             )
-        return Prompt(list(ids), o, params, 0)
+        return Prompt(list(ids), o, params, 0, self._format(o, chat=False)[1])
 
     def shared_prefix(self, ids: Sequence[int]) -> int:
         """How many leading prompt tokens this session's caches may already hold."""
@@ -227,7 +238,10 @@ class ChatSession:
         cached = self.shared_prefix(ids)
         self.seq = []  # until this turn ends cleanly, trust nothing in the caches
         max_new = min(o.max_new_tokens, self.context() - len(ids))  # stop at the context
-        steps = self._steps(ids, params, max_new, stop_ids, cached)
+        g = prompt.grammar  # the reply's grammar, from the prompt's end
+        constraint = g.start(bundle_vocabulary(self.folder, self.manifest), len(ids)) if g else None
+        parts = (self.verifier, self.drafter, self.policy)
+        steps = decode(*parts, ids, params, max_new, stop_ids, cached, constraint)
         stats, tokens = GenerationStats(), []
         detok = self.tokenizer.stream_decoder(skip_special_tokens=True)
         stopper = StopStrings(o.stop)
@@ -238,17 +252,18 @@ class ChatSession:
                 if step.stats.phase == "prefill":
                     kept, started = step.stats.cached_tokens, True
                 tokens += step.tokens
-                text = "".join(
-                    detok.push(t) for t in step.tokens if self.tokenizer.id_to_token(t)
-                )
+                text = "".join(detok.push(t) for t in step.tokens if self.tokenizer.id_to_token(t))
                 if step.finish_reason:
                     text += detok.flush()
                 text, hit = stopper.push(text, final=bool(step.finish_reason))
                 if hit or step.finish_reason:
                     finish = "stop" if hit else FINISH[step.finish_reason or "length"]
-                    self.last = ChatReply(
+                    r = self.last = ChatReply(
                         stopper.text, list(tokens), len(ids), kept, finish, stats, prompt.dropped
                     )
+                    if prompt.tool_style:  # the model's calls, read in its template's format
+                        r.content, r.tool_calls = parse(r.text, prompt.tool_style)
+                        finish = r.finish_reason = "tool_calls" if r.tool_calls else finish
                     yield ChatChunk(text, step.tokens, step.stats, finish)
                     return
                 yield ChatChunk(text, step.tokens, step.stats)
@@ -259,6 +274,21 @@ class ChatSession:
             self.seq = [*ids, *tokens] if started else []
 
     # -- helpers ----------------------------------------------------------------------------
+    def _format(self, o: ChatOptions, chat: bool = True) -> tuple[str | None, Grammar | None]:
+        tools = o.tools if chat else None  # (the format calls are read in, the grammar)
+        template = self.template.pick(o.template, tools) if tools and self.template else ""
+        try:
+            return reply_format(o, tools, template, self.tokenizer.token_to_id)
+        except ValueError as e:
+            raise ChatError(str(e)) from None
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the conversation and its caches to `path`, atomically; `load` resumes it."""
+        chat_store.save(self, path)
+
+    def load(self, path: str | os.PathLike) -> None:  # with the bundle and mode it was saved
+        chat_store.load(self, path)
+
     def _params(self, o: ChatOptions) -> SamplingParams:
         if o.max_new_tokens < 1:
             raise ChatError(f"max_new_tokens must be at least 1, got {o.max_new_tokens}")
@@ -330,18 +360,6 @@ class ChatSession:
                 "(truncation='drop-oldest')"
             )
         return ids, dropped
-
-    def _steps(
-        self,
-        ids: list[int],
-        params: SamplingParams,
-        max_new: int,
-        stop_ids: frozenset[int],
-        cached: int,
-    ) -> Iterator[Step]:
-        return decode(
-            self.verifier, self.drafter, self.policy, ids, params, max_new, stop_ids, cached
-        )
 
 
 def hang_up(remote: Remote) -> None:

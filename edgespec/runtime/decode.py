@@ -14,6 +14,11 @@ One round (`speculative_round`), in order:
   6. truncate verifier and drafter caches to the accepted prefix (a length change, in
               `finally`, so a failing round leaves them as they were); drafts made ahead are
               kept only if n = γ and t = d_{γ+1}
+With a grammar (`constraint`, runtime/constraints.py) the drafter and the verifier mask every
+position alike; before step 2 the tokens the grammar alone decides (each the only one it
+allows) are taken as drafts that need no drafter and that acceptance cannot refuse, and a run
+of them that ends the output (the grammar's end-of-sequence) ends it with no verifier call;
+drafts the grammar forbids (a lookup's) are cut before they are submitted.
 Each yielded `Step` carries the tokens a round produced and its `RoundStats`; the caller
 feeds the stats back to the policy. Greedy output equals the target's own greedy output,
 and sampled output follows the target's distribution, whatever the drafter proposes.
@@ -22,12 +27,13 @@ and sampled output follows the target's distribution, whatever the drafter propo
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from time import perf_counter
 
 import numpy as np
 
-from edgespec.runtime.draft_q import SparseQ
+from edgespec.runtime.constraints import Constraint
+from edgespec.runtime.draft_q import SCALE, SparseQ
 from edgespec.runtime.policies import DraftLengthPolicy
 from edgespec.runtime.round import Drafter, Plan, Proposal, Verifier
 from edgespec.runtime.sampling import SamplingParams
@@ -54,12 +60,14 @@ def decode(
     max_new_tokens: int,
     stop_ids: frozenset[int],
     cached: int = 0,
+    constraint: Constraint | None = None,
 ) -> Iterator[Step]:
     """Yield one Step per round: the prefill's first token, then each round's tokens.
 
     cached: the first `cached` prompt tokens equal the start of the sequence the caches last
     held (a conversation's earlier turns, see `runtime.chat`): the verifier and the drafter
-    may keep those positions and prefill only the rest.
+    may keep those positions and prefill only the rest. constraint: a grammar every output
+    token must follow (started at len(prompt)).
     """
     # greedy decoding draws nothing: a new generator costs ~0.3 ms after onnxruntime's calls
     # have left the CPU caches cold (its seed sequence), every generation
@@ -68,8 +76,8 @@ def decode(
     capacity = min(len(prompt) + max_new_tokens, verifier.max_positions)
     try:
         cached = min(cached, len(prompt) - 1)
-        token, stats = verifier.prefill(prompt, capacity, params, rng, cached)
-        drafter.begin(prompt, capacity, cached)
+        token, stats = verifier.prefill(prompt, capacity, params, rng, cached, constraint)
+        drafter.begin(prompt, capacity, cached, constraint)
         seq = [*prompt, token]
         step, produced, ahead, rounds = Step([token], stats), 1, Ahead(), 0
         while True:
@@ -86,9 +94,17 @@ def decode(
             # or what the verifier takes in one round
             room = min(max_new_tokens - produced - 1, capacity - len(seq))
             source = drafter.source(seq)
-            plan = policy.plan(source).capped(min(room, most))
+            forced = constraint.forced(seq, min(room, most)) if constraint else []
+            if forced and forced[-1] in stop_ids:  # the grammar alone ends the output
+                stats = RoundStats("decode", len(forced), 0, 0.0, forced=len(forced))
+                stats.verifier = "none"
+                step = Step(forced, stats)
+                seq += forced
+                produced += len(forced)
+                continue
+            plan = policy.plan(source).capped(min(room, most) - len(forced))
             new, stats, ahead = speculative_round(
-                verifier, drafter, plan, seq, ahead, room, params, rng
+                verifier, drafter, plan, seq, ahead, room, params, rng, forced, constraint
             )
             rounds += 1
             stats.source, stats.index = source, rounds
@@ -111,16 +127,30 @@ def speculative_round(
     room: int,
     params: SamplingParams,
     rng: np.random.Generator,
+    forced: list[int] | None = None,
+    constraint: Constraint | None = None,
 ) -> tuple[list[int], RoundStats, Ahead]:
     """One draft-verify round after `seq`; returns the new tokens (accepted drafts + one),
-    the round's stats and the drafts made ahead that follow them."""
+    the round's stats and the drafts made ahead that follow them. `forced`: tokens the
+    grammar alone decides after seq, verified as the first drafts (acceptance takes them:
+    each is the only token its masked row allows)."""
     start = perf_counter()
     base = len(seq)  # the caches hold seq[:-1]; this round appends from seq[-1]
     valid = base - 1  # what stays valid in the caches if anything below raises
     kept = Ahead()
+    forced = forced or []
     try:
-        # 2. draft
-        proposal = _draft(drafter, plan, seq, ahead, params, rng)
+        # 2. draft (after the forced tokens: the drafter never proposes those)
+        if forced:
+            if ahead.tokens[: len(forced)] != forced[: len(ahead.tokens)]:
+                drafter.commit(base - 1)
+                ahead = Ahead()
+            else:
+                ahead = Ahead(ahead.tokens[len(forced) :], ahead.q[len(forced) :], ahead.seconds)
+        proposal = _draft(drafter, plan, [*seq, *forced], ahead, params, rng)
+        if constraint is not None:
+            proposal = _within_grammar(constraint, drafter, [*seq, *forced], proposal)
+        proposal = _with_forced(forced, proposal)
         g = len(proposal.tokens)
         # 3. submit
         pending = verifier.submit(seq, proposal, params, rng)
@@ -152,19 +182,47 @@ def speculative_round(
             drafter.commit(valid)
     if verdict.resync:  # the verifier rebuilt its session from seq: no draft was verified
         g = 0
+    f = min(len(forced), n)  # acceptance takes every forced token (unless resynced)
     stats = RoundStats(
         "decode",
         n + 1,
         len(seq) if verdict.resync else g + 1,
         perf_counter() - start,
-        drafted=g,
-        accepted=n,
+        drafted=max(g - len(forced), 0),
+        accepted=n - f,
         draft_seconds=proposal.seconds,
         verify_seconds=verdict.verify_seconds,
         exit_layer=proposal.exit_layer,
         catchup_seconds=proposal.catchup_seconds,
+        forced=f,
     )
     return [*proposal.tokens[:n], token], verdict.fill(stats), kept
+
+
+def _within_grammar(
+    constraint: Constraint, drafter: Drafter, seq: list[int], proposal: Proposal
+) -> Proposal:
+    """The proposal cut before its first draft the grammar forbids (a model drafter's drafts
+    are masked as they are drawn; a lookup's are not)."""
+    n = constraint.allowed_prefix(seq, proposal.tokens)
+    if n == len(proposal.tokens):
+        return proposal
+    assert proposal.tail is None, "an early-exit head drafts from masked logits"
+    drafter.commit(len(seq) + n - 1)
+    q = proposal.q[:n] if proposal.q is not None else None
+    return replace(proposal, tokens=proposal.tokens[:n], q=q)
+
+
+def _with_forced(forced: list[int], proposal: Proposal) -> Proposal:
+    """`forced` + the proposal: forced tokens are drawn from a point mass (sampling's q)."""
+    if not forced:
+        return proposal
+    q = None
+    if proposal.kind == "sampled":
+        q = [SparseQ(np.array([t], np.int32), np.array([SCALE])) for t in forced]
+        q += proposal.q or []
+    kind = proposal.kind if proposal.tokens else "point"
+    return replace(proposal, tokens=[*forced, *proposal.tokens], kind=kind, q=q)
 
 
 def _draft(

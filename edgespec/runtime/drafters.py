@@ -12,6 +12,9 @@
 
 A drafter sees the committed sequence (prompt + output so far) and feeds itself whatever it
 has not processed yet, so it stays in step however many tokens the last round accepted.
+Under a grammar (`begin(..., constraint)`) a model drafter draws each draft from its logits
+with the grammar's forbidden tokens at -inf, the same mask the verifier applies to the
+target's row there; the decode loop cuts a lookup's drafts at the first one it forbids.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from time import perf_counter
 
 import numpy as np
 
+from edgespec.runtime.constraints import Constraint
 from edgespec.runtime.draft_q import DEFAULT_SUPPORT, DraftSupport, SparseQ, from_logits
 from edgespec.runtime.graph_protocol import Graph
 from edgespec.runtime.round import Drafter, Plan, Proposal, TailInput, empty_proposal
@@ -57,14 +61,19 @@ def draft_tokens(
     params: SamplingParams,
     rng: np.random.Generator,
     support: DraftSupport = DEFAULT_SUPPORT,
+    allowed: Callable[[list[int]], np.ndarray] | None = None,
 ) -> tuple[list[int], list[SparseQ], list[int]]:
     """Run a drafting model one token at a time: `step(feed)` processes the new ids and
-    returns the next-token logits. Returns (drafts, their q if sampling, the last feed,
-    which the model has not processed yet)."""
+    returns the next-token logits; `allowed(drafts)`, under a grammar, the tokens it allows
+    after the drafts so far. Returns (drafts, their q if sampling, the last feed, which the
+    model has not processed yet)."""
     tokens: list[int] = []
     qs: list[SparseQ] = []
     while len(tokens) < plan.length:
-        d, confidence, q = _pick(step(feed), params, rng, support, plan.min_confidence > 0)
+        logits = step(feed)
+        if allowed is not None:
+            logits = np.where(allowed(tokens)[: logits.shape[-1]], logits, -np.inf)
+        d, confidence, q = _pick(logits, params, rng, support, plan.min_confidence > 0)
         tokens.append(d)
         if q is not None:
             qs.append(q)
@@ -80,13 +89,27 @@ def _proposal(tokens: list[int], qs: list[SparseQ], params: SamplingParams, **kw
     return Proposal(tokens, "sampled", qs, **kw)
 
 
+def _allowed(
+    constraint: Constraint | None, seq: list[int]
+) -> Callable[[list[int]], np.ndarray] | None:
+    if constraint is None:
+        return None
+    return lambda drafts: constraint.allowed([*seq, *drafts])
+
+
 class NoDrafter:
     """Drafts nothing: the decode loop becomes plain autoregressive decoding."""
 
     drafts_ahead = False
     name = "none"
 
-    def begin(self, prompt: list[int], capacity: int, cached: int = 0) -> None:
+    def begin(
+        self,
+        prompt: list[int],
+        capacity: int,
+        cached: int = 0,
+        constraint: Constraint | None = None,
+    ) -> None:
         pass
 
     def source(self, seq: list[int]) -> str | None:
@@ -109,11 +132,19 @@ class ModelDrafter:
 
     def __init__(self, model: Stack, support: DraftSupport = DEFAULT_SUPPORT) -> None:
         self.model, self.support = model, support
+        self.constraint: Constraint | None = None
 
     def source(self, seq: list[int]) -> str | None:
         return self.name
 
-    def begin(self, prompt: list[int], capacity: int, cached: int = 0) -> None:
+    def begin(
+        self,
+        prompt: list[int],
+        capacity: int,
+        cached: int = 0,
+        constraint: Constraint | None = None,
+    ) -> None:
+        self.constraint = constraint
         # the cache holds a prefix of the last sequence: keep what the prompt shares with it
         kept = self.model.resume(min(capacity, self.model.max_positions), cached)
         if kept < len(prompt):
@@ -129,7 +160,8 @@ class ModelDrafter:
         def step(ids: list[int]) -> np.ndarray:
             return self.model.forward(np.asarray(ids, np.int64), keep=1)[-1]
 
-        tokens, qs, _ = draft_tokens(step, feed, plan, params, rng, self.support)
+        allowed = _allowed(self.constraint, seq)
+        tokens, qs, _ = draft_tokens(step, feed, plan, params, rng, self.support, allowed)
         seconds = perf_counter() - start - catchup
         return _proposal(tokens, qs, params, seconds=seconds, catchup_seconds=catchup)
 
@@ -167,9 +199,16 @@ class EarlyExitDrafter:
     ) -> None:
         self.target, self.heads, self.tails, self.exit_layer = target, heads, tails, exit_layer
         self.support = support
+        self.constraint: Constraint | None = None
 
-    def begin(self, prompt: list[int], capacity: int, cached: int = 0) -> None:
-        pass  # the target's prefill already filled the head's layers
+    def begin(
+        self,
+        prompt: list[int],
+        capacity: int,
+        cached: int = 0,
+        constraint: Constraint | None = None,
+    ) -> None:
+        self.constraint = constraint  # the target's prefill already filled the head's layers
 
     def source(self, seq: list[int]) -> str | None:
         return self.name
@@ -191,7 +230,10 @@ class EarlyExitDrafter:
             past += len(ids)
             return out["exit_logits"][0, -1] if keep else out["exit_logits"]
 
-        tokens, qs, last = draft_tokens(run_head, seq[past:], plan, params, rng, self.support)
+        allowed = _allowed(self.constraint, seq)
+        tokens, qs, last = draft_tokens(
+            run_head, seq[past:], plan, params, rng, self.support, allowed
+        )
         drafting = perf_counter() - start
         # the last token's hidden state: the tail verifies it too. One call a round, whatever
         # γ: it is the verify's input, not drafting (counted as drafting it priced every
@@ -217,7 +259,13 @@ class LookupDrafter:
         self.last_end: dict[tuple[int, ...], int] = {}
         self.indexed = 0
 
-    def begin(self, prompt: list[int], capacity: int, cached: int = 0) -> None:
+    def begin(
+        self,
+        prompt: list[int],
+        capacity: int,
+        cached: int = 0,
+        constraint: Constraint | None = None,
+    ) -> None:
         # the index covers the last sequence up to `indexed`: still exact if the prompt
         # shares all of it (a conversation's next turn), else rebuilt (lazily, in propose)
         if cached < self.indexed:
@@ -267,9 +315,15 @@ class Chain:
     def source(self, seq: list[int]) -> str | None:
         return next((s for d in self.drafters if (s := d.source(seq)) is not None), None)
 
-    def begin(self, prompt: list[int], capacity: int, cached: int = 0) -> None:
+    def begin(
+        self,
+        prompt: list[int],
+        capacity: int,
+        cached: int = 0,
+        constraint: Constraint | None = None,
+    ) -> None:
         for d in self.drafters:
-            d.begin(prompt, capacity, cached)
+            d.begin(prompt, capacity, cached, constraint)
 
     def propose(
         self, seq: list[int], plan: Plan, params: SamplingParams, rng: np.random.Generator

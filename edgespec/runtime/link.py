@@ -198,6 +198,8 @@ class Remote:
     sent_base: int | None = None  # of the VERIFY in flight (None: a START)
     resuming: bool = False  # the START in flight resumes a session
     held: list[int] | None = None  # the server session's committed tokens (None: unknown)
+    # the generation's grammar (text, the output's start) that every START carries, or None
+    grammar: tuple[str, int] | None = None
     round_seconds: float | None = None  # EWMA of VERIFY round trips
     late_factor: float = 4.0
     late_floor: float = 0.5  # seconds: never late sooner (scheduling jitter, GC pauses)
@@ -263,6 +265,7 @@ class Remote:
         msg = P.Start(
             ids[keep:], capacity, p.temperature, p.top_p, p.top_k, p.seed, self.fingerprint, keep
         )
+        msg.grammar = self.grammar  # every START of the generation (resyncs too) sends it
         self.send(msg)
         x = self.receive(wait)
         x.kept = keep

@@ -3,7 +3,8 @@
 Scores [last, d_1..d_γ] in one forward of the target `Stack` (or, for drafts an early-exit
 head made, only `tail@k` over the hidden states it computed), then applies the acceptance
 rule (`accept.py`). The verdict is ready when `submit` returns; the decode loop truncates
-the cache to the accepted prefix through `truncate`.
+the cache to the accepted prefix through `truncate`. Under a grammar every row it scores has
+the grammar's forbidden tokens at -inf before the rule sees it.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from time import perf_counter
 import numpy as np
 
 from edgespec.runtime.accept import accept
+from edgespec.runtime.constraints import Constraint
 from edgespec.runtime.round import Done, Proposal, Verdict
 from edgespec.runtime.sampling import SamplingParams, next_token
 from edgespec.runtime.stack import Stack
@@ -23,6 +25,7 @@ class LocalVerifier:
     def __init__(self, target: Stack) -> None:
         self.target = target
         self.max_positions = target.max_positions
+        self.constraint: Constraint | None = None
 
     def prefill(
         self,
@@ -31,13 +34,17 @@ class LocalVerifier:
         params: SamplingParams,
         rng: np.random.Generator,
         cached: int = 0,
+        constraint: Constraint | None = None,
     ) -> tuple[int, RoundStats]:
         start = perf_counter()
+        self.constraint = constraint
         # keep the cached prefix (a conversation's earlier turns), at least the last prompt
         # token is processed: its logits start decoding
         kept = self.target.resume(capacity, min(cached, len(prompt) - 1))
-        logits = self.target.forward(np.asarray(prompt[kept:], dtype=np.int64), keep=1)[-1]
-        token = next_token(logits, params, rng)
+        logits = self.target.forward(np.asarray(prompt[kept:], dtype=np.int64), keep=1)
+        if constraint is not None:
+            logits = constraint.mask_rows(logits, prompt, [])
+        token = next_token(logits[-1], params, rng)
         seconds = perf_counter() - start
         stats = RoundStats(
             "prefill", 1, len(prompt) - kept, seconds, verify_seconds=seconds, cached_tokens=kept
@@ -57,6 +64,8 @@ class LocalVerifier:
         else:
             ids = np.array([seq[-1], *proposal.tokens], np.int64)
             logits = self.target.forward(ids, keep=g + 1)
+        if self.constraint is not None:
+            logits = self.constraint.mask_rows(logits, seq, proposal.tokens)
         n, token = accept(proposal.tokens, proposal.q, logits, params, rng)
         head = proposal.tail.head_seconds if proposal.tail is not None else 0.0
         return Done(Verdict(n, token, perf_counter() - start + head), g)

@@ -22,6 +22,7 @@ from edgespec.runtime.config import LoadConfig
 from edgespec.runtime.costs import best_local, calibration_entry
 from edgespec.runtime.decode import decode
 from edgespec.runtime.errors import InputError
+from edgespec.runtime.grammar import Grammar, Vocabulary, bundle_vocabulary, from_response_format
 from edgespec.runtime.link import Remote
 from edgespec.runtime.opener import BundleGraphs, GraphOptions, open_bundle
 from edgespec.runtime.registry import MODES, Decoder, build
@@ -108,6 +109,10 @@ class Model:
         return cls(graphs, config, build(graphs, config))
 
     # -- requests ---------------------------------------------------------------------------
+    def vocabulary(self) -> Vocabulary:
+        """The tokenizer as the grammar engine sees it (built on first use, then kept)."""
+        return bundle_vocabulary(self.folder, self.manifest)
+
     def encode(self, prompt: Prompt) -> list[int]:
         if isinstance(prompt, str):
             ids = self.tokenizer.encode(prompt)
@@ -137,8 +142,12 @@ class Model:
         top_k: int = 0,
         seed: int | None = None,
         ignore_eos: bool = False,
+        response_format: dict | Grammar | None = None,
     ) -> Iterator[Chunk]:
-        """Yield text pieces as tokens are produced; the last chunk carries finish_reason."""
+        """Yield text pieces as tokens are produced; the last chunk carries finish_reason.
+        response_format: an OpenAI-style {"type": "json_object"} or {"type": "json_schema",
+        "json_schema": {"name", "schema"}} (or a `runtime.grammar.Grammar`): every token
+        follows it, in every mode (needs the [grammar] extra)."""
         if max_new_tokens < 1:
             raise InputError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
         try:
@@ -155,9 +164,22 @@ class Model:
                 f"max_new_tokens to {max(fixed - len(ids), 0)} or less, shorten the prompt, or "
                 "re-export with a larger `--max-context`"
             )
+        grammar = from_response_format(response_format)
+        if grammar is not None and ignore_eos:
+            raise InputError("ignore_eos: a response_format ends where its grammar ends")
+        constraint = grammar.start(self.vocabulary(), len(ids)) if grammar else None
         stop = frozenset() if ignore_eos else frozenset(self.manifest.eos_token_ids)
         detok = self.tokenizer.stream_decoder(skip_special_tokens=True)
-        steps = decode(self.verifier, self.drafter, self.policy, ids, params, max_new_tokens, stop)
+        steps = decode(
+            self.verifier,
+            self.drafter,
+            self.policy,
+            ids,
+            params,
+            max_new_tokens,
+            stop,
+            constraint=constraint,
+        )
         for step in steps:
             # ids past the tokenizer's vocab (padded embedding rows) have no text, as in
             # transformers: they stay in .tokens but are not decoded

@@ -39,6 +39,7 @@ from time import monotonic, perf_counter
 import numpy as np
 
 from edgespec import protocol as P
+from edgespec.runtime.constraints import Constraint
 from edgespec.runtime.errors import LinkError, RoundLate, ServerLimit, SplitError
 from edgespec.runtime.link import Exchange, Remote
 from edgespec.runtime.local import LocalVerifier
@@ -109,7 +110,10 @@ class RemoteVerifier:
         params: SamplingParams,
         rng: np.random.Generator,
         cached: int = 0,
+        constraint: Constraint | None = None,
     ) -> tuple[int, RoundStats]:
+        # the server masks its verification by the same grammar, sent with every START
+        self.remote.grammar = None if constraint is None else (constraint.grammar, constraint.start)
         # the server's cache is resumed from what the link knows it holds, not `cached`
         start = perf_counter()
         self.capacity = capacity
@@ -317,12 +321,15 @@ class FallbackVerifier:
         params: SamplingParams,
         rng: np.random.Generator,
         cached: int = 0,
+        constraint: Constraint | None = None,
     ) -> tuple[int, RoundStats]:
         self.capacity, self.synced, self.next_retry = capacity, -1, None
         self.server_done, self.late = False, None
         self.remote.capacity = capacity
+        if self.local is not None:  # verifying here after a failure masks alike
+            self.local.constraint = constraint
         try:
-            return self.remote.prefill(prompt, capacity, params, rng)
+            return self.remote.prefill(prompt, capacity, params, rng, constraint=constraint)
         except ServerLimit as e:
             if self.local is None:
                 raise
@@ -330,7 +337,7 @@ class FallbackVerifier:
         except LinkError as e:
             self._down(e)
         assert self.local is not None
-        token, stats = self.local.prefill(prompt, capacity, params, rng)
+        token, stats = self.local.prefill(prompt, capacity, params, rng, constraint=constraint)
         self.synced = len(prompt)
         return token, stats
 

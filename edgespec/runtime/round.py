@@ -26,6 +26,7 @@ from typing import Literal, Protocol
 
 import numpy as np
 
+from edgespec.runtime.constraints import Constraint
 from edgespec.runtime.draft_q import SparseQ
 from edgespec.runtime.graph_protocol import Graph
 from edgespec.runtime.sampling import SamplingParams
@@ -82,9 +83,16 @@ class Drafter(Protocol):
     drafts_ahead: bool
     name: str  # what it is ("draft", "exit", "lookup", "lookup+draft", "none")
 
-    def begin(self, prompt: list[int], capacity: int, cached: int = 0) -> None:
+    def begin(
+        self,
+        prompt: list[int],
+        capacity: int,
+        cached: int = 0,
+        constraint: Constraint | None = None,
+    ) -> None:
         """Start a generation (prefill any state of its own); `cached` as in
-        `Verifier.prefill`: state built on the first `cached` prompt tokens may be kept."""
+        `Verifier.prefill`: state built on the first `cached` prompt tokens may be kept;
+        `constraint`: the grammar the output follows (drafts drawn from masked logits)."""
 
     def source(self, seq: list[int]) -> str | None:
         """The name of the drafter that will propose after seq (a chain: its first member
@@ -155,11 +163,14 @@ class Verifier(Protocol):
         params: SamplingParams,
         rng: np.random.Generator,
         cached: int = 0,
+        constraint: Constraint | None = None,
     ) -> tuple[int, RoundStats]:
         """Start a generation: process the prompt; the next token and the prefill's stats.
         `cached`: the first `cached` prompt tokens equal the start of the sequence the last
         generation ran on (a conversation's earlier turns); a verifier may keep those
-        positions and process only the rest (0: start afresh)."""
+        positions and process only the rest (0: start afresh). `constraint`: the grammar
+        this generation's output follows: every row it scores is masked by it (a verifier
+        that cannot apply one refuses it here with an InputError)."""
 
     def max_drafts(self, seq: list[int]) -> int:
         """The most drafts the next round after `seq` can carry (0: verify none now; -1:

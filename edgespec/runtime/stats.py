@@ -36,7 +36,7 @@ class RoundStats:
     index: int = 0  # the round's place in its generation (1: the first after the prefill)
     catchup_seconds: float = 0.0  # drafter catching up on tokens it skipped while γ was 0
     # split decoding (drafted here, verified by a server): the channel as this round saw it
-    verifier: str = "local"  # "local" | "remote"
+    verifier: str = "local"  # "local" | "remote" | "none" (the grammar alone decided)
     network_seconds: float = 0.0  # waiting for the server's answer, less its verify time
     server_seconds: float = 0.0  # the verify time the server reported
     bytes_up: int = 0
@@ -44,6 +44,8 @@ class RoundStats:
     rtt_estimate: float | None = None  # the policy's channel estimates after this round (s)
     bandwidth_estimate: float | None = None  # uplink, bytes/s
     reconnected: bool = False  # this round rebuilt the server session on a new connection
+    # constrained decoding: tokens the grammar alone decided (not in drafted / accepted)
+    forced: int = 0
 
     # prefill of a conversation's turn: prompt positions kept from the cache (not processed;
     # input_tokens counts only the rest)
@@ -84,6 +86,7 @@ class GenerationStats:
     bytes_up: int = 0
     bytes_down: int = 0
     reconnects: int = 0  # server sessions rebuilt after a failure (resync, possibly elsewhere)
+    forced: int = 0  # constrained decoding: tokens the grammar alone decided
 
     def add(self, r: RoundStats) -> None:
         self.reconnects += r.reconnected
@@ -93,7 +96,7 @@ class GenerationStats:
             self.server_seconds += r.server_seconds
             self.bytes_up += r.bytes_up
             self.bytes_down += r.bytes_down
-        else:
+        elif r.verifier == "local":
             self.local_rounds += 1
         if r.phase == "prefill":
             self.prompt_tokens += r.input_tokens + r.cached_tokens
@@ -102,6 +105,7 @@ class GenerationStats:
             return
         self.decode_tokens += r.new_tokens
         self.decode_seconds += r.seconds
+        self.forced += r.forced
         self.rounds += 1
         self.drafted += r.drafted
         self.accepted += r.accepted

@@ -30,6 +30,8 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from edgespec import protocol as P
 from edgespec.backbone import HELLO_PREFIX, BackboneMismatch, parse_hello
 from edgespec.backbone import check as check_backbone
+from edgespec.runtime.constraints import Constraint, GrammarError
+from edgespec.runtime.grammar import Grammar, bundle_vocabulary
 from edgespec.serve.http import sessions_admitted
 from edgespec.serve.requests import FieldError
 from edgespec.serve.requests import check_start as check_sampling
@@ -141,6 +143,7 @@ async def _session_rounds(conn: Conn, state: State, limits: bool) -> None:
                     state.config.prefill_chunk,
                     state.config.prefill_budget_ms / 1000,
                     session,
+                    start_grammar(state, msg),
                 )
                 count = state.counters
                 count.positions_prefilled += len(msg.ids)
@@ -202,6 +205,24 @@ async def _refuse(ws: WebSocket, error: P.Error, close_code: int) -> None:
         await ws.close(close_code, reason=error.text[:120])
     except (WebSocketDisconnect, RuntimeError, OSError):
         pass
+
+
+def start_grammar(state: State, msg: P.Start) -> Constraint | None:
+    """The START's grammar, opened over this server's vocabulary (ERROR 422 if unusable)."""
+    if msg.grammar is None:
+        return None
+    text, start = msg.grammar
+    if start > msg.keep + len(msg.ids):
+        raise P.ProtocolError(
+            f"START: the grammar starts at {start}, past the sequence's "
+            f"{msg.keep + len(msg.ids)} tokens",
+            P.BAD_REQUEST,
+        )
+    try:
+        vocabulary = bundle_vocabulary(state.config.bundle, state.manifest)
+        return Grammar(text, "grammar").start(vocabulary, start)
+    except GrammarError as e:
+        raise P.ProtocolError(f"START: {e}", P.BAD_REQUEST) from None
 
 
 def check_start(state: State, msg: P.Start) -> None:

@@ -31,6 +31,7 @@ from starlette.routing import Route
 
 from edgespec.runtime.chat import ChatError, ChatReply, Prompt
 from edgespec.runtime.chat_template import ChatTemplateError
+from edgespec.runtime.tools import ToolStream
 from edgespec.serve.chat_engine import ChatEngine, Job
 from edgespec.serve.http import BodyError, busy, disconnected, read_body, sessions_admitted
 from edgespec.serve.openai_requests import (
@@ -150,8 +151,11 @@ def _name(state: State) -> str:
 class _Shape:
     """The OpenAI objects of one reply, chat or text completion."""
 
-    def __init__(self, kind: str, model: str) -> None:
+    def __init__(self, kind: str, model: str, tool_style: str | None = None) -> None:
         self.kind, self.model, self.created = kind, model, int(time.time())
+        # chat with tools: calls in the reply become tool_calls (streamed: ToolStream's deltas)
+        self.tools = ToolStream(tool_style) if tool_style and kind == "chat" else None
+        self.calls = 0
         prefix = "chatcmpl" if kind == "chat" else "cmpl"
         self.id = f"{prefix}-{uuid.uuid4().hex[:24]}"
 
@@ -160,9 +164,13 @@ class _Shape:
 
     def whole(self, reply: ChatReply) -> dict[str, Any]:
         if self.kind == "chat":
+            message: dict[str, Any] = {"role": "assistant", "content": reply.text}
+            if reply.tool_calls:
+                message["content"] = reply.content
+                message["tool_calls"] = [c.openai() for c in reply.tool_calls]
             choice = {
                 "index": 0,
-                "message": {"role": "assistant", "content": reply.text},
+                "message": message,
                 "finish_reason": reply.finish_reason,
                 "logprobs": None,
             }
@@ -180,6 +188,22 @@ class _Shape:
             return {**self._base("chat.completion.chunk"), "choices": [choice]}
         choice = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}
         return {**self._base("text_completion"), "choices": [choice]}
+
+    def pieces(self, text: str, final: bool = False) -> list[dict[str, Any]]:
+        """The chunks of a piece of reply text: content deltas, and with tools a delta per
+        complete call ({"tool_calls": [{index, id, type, function: {name, arguments}}]})."""
+        if self.tools is None:
+            return [self.chunk(text, None)] if text else []
+        out = []
+        for what, value in self.tools.push(text, final):
+            if what == "content":
+                out.append(self.chunk(value, None))
+                continue
+            chunk = self.chunk(None, None)
+            chunk["choices"][0]["delta"]["tool_calls"] = [value.openai(self.calls)]
+            self.calls += 1
+            out.append(chunk)
+        return out
 
     def usage_chunk(self, reply: ChatReply) -> dict[str, Any]:
         obj = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
@@ -206,7 +230,7 @@ async def _respond(
     stream: bool,
     usage: bool,
 ) -> Response:
-    shape = _Shape(kind, model)
+    shape = _Shape(kind, model, prompt.tool_style)
     job = engine.submit(prompt)
     if stream:
         return StreamingResponse(
@@ -255,11 +279,14 @@ async def _events(job: Job, shape: _Shape, usage: bool) -> AsyncIterator[bytes]:
     while True:
         what, payload = await job.queue.get()
         if what == "chunk":
-            if payload.text:
-                yield _sse(shape.chunk(payload.text, None) | ({"usage": None} if usage else {}))
+            for piece in shape.pieces(payload.text):
+                yield _sse(piece | ({"usage": None} if usage else {}))
             continue
         if what == "done":
-            finish = shape.chunk(None, payload.finish_reason)
+            for piece in shape.pieces("", final=True):
+                yield _sse(piece | ({"usage": None} if usage else {}))
+            reason = "tool_calls" if shape.calls else payload.finish_reason
+            finish = shape.chunk(None, reason)
             yield _sse(finish | ({"usage": None} if usage else {}))
             if usage:
                 yield _sse(shape.usage_chunk(payload))

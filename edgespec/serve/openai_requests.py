@@ -4,7 +4,8 @@ Takes the raw JSON body; guarantees that what it returns is well typed and in ra
 numbers, integer counts, known roles, text-only content) or raises `RequestError` naming the
 field (`param`) and what is allowed, which the endpoint answers as an OpenAI-shaped 400.
 Fields the API defines but edgespec does not implement are refused when set to anything but
-their neutral value (n > 1, penalties, logprobs), never silently ignored.
+their neutral value (n > 1, penalties, logprobs), never silently ignored. A response_format is
+compiled here (runtime/grammar.py), so a bad schema is refused before any work.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from typing import Any
 
 from edgespec.runtime.chat import ChatOptions
 from edgespec.runtime.chat_template import RENDER_ARGUMENTS
+from edgespec.runtime.constraints import GrammarError
+from edgespec.runtime.grammar import Grammar, from_response_format
 from edgespec.serve import requests as R
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -144,9 +147,6 @@ def _unsupported(req: dict) -> None:
         raise RequestError("logprobs are not supported", "logprobs")
     if req.get("logit_bias"):
         raise RequestError("logit_bias is not supported", "logit_bias")
-    fmt = req.get("response_format")
-    if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type") != "text"):
-        raise RequestError("response_format must be {'type': 'text'}", "response_format")
 
 
 def _options(req: dict, context: int, flags: dict[str, Any] | None = None) -> ChatOptions:
@@ -175,7 +175,20 @@ def _options(req: dict, context: int, flags: dict[str, Any] | None = None) -> Ch
         stop=stops,
         ignore_eos=_bool(req, "ignore_eos"),
         flags=flags or {},
+        response_format=_response_format(req),
     )
+
+
+def _response_format(req: dict) -> Grammar | None:
+    """json_object / json_schema compiled here: a bad schema is a 400 naming the problem
+    (json_schema's `strict` is always honoured: every token follows the schema)."""
+    try:
+        grammar = from_response_format(req.get("response_format"))
+    except GrammarError as e:
+        raise RequestError(str(e), "response_format") from None
+    if grammar is not None and _bool(req, "ignore_eos"):
+        raise RequestError("ignore_eos: a response_format ends where it ends", "ignore_eos")
+    return grammar
 
 
 def _temperature(req: dict) -> float | None:
@@ -257,8 +270,32 @@ def parse_chat(req: dict[str, Any], context: int) -> ChatRequest:
         )
     options = _options(req, context, flags)
     options.tools = tools or None
+    options.tool_choice = _tool_choice(req, tools)
     stream, usage = _stream(req)
     return ChatRequest(out, options, stream, usage, _model(req))
+
+
+def _tool_choice(req: dict, tools: list | None) -> Any:
+    """tool_choice as given ("auto" without one); forcing choices are compiled into the
+    prompt's grammar when it is prepared (an unknown name is a 400 there)."""
+    choice = req.get("tool_choice")
+    if choice is None:
+        return "auto"
+    if choice in ("auto", "none", "required"):
+        if choice == "required" and not tools:
+            raise RequestError('tool_choice "required" needs tools', "tool_choice")
+        return choice
+    f = choice.get("function") if isinstance(choice, dict) else None
+    if not isinstance(f, dict) or not isinstance(f.get("name"), str):
+        raise RequestError(
+            'tool_choice must be "auto", "none", "required" or {"type": "function", '
+            '"function": {"name": ...}}',
+            "tool_choice",
+        )
+    names = [t.get("function", {}).get("name") for t in tools or [] if isinstance(t, dict)]
+    if f["name"] not in names:
+        raise RequestError(f"tool_choice names {f['name']!r}, not one of the tools", "tool_choice")
+    return choice
 
 
 def parse_completion(req: dict[str, Any], context: int) -> CompletionRequest:

@@ -26,6 +26,7 @@ from time import perf_counter
 import numpy as np
 
 from edgespec.protocol import Result, Verify
+from edgespec.runtime.constraints import Constraint
 from edgespec.runtime.graph import GraphSession
 from edgespec.runtime.kv_cache import KVPool
 from edgespec.runtime.round import Proposal, Verdict
@@ -78,10 +79,12 @@ class PoolVerifier:
         params: SamplingParams,
         rng: np.random.Generator,
         cached: int = 0,
+        constraint: Constraint | None = None,
     ) -> tuple[int, RoundStats]:
         start = perf_counter()
         s = self.session
         s.params, s.capacity, s.rng = params, capacity, acceptance_rng(params.seed)
+        s.constraint = constraint
         job = (resume, (self.pool, self.stages, s, prompt, cached, self.chunk, self.budget))
         kept = self.worker.post("steps", job).result()
         seconds = perf_counter() - start
@@ -129,5 +132,7 @@ def resume(
     session.seq = []  # no round may run on the row until it is filled
     ids = np.asarray(prompt[kept:], np.int64)
     logits = yield from fill(pool, stages, session, ids, chunk, budget)
+    if session.constraint is not None:
+        logits = session.constraint.mask_rows(logits[None], prompt, [])[0]
     session.seq = [*prompt, next_token(logits, session.params, session.rng)]
     return kept

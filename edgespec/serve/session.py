@@ -33,6 +33,7 @@ from edgespec.protocol import (
     Verify,
 )
 from edgespec.runtime.accept import accept
+from edgespec.runtime.constraints import Constraint
 from edgespec.runtime.graph import GraphSession
 from edgespec.runtime.kv_cache import KVPool
 from edgespec.runtime.sampling import SamplingParams, next_token
@@ -55,6 +56,9 @@ class ServerSession:
     seq: list[int]  # committed tokens; the cache holds all but the last
     capacity: int
     rounds: int = 0
+    # the grammar the output follows (the OpenAI endpoints' response_format): every row this
+    # session's rounds are accepted on is masked by it
+    constraint: Constraint | None = None
 
 
 @dataclass
@@ -101,6 +105,7 @@ def prefill(
     chunk: int = 0,
     budget: float = 0.0,
     resume: ServerSession | None = None,
+    constraint: Constraint | None = None,
 ) -> Generator[int, None, tuple[ServerSession, Result]]:
     """A new session for msg.ids, with the first token after them, as steps: each `next()`
     prefills at most `chunk` positions (0: all at once) and yields how many it did, so the
@@ -108,7 +113,8 @@ def prefill(
     chunk is sized from the last one's speed to take about that long (at least MIN_CHUNK
     positions): a round waiting behind a chunk waits about `budget`, whatever the model.
     With msg.keep > 0 the session is `resume` (the connection's), cut to its first keep
-    positions and continued with msg.ids; CannotResume if it cannot be.
+    positions and continued with msg.ids; CannotResume if it cannot be. `constraint`: the
+    START's grammar, built by the caller; it masks the first token and every round after.
     The generator returns (session, first Result). Everything that can refuse the request
     is built before the slot is taken; the session is appended to `held` as soon as it owns
     one (so a handler that is gone by the time it ends can free it), and the slot is freed
@@ -147,8 +153,11 @@ def prefill(
         session = ServerSession(slot, params, rng, [*msg.ids], capacity)
         if held is not None:
             held.append(session)
+    session.constraint = constraint
     try:
         logits = yield from fill(pool, stages, session, ids, chunk, budget)
+        if constraint is not None:
+            logits = constraint.mask_rows(logits[None], session.seq, [])[0]
         session.seq.append(next_token(logits, params, rng))
     except BaseException:  # GeneratorExit included: a prefill cut short frees its slot
         release(pool, session)
@@ -329,6 +338,8 @@ def _accept(pool: KVPool, s: ServerSession, msg: Verify, logits: np.ndarray, t0:
     base = len(s.seq)
     valid = base - 1  # what stays valid in the cache if acceptance raises
     try:
+        if s.constraint is not None:
+            logits = s.constraint.mask_rows(logits, s.seq, msg.drafts)
         n, token = accept(msg.drafts, msg.q, logits, s.params, s.rng)
         valid = base + n
     finally:
