@@ -27,7 +27,9 @@ generation ends with finish_reason "server_context".
 Late rounds: a round not answered within `Remote.late_after()` (4x the EWMA round trip, at
 least its floor) is verified locally at once while its answer is still awaited; the answer,
 when it comes, puts the server back in use only if it matches what the device committed
-(else the server's session is rebuilt from the committed tokens by a resync). Probes of a
+(else the server's session is rebuilt from the committed tokens by a resync). A deadline at
+the timeout (`late_after` >= `timeout`) is no lateness: such a round has failed, and the
+device reconnects (possibly to another replica) before verifying anything here. Probes of a
 server that went quiet are bounded by that same deadline (at least 1 s).
 """
 
@@ -193,6 +195,8 @@ class _Guarded:
     def result(self) -> Verdict:
         f = self.fallback
         late = f.remote.remote.late_after() if f.local is not None else None
+        if late is not None and late >= f.remote.remote.timeout:
+            late = None  # late only at the timeout: a failed round, reconnected first
         try:
             return self.pending.result(late)
         except RoundLate:  # verify here now; the answer may still put the server back in use
