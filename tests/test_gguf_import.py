@@ -17,7 +17,7 @@ from edgespec.export.gguf_blocks import pack  # noqa: E402
 from edgespec.export.gguf_model import read_gguf  # noqa: E402
 from tests.gguf_files import FAMILIES, HEAD_DIM, HEADS, KV, byte_vocab, write_gguf  # noqa: E402
 
-EXACT_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
+EXACT_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 
 
 def _raw_blocks(kind: str, rows: int, k: int, rng: np.random.Generator) -> np.ndarray:
@@ -28,6 +28,10 @@ def _raw_blocks(kind: str, rows: int, k: int, rng: np.random.Generator) -> np.nd
     scale = lambda n: rng.uniform(-0.05, 0.05, (rows, k // block, n)).astype(np.float16)  # noqa: E731
     if kind in ("Q4_K", "Q5_K"):
         raw[..., 0:4] = scale(2).view(np.uint8)
+    elif kind == "Q2_K":
+        raw[..., 80:84] = scale(2).view(np.uint8)
+    elif kind == "Q3_K":
+        raw[..., 108:110] = scale(1).view(np.uint8)
     elif kind == "Q6_K":
         raw[..., 208:210] = scale(1).view(np.uint8)
     else:
@@ -48,7 +52,7 @@ def test_held_block_formats_dequantize_bit_exactly_like_gguf(kind):
     assert held.bits in (4, 8) and held.packed.dtype == np.uint8
 
 
-@pytest.mark.parametrize("kind", ("Q8_0", "Q4_1", "Q4_K", "Q6_K"))
+@pytest.mark.parametrize("kind", ("Q8_0", "Q4_1", "Q3_K", "Q4_K", "Q6_K"))
 def test_matmulnbits_of_held_blocks_computes_the_float_product(kind, tmp_path):
     import onnx
     import onnxruntime as ort
