@@ -313,3 +313,23 @@ def test_real_smollm2_tokenizer_equals_transformers_reading_its_gguf(tmp_path):
             text, add_special_tokens=False
         ), text
     assert ours.encode("2026", add_special_tokens=False) == [ours.token_to_id(c) for c in "2026"]
+
+
+def test_a_type_without_an_exact_form_is_requantized_with_its_error_measured(tmp_path):
+    from edgespec.export.gguf_model import _Reader, read_metadata
+
+    kind = gguf.GGMLQuantizationType.MXFP4  # e2m1 values: int8 blocks do not hold 0.5 and 6
+    w = (np.random.default_rng(4).standard_normal((8, 256)) * 0.1).astype(np.float32)
+    writer = gguf.GGUFWriter(str(tmp_path / "t.gguf"), "llama")
+    writer.add_tensor("m.weight", gguf.quants.quantize(w, kind), raw_dtype=kind)
+    for step in (writer.write_header_to_file, writer.write_kv_data_to_file,
+                 writer.write_tensors_to_file, writer.close):  # fmt: skip
+        step()
+    reader = gguf.GGUFReader(str(tmp_path / "t.gguf"))
+    r = _Reader(reader, read_metadata(reader), "llama")
+    held = r.matrix("m.weight")
+    file_values = r.floats("m.weight")
+    err = r.requantized["m.weight"]
+    assert held.bits == 8 and held.block == 32 and "re-quantized" in r.sources["m.weight"]
+    assert err["max_abs_error"] == pytest.approx(np.abs(held.dequantize() - file_values.T).max())
+    assert 0 < err["relative_rms_error"] < 0.01
