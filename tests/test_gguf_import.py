@@ -17,7 +17,7 @@ from edgespec.export.gguf_blocks import pack  # noqa: E402
 from edgespec.export.gguf_model import read_gguf  # noqa: E402
 from tests.gguf_files import FAMILIES, HEAD_DIM, HEADS, KV, byte_vocab, write_gguf  # noqa: E402
 
-EXACT_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
+EXACT_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 
 
 def _raw_blocks(kind: str, rows: int, k: int, rng: np.random.Generator) -> np.ndarray:
@@ -28,6 +28,10 @@ def _raw_blocks(kind: str, rows: int, k: int, rng: np.random.Generator) -> np.nd
     scale = lambda n: rng.uniform(-0.05, 0.05, (rows, k // block, n)).astype(np.float16)  # noqa: E731
     if kind in ("Q4_K", "Q5_K"):
         raw[..., 0:4] = scale(2).view(np.uint8)
+    elif kind == "Q2_K":
+        raw[..., 80:84] = scale(2).view(np.uint8)
+    elif kind == "Q3_K":
+        raw[..., 108:110] = scale(1).view(np.uint8)
     elif kind == "Q6_K":
         raw[..., 208:210] = scale(1).view(np.uint8)
     else:
@@ -48,7 +52,7 @@ def test_held_block_formats_dequantize_bit_exactly_like_gguf(kind):
     assert held.bits in (4, 8) and held.packed.dtype == np.uint8
 
 
-@pytest.mark.parametrize("kind", ("Q8_0", "Q4_1", "Q4_K", "Q6_K"))
+@pytest.mark.parametrize("kind", ("Q8_0", "Q4_1", "Q3_K", "Q4_K", "Q6_K"))
 def test_matmulnbits_of_held_blocks_computes_the_float_product(kind, tmp_path):
     import onnx
     import onnxruntime as ort
@@ -309,3 +313,23 @@ def test_real_smollm2_tokenizer_equals_transformers_reading_its_gguf(tmp_path):
             text, add_special_tokens=False
         ), text
     assert ours.encode("2026", add_special_tokens=False) == [ours.token_to_id(c) for c in "2026"]
+
+
+def test_a_type_without_an_exact_form_is_requantized_with_its_error_measured(tmp_path):
+    from edgespec.export.gguf_model import _Reader, read_metadata
+
+    kind = gguf.GGMLQuantizationType.MXFP4  # e2m1 values: int8 blocks do not hold 0.5 and 6
+    w = (np.random.default_rng(4).standard_normal((8, 256)) * 0.1).astype(np.float32)
+    writer = gguf.GGUFWriter(str(tmp_path / "t.gguf"), "llama")
+    writer.add_tensor("m.weight", gguf.quants.quantize(w, kind), raw_dtype=kind)
+    for step in (writer.write_header_to_file, writer.write_kv_data_to_file,
+                 writer.write_tensors_to_file, writer.close):  # fmt: skip
+        step()
+    reader = gguf.GGUFReader(str(tmp_path / "t.gguf"))
+    r = _Reader(reader, read_metadata(reader), "llama")
+    held = r.matrix("m.weight")
+    file_values = r.floats("m.weight")
+    err = r.requantized["m.weight"]
+    assert held.bits == 8 and held.block == 32 and "re-quantized" in r.sources["m.weight"]
+    assert err["max_abs_error"] == pytest.approx(np.abs(held.dequantize() - file_values.T).max())
+    assert 0 < err["relative_rms_error"] < 0.01

@@ -19,7 +19,10 @@ minimum stays a minimum. Exact formats and their MatMulNBits container:
   Q5_K  8-bit, block 32, the same sub-block scales and minima
   Q6_K  8-bit, block 16, zero point 32, scale d * sc (sc int8)
 
-Q2_K, Q3_K, the IQ and ternary types are not held: the importer dequantizes them (gguf's own
+  Q3_K  4-bit, block 16, zero point 4, scale d * (sc - 32)
+  Q2_K  4-bit, block 16, zero point 0, scale d * sc, minimum -dmin * m
+
+The IQ, ternary and FP4 types are not held: the importer dequantizes them (gguf's own
 numpy dequantizer) and re-quantizes, measuring the error. `PackedMatrix.dequantize()` is
 bit-identical to `gguf.quants.dequantize` for every held type (tested).
 """
@@ -227,4 +230,30 @@ def pack(rows: np.ndarray, kind: str, k: int) -> PackedMatrix | None:
         q = (low | (high << 4)).reshape(n, -1, 16)
         scale = (d[..., None] * sc).reshape(n, -1)
         return PackedMatrix(8, 16, q, scale, np.full(scale.shape, 32, np.uint8), None, kind)
+    if kind in ("Q2_K", "Q3_K"):
+        return _low_bit_k(rows.reshape(n, k // QK_K, -1), kind)
     return None
+
+
+def _low_bit_k(b: np.ndarray, kind: str) -> PackedMatrix:
+    """Q2_K (2-bit q, 4-bit scale and minimum per 16) and Q3_K (3-bit q, 6-bit signed scale
+    per 16) in 4-bit containers with blocks of 16."""
+    n = b.shape[0]
+    two = np.array([0, 2, 4, 6], np.uint8)[:, None]
+    if kind == "Q2_K":
+        scales, qs = b[..., 0:16], b[..., 16:80].reshape(n, -1, 2, 1, 32)
+        d, dmin = _f16(b[..., 80:82]), _f16(b[..., 82:84])
+        q = ((qs >> two) & 3).reshape(n, -1, 16)
+        scale = (d[..., None] * (scales & 0x0F).astype(np.float32)).reshape(n, -1)
+        minima = -(dmin[..., None] * (scales >> 4).astype(np.float32)).reshape(n, -1)
+        return PackedMatrix(4, 16, _pack4(q), scale, np.zeros(scale.shape, np.uint8), minima, kind)
+    hmask, qs = b[..., 0:32].reshape(n, -1, 1, 32), b[..., 32:96].reshape(n, -1, 2, 1, 32)
+    raw, d = b[..., 96:108], _f16(b[..., 108:110])
+    low = raw[..., 0:8].reshape(n, -1, 1, 8) >> np.array([0, 4], np.uint8)[:, None]
+    high = raw[..., 8:12].reshape(n, -1, 1, 4) >> two
+    sc = (low.reshape(n, -1, 16) & 0x0F) | ((high.reshape(n, -1, 16) & 3) << 4)
+    scale = (d[..., None] * (sc.astype(np.int8) - np.int8(32)).astype(np.float32)).reshape(n, -1)
+    ql = ((qs >> two) & 3).reshape(n, -1, 16)
+    qh = ((hmask >> np.arange(8, dtype=np.uint8)[:, None]) & 1).reshape(n, -1, 16)
+    q = ql + (qh << 2)  # q - 4 is ggml's signed value: its high bit set means no offset
+    return PackedMatrix(4, 16, _pack4(q), scale, np.full(scale.shape, 4, np.uint8), None, kind)
