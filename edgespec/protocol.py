@@ -40,6 +40,18 @@ Every message is a 12-byte header then a type-specific body, all little-endian:
              slot until it is resumed or ENDed, its connection closes, it is idle for the idle
              timeout, or a new connection finds the server full: then the session paused
              longest ago is evicted (ERROR 410, connection closed) to make room
+    STREAM   c->s  base u32 | most u32  the server decodes on its own after the `base`
+             committed tokens, with its best mode, at most `most` tokens (and stops after
+             its end-of-text token), answering TOKENS as its rounds finish. A server that
+             streams no more sessions now answers ERROR 429 ("verify only"): the connection
+             and the session stay as they were, VERIFY rounds go on
+    TOKENS   s->c  flags u8 | length u32 | server_seconds f32 | ids: u32 count + int32[]
+             one streamed round's tokens (at least one); `length`: the session's committed
+             tokens after them. flags FINAL: the stream is over (its `most`, an end of text,
+             or a STOP); the session then takes VERIFY, STREAM, START, PAUSE and END again
+    STOP     c->s  (no body) end the stream: the server finishes the round it runs and
+             marks its TOKENS FINAL (ignored when no stream runs); the device commits every
+             token streamed up to the FINAL one, so both sides hold the same sequence
 
 `decode()` is strict: a wrong magic/version, an unknown type, a truncated or overlong body,
 counts that exceed the limits and q rows that are not distributions (or miss their draft)
@@ -59,25 +71,36 @@ from edgespec.sparse_q import SCALE, SparseQ
 
 MAGIC = b"ES"
 VERSION = 3  # 2: q rows are quantized sparse supports (kind 3); 3: START keep, PAUSE
+# (STREAM, TOKENS and STOP are new message kinds of version 3: a server that lacks them
+# answers ERROR 400 "unknown message type", which a device treats as "verify only")
 HEADER = struct.Struct("<2sBBII")
 START_HEAD = struct.Struct("<BIffQII")
 VERIFY_HEAD = struct.Struct("<IB")
 RESULT_BODY = struct.Struct("<HiIf")
 LIMITS_BODY = struct.Struct("<II")
+STREAM_BODY = struct.Struct("<II")
+TOKENS_HEAD = struct.Struct("<BIf")
 SUBPROTOCOL = "edgespec.limits"  # a device that reads the limits in START's RESULT
 ROW_HEAD = struct.Struct("<BI")
 MAX_DRAFTS = 64  # more drafts per round than any policy asks for is a malformed request
 MAX_TEXT = 4096
 
 # message types
-START, VERIFY, RESULT, ERROR, END, PAUSE = 1, 2, 3, 4, 5, 6
-NAMES = dict(enumerate(("START", "VERIFY", "RESULT", "ERROR", "END", "PAUSE"), start=1))
+START, VERIFY, RESULT, ERROR, END, PAUSE, STREAM, TOKENS, STOP = range(1, 10)
+NAMES = dict(
+    enumerate(
+        ("START", "VERIFY", "RESULT", "ERROR", "END", "PAUSE", "STREAM", "TOKENS", "STOP"),
+        start=1,
+    )
+)
 
 # START flags
 SAMPLING, HAS_SEED, GRAMMAR = 1, 2, 4
 # VERIFY: whether q rows follow the drafts, and how each row is stored
 Q_NONE, Q_ROWS = 0, 1
 ROW_SUPPORT = 3  # (1, 2: protocol 1's dense and sparse float32 rows, no longer accepted)
+# TOKENS flags
+FINAL = 1
 
 # ERROR codes (HTTP-like, so they read familiar in logs)
 BAD_MESSAGE = 400
@@ -87,6 +110,7 @@ IDLE_TIMEOUT = 408
 OUT_OF_SYNC = 409
 GONE = 410  # no session to resume on this connection: START again with keep = 0
 TOO_LARGE = 413
+BUSY = 429  # "verify only": the server streams no more sessions now; split rounds go on
 BAD_REQUEST = 422
 INTERNAL = 500
 UNAVAILABLE = 503  # server full or shutting down: try again later / elsewhere
@@ -163,7 +187,31 @@ class Pause:
     round: int = 0
 
 
-Message = Start | Verify | Result | Error | End | Pause
+@dataclass
+class Stream:
+    base: int  # committed tokens the client assumes the server holds
+    most: int  # tokens to stream at most
+    session: int = 0
+    round: int = 0
+
+
+@dataclass
+class Tokens:
+    ids: list[int]  # one server round's tokens, in order
+    length: int  # committed tokens on the server after them
+    server_seconds: float
+    final: bool = False
+    session: int = 0
+    round: int = 0
+
+
+@dataclass
+class Stop:
+    session: int = 0
+    round: int = 0
+
+
+Message = Start | Verify | Result | Error | End | Pause | Stream | Tokens | Stop
 
 
 @dataclass
@@ -217,6 +265,13 @@ def encode(msg: Message) -> bytes:
         return _header(ERROR, msg.session, msg.round) + body
     if isinstance(msg, End | Pause):
         return _header(END if isinstance(msg, End) else PAUSE, msg.session, msg.round)
+    if isinstance(msg, Stream):
+        return _header(STREAM, msg.session, msg.round) + STREAM_BODY.pack(msg.base, msg.most)
+    if isinstance(msg, Tokens):
+        head = TOKENS_HEAD.pack(FINAL if msg.final else 0, msg.length, msg.server_seconds)
+        return _header(TOKENS, msg.session, msg.round) + head + _ids(msg.ids)
+    if isinstance(msg, Stop):
+        return _header(STOP, msg.session, msg.round)
     raise TypeError(f"not a protocol message: {msg!r}")
 
 
@@ -336,6 +391,18 @@ def decode(data: bytes | str, limits: Limits | None = None) -> Message:
     elif kind == ERROR:
         (code,) = r.unpack(struct.Struct("<H"), "ERROR code")
         msg = Error(code, r.text("ERROR text"))
+    elif kind == STREAM:
+        msg = Stream(*r.unpack(STREAM_BODY, "STREAM fields"))
+    elif kind == TOKENS:
+        flags, length, seconds = r.unpack(TOKENS_HEAD, "TOKENS fields")
+        if flags & ~FINAL:
+            raise ProtocolError(f"TOKENS: unknown flags {flags:#x}")
+        ids = r.ids("tokens", limits.max_ids, limits.vocab_size)
+        if not ids:
+            raise ProtocolError("TOKENS carries no token: a streamed round has at least one")
+        msg = Tokens(ids, length, seconds, bool(flags & FINAL))
+    elif kind == STOP:
+        msg = Stop()
     elif kind == END:
         msg = End()
     else:

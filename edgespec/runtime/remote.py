@@ -48,6 +48,7 @@ from edgespec.runtime.local import LocalVerifier
 from edgespec.runtime.round import Done, Pending, Proposal, Verdict
 from edgespec.runtime.sampling import SamplingParams
 from edgespec.runtime.stats import ChannelStats, RoundStats
+from edgespec.runtime.streaming import ServerStream, stream_round
 
 
 def _channel(x: Exchange) -> ChannelStats:
@@ -233,6 +234,8 @@ class FallbackVerifier:
         self.server_done = False  # the server can go no further: the rest is local
         self.late: _InFlight | None = None  # a round verified here, its answer still awaited
         self.late_drafts: list[int] = []
+        self.stream = ServerStream(remote.remote)  # the server decoding on its own
+        self.follow_chunk = 32  # streamed tokens fed to the local graphs per idle step (0: off)
 
     # -- failure and recovery ----------------------------------------------------------------
     def _down(self, error: Exception) -> None:
@@ -329,6 +332,7 @@ class FallbackVerifier:
     ) -> tuple[int, RoundStats]:
         self.capacity, self.synced, self.next_retry = capacity, -1, None
         self.server_done, self.late = False, None
+        self.stream.reset()
         self.remote.capacity = capacity
         if self.local is not None:  # verifying here after a failure masks alike
             self.local.constraint = constraint
@@ -364,7 +368,10 @@ class FallbackVerifier:
         self, seq: list[int], proposal: Proposal, params: SamplingParams, rng: np.random.Generator
     ) -> Pending:
         g = len(proposal.tokens)
-        if self.server_done or self.late is not None:
+        if self.stream.active or (proposal.where == "stream" and self._server_up()):
+            return stream_round(self, seq, proposal, params, rng)
+        elsewhere = self.server_done or self.late is not None or proposal.where == "local"
+        if elsewhere and self.local is not None:
             return Done(self.local_round(seq, proposal, params, rng), g)
         if self.next_retry is None:
             try:
@@ -380,6 +387,21 @@ class FallbackVerifier:
             if verdict is not None:
                 return Done(verdict, g)
         return Done(self.local_round(seq, proposal, params, rng), g)
+
+    def _server_up(self) -> bool:
+        return not self.server_done and self.late is None and self.next_retry is None
+
+    def follow(self, seq: list[int]) -> bool:
+        """While a stream is awaited: feed the local graphs one chunk of the committed tokens
+        they lack, so decoding can come back here at any token; False if none is due."""
+        if self.local is None or self.follow_chunk <= 0:
+            return False
+        have = max(self.synced, 0)
+        if len(seq) - 1 - have < self.follow_chunk:
+            return False
+        upto = have + self.follow_chunk
+        self.synced = self.local.catch_up(seq[: upto + 1], self.capacity, self.synced)
+        return True
 
     def local_round(
         self, seq: list[int], proposal: Proposal, params: SamplingParams, rng: np.random.Generator
@@ -400,5 +422,9 @@ class FallbackVerifier:
             self.local.truncate(length)
 
     def close(self) -> None:
+        if self.stream.active:  # tokens still come: END stops it, the link is not reused
+            self.stream.reset()
+            self.remote.remote.end()
+            self.remote.remote.drop()
         if self.remote.connected:
             self.remote.close()
