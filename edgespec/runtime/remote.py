@@ -129,11 +129,17 @@ class RemoteVerifier:
         return x.result.token, _verdict(x).fill(stats)
 
     def resync(
-        self, seq: list[int], params: SamplingParams, attempts: int, wait: float | None = None
+        self,
+        seq: list[int],
+        params: SamplingParams,
+        attempts: int,
+        wait: float | None = None,
+        resume: bool = False,
     ) -> Verdict:
         """Reconnect and rebuild the server session from the committed sequence; its answer
-        is the token after it (a round of γ = 0)."""
-        x = self.remote.start(seq, self.capacity, params, attempts, wait)
+        is the token after it (a round of γ = 0). `resume`: keep what the session holds of
+        seq (after local rounds, with the link still up: only the new tokens are sent)."""
+        x = self.remote.start(seq, self.capacity, params, attempts, wait, resume=resume)
         self._started(len(seq))
         return _verdict(x, resync=True)
 
@@ -235,6 +241,7 @@ class FallbackVerifier:
         self.late: _InFlight | None = None  # a round verified here, its answer still awaited
         self.late_drafts: list[int] = []
         self.stream = ServerStream(remote.remote)  # the server decoding on its own
+        self.behind = False  # rounds placed here while the server was up: it lacks them
         self.follow_chunk = 32  # streamed tokens fed to the local graphs per idle step (0: off)
 
     # -- failure and recovery ----------------------------------------------------------------
@@ -331,7 +338,7 @@ class FallbackVerifier:
         constraint: Constraint | None = None,
     ) -> tuple[int, RoundStats]:
         self.capacity, self.synced, self.next_retry = capacity, -1, None
-        self.server_done, self.late = False, None
+        self.server_done, self.late, self.behind = False, None, False
         self.stream.reset()
         self.remote.capacity = capacity
         if self.local is not None:  # verifying here after a failure masks alike
@@ -368,11 +375,20 @@ class FallbackVerifier:
         self, seq: list[int], proposal: Proposal, params: SamplingParams, rng: np.random.Generator
     ) -> Pending:
         g = len(proposal.tokens)
-        if self.stream.active or (proposal.where == "stream" and self._server_up()):
+        if self.stream.active:  # this round reads it (and stops it if placed elsewhere)
             return stream_round(self, seq, proposal, params, rng)
         elsewhere = self.server_done or self.late is not None or proposal.where == "local"
         if elsewhere and self.local is not None:
+            self.behind = self.behind or self._server_up()
             return Done(self.local_round(seq, proposal, params, rng), g)
+        if self.behind and self._server_up():  # back from local rounds: send what it lacks
+            self.behind = False
+            try:
+                return Done(self.remote.resync(seq, params, 1, resume=True), g)
+            except (LinkError, ServerLimit) as e:
+                return Done(self.recover(e, seq, proposal, params, rng), g)
+        if proposal.where == "stream" and self._server_up():
+            return stream_round(self, seq, proposal, params, rng)
         if self.next_retry is None:
             try:
                 pending = self.remote.submit(seq, proposal, params, rng)
