@@ -149,7 +149,7 @@ def test_the_device_takes_decoding_back_mid_stream(bundle, ar_tokens):
         assert [t for c in chunks for t in c.tokens] == ar_tokens
         where = [c.stats.verifier for c in chunks[1:]]
         # the round that stopped the stream reads its FINAL tokens, then the device drafts
-        assert where[:3] == ["stream", "stream", "remote"] and "local" in where
+        assert where[:3] == ["stream", "stream", "remote"] and "device" in where
         assert server.state.streams.running == 0
     finally:
         server.stop()

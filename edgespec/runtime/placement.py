@@ -126,7 +126,9 @@ class Placement:
             return
         if stats.server_busy:
             self._busy_until = self._round + self.priors.placement_busy
-        place = {"remote": "split", "stream": "stream", "local": "local"}.get(stats.verifier)
+        place = {"remote": "split", "stream": "stream", "local": "local", "device": "local"}.get(
+            stats.verifier
+        )
         if place is None:
             return
         self._measured[place] = self._round

@@ -379,8 +379,11 @@ class FallbackVerifier:
             return stream_round(self, seq, proposal, params, rng)
         elsewhere = self.server_done or self.late is not None or proposal.where == "local"
         if elsewhere and self.local is not None:
-            self.behind = self.behind or self._server_up()
-            return Done(self.local_round(seq, proposal, params, rng), g)
+            placed = self._server_up()  # decoded here by choice, not for want of a server
+            self.behind = self.behind or placed
+            verdict = self.local_round(seq, proposal, params, rng)
+            verdict.verifier = "device" if placed else "local"
+            return Done(verdict, g)
         if self.behind and self._server_up():  # back from local rounds: send what it lacks
             self.behind = False
             try:

@@ -124,7 +124,7 @@ class Verdict:
     accepted: int
     token: int
     verify_seconds: float
-    verifier: str = "local"  # "local" | "remote" | "stream"
+    verifier: str = "local"  # "local" | "remote" | "stream" | "device" (RoundStats.verifier)
     resync: bool = False  # a new server session answered: the round's drafts were void
     channel: ChannelStats | None = None  # from a server: the channel as this round saw it
     # a streamed round: tokens the server decoded on its own, before `token` (accepted = 0:

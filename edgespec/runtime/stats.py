@@ -92,6 +92,7 @@ class GenerationStats:
     reconnects: int = 0  # server sessions rebuilt after a failure (resync, possibly elsewhere)
     forced: int = 0  # constrained decoding: tokens the grammar alone decided
     stream_rounds: int = 0  # of remote_rounds: tokens the server decoded and streamed
+    device_rounds: int = 0  # split mode: rounds placed on the device by choice (not local_rounds)
 
     def add(self, r: RoundStats) -> None:
         self.reconnects += r.reconnected
@@ -102,6 +103,8 @@ class GenerationStats:
             self.server_seconds += r.server_seconds
             self.bytes_up += r.bytes_up
             self.bytes_down += r.bytes_down
+        elif r.verifier == "device":
+            self.device_rounds += 1
         elif r.verifier == "local":
             self.local_rounds += 1
         if r.phase == "prefill":
