@@ -326,7 +326,8 @@ def run_placement(args, bundle: Path, prompts: list[str]) -> list[dict]:
                             for m in models[:n]:
                                 m.policy = make_policy(policy)  # a cold start per condition
                             devs = [split_device(m, prompts, n_new, reference) for m in models[:n]]
-                        run_devices(devs, prompts, 0)  # one generation each: connected, warm
+                        for _ in range(2):  # two generations each: connected, warm, learned
+                            run_devices(devs, prompts, 0)
                         cpu = cpu_seconds(proc.pid)
                         up, down = ch.stats.bytes_up, ch.stats.bytes_down
                         out = run_devices(devs, prompts, args.seconds)

@@ -82,11 +82,11 @@ def placement(**options) -> Placement:
 def test_it_learns_every_place_first_then_takes_the_fastest():
     p = PRIORS
     where = run(placement(), World(stream_rate=300, local_rate=40), 30)
-    learn = p.placement_learn
-    assert where[:learn] == ["split"] * learn
-    assert where[learn : learn + p.placement_probe] == ["stream"] * p.placement_probe
-    assert where[learn + p.placement_probe : learn + 2 * p.placement_probe] == ["local"] * 3
-    assert set(where[learn + 2 * p.placement_probe :]) == {"stream"}
+    probe, learn = p.placement_probe, p.placement_learn
+    assert where[:probe] == ["local"] * probe
+    assert where[probe : 2 * probe] == ["stream"] * probe
+    assert where[2 * probe : 2 * probe + learn] == ["split"] * learn
+    assert set(where[2 * probe + learn :]) == {"stream"}
 
 
 @pytest.mark.parametrize(
@@ -103,7 +103,7 @@ def test_a_busy_server_is_not_asked_to_stream_for_a_while():
     policy = placement(priors=replace(PRIORS, placement_busy=20))
     where = run(policy, World(stream_rate=300, local_rate=40), 12, busy=True)
     # the first refusal ends the stream probes: nothing is streamed while it is busy
-    assert "stream" not in where[PRIORS.placement_learn + 1 :]
+    assert "stream" not in where[PRIORS.placement_probe + 1 :]
 
 
 def test_an_energy_budget_leaves_out_the_places_over_it():

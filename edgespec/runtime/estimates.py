@@ -59,7 +59,7 @@ class Priors:
     # plain decoding: a few unlucky rounds must not leave `auto` plain for hundreds of rounds
     clearly_losing: float = 0.9
     # -- placement (split mode: split rounds, server streaming or local decoding) --------------
-    placement_learn: int = 4  # split rounds first: the link's estimates need rounds of 2 sizes
+    placement_learn: int = 3  # split rounds to learn: the link's estimates need 2 sizes
     placement_probe: int = 3  # rounds each other place runs when it is measured (or re-measured)
     placement_reprobe: int = 48  # rounds between looks at the place measured longest ago
     placement_busy: int = 64  # rounds without asking to stream after a "verify only"

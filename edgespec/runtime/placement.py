@@ -9,8 +9,8 @@ Three places a round can run (`Plan.where`):
   local   the device's own graphs verify (the `auto` policy's γ): priced by that policy's
           cost model, `CostModel.rate` at its best γ
 
-The first rounds learn: `placement_learn` split rounds (the link's first estimates), then
-`placement_probe` rounds streamed, then as many local; after that every round goes to the
+The first rounds learn: `placement_probe` rounds local, as many streamed, then
+`placement_learn` split rounds (the link's first estimates); after that every round goes to the
 fastest place, switching only for a price `placement_margin` better than the current one's
 (a run's spread is not a reason to move), and every `placement_reprobe` rounds the place
 measured longest ago gets `placement_probe` rounds again (a link or a load that changed).
@@ -53,10 +53,10 @@ class Placement:
 
     def __post_init__(self) -> None:
         p = self.priors
-        self._queue = [
-            *(["split"] * p.placement_learn),
-            *(["stream"] * p.placement_probe),
+        self._queue = [  # the cheapest to learn first: no round trip, then one, then many
             *(["local"] * p.placement_probe),
+            *(["stream"] * p.placement_probe),
+            *(["split"] * p.placement_learn),
         ]
 
     # -- prices -------------------------------------------------------------------------------
