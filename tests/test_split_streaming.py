@@ -183,3 +183,20 @@ def test_the_default_placement_is_lossless_wherever_it_decodes(bundle, server, a
     for _ in range(2):  # the second generation starts from what the first one measured
         out = model.generate(PROMPT, max_new_tokens=N, ignore_eos=True)
         assert out.tokens == ar_tokens
+
+
+def test_stream_messages_round_trip_and_malformed_ones_are_refused():
+    from edgespec import protocol as P
+
+    for msg in (P.Stream(17, 64), P.Tokens([5, 6, 7], 20, 0.25, final=True), P.Stop()):
+        msg.session, msg.round = 3, 9
+        assert P.decode(P.encode(msg)) == msg
+    empty = P.encode(P.Tokens([], 20, 0.0))
+    with pytest.raises(P.ProtocolError, match="no token"):
+        P.decode(empty)
+    bad = bytearray(P.encode(P.Tokens([1], 2, 0.0)))
+    bad[P.HEADER.size] = 0x80  # an unknown flag
+    with pytest.raises(P.ProtocolError, match="unknown flags"):
+        P.decode(bytes(bad))
+    with pytest.raises(P.ProtocolError, match="truncated"):
+        P.decode(P.encode(P.Stream(1, 2))[:-1])
