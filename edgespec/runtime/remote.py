@@ -390,7 +390,9 @@ class FallbackVerifier:
                 return Done(self.remote.resync(seq, params, 1, resume=True), g)
             except (LinkError, ServerLimit) as e:
                 return Done(self.recover(e, seq, proposal, params, rng), g)
-        if proposal.where == "stream" and self._server_up():
+        # a grammar's forced tokens (or any drafts) go in a VERIFY: the server's own stream
+        # would not know them
+        if proposal.where == "stream" and not proposal.tokens and self._server_up():
             return stream_round(self, seq, proposal, params, rng)
         if self.next_retry is None:
             try:

@@ -149,6 +149,11 @@ def start_stream(
             "the device and the server are out of step; START with the committed tokens",
             P.OUT_OF_SYNC,
         )
+    if session.constraint is not None:  # its drafter would not follow the grammar
+        streams.refused += 1
+        raise P.ProtocolError(
+            "verify only: a session with a grammar is not streamed; draft on the device", P.BUSY
+        )
     if msg.most < 1:
         raise P.ProtocolError("STREAM of 0 tokens: ask for at least one", P.BAD_REQUEST)
     reason = streams.refusal()
