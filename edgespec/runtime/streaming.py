@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from time import perf_counter
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
@@ -32,9 +32,6 @@ from edgespec.runtime.link import Arrival, Remote
 from edgespec.runtime.round import Proposal, Verdict
 from edgespec.runtime.sampling import SamplingParams
 from edgespec.runtime.stats import ChannelStats
-
-if TYPE_CHECKING:
-    from edgespec.runtime.remote import FallbackVerifier
 
 
 class ServerBusy(SplitError):
@@ -125,11 +122,35 @@ class ServerStream:
         return ids, ChannelStats(max(0.0, wall - server), server, up, down)
 
 
+class StreamHost(Protocol):
+    """What a stream round needs of the split verifier (`remote.FallbackVerifier`)."""
+
+    stream: ServerStream
+    capacity: int
+
+    def follow(self, seq: list[int]) -> bool: ...
+
+    def recover(
+        self,
+        error: Exception,
+        seq: list[int],
+        proposal: Proposal,
+        params: SamplingParams,
+        rng: np.random.Generator,
+    ) -> Verdict: ...
+
+    def split_round(
+        self, seq: list[int], proposal: Proposal, params: SamplingParams, rng: np.random.Generator
+    ) -> Verdict: ...
+
+    def drop_link(self) -> None: ...
+
+
 @dataclass
 class StreamRound:
     """A round placed on the server's stream (or one that takes decoding back from it)."""
 
-    fallback: FallbackVerifier
+    fallback: StreamHost
     seq: list[int]
     proposal: Proposal
     params: SamplingParams
@@ -150,11 +171,7 @@ class StreamRound:
                 raise LinkError("the stream could not start")
             ids, channel = stream.read(self.proposal.where != "stream", lambda: f.follow(self.seq))
         except ServerBusy:
-            verdict = f.remote.submit(self.seq, self.proposal, self.params, self.rng)
-            try:
-                out = verdict.result()
-            except LinkError as e:
-                return f.recover(e, self.seq, self.proposal, self.params, self.rng)
+            out = f.split_round(self.seq, self.proposal, self.params, self.rng)
             out.server_busy = True
             return out
         except LinkError as e:
@@ -165,7 +182,7 @@ class StreamRound:
 
 
 def stream_round(
-    f: FallbackVerifier,
+    f: StreamHost,
     seq: list[int],
     proposal: Proposal,
     params: SamplingParams,
@@ -180,5 +197,5 @@ def stream_round(
             stream.stop()
     except LinkError:
         stream.reset()
-        f.remote.remote.drop()  # the round's result recovers (reconnect, or local)
+        f.drop_link()  # the round's result recovers (reconnect, or local)
     return StreamRound(f, seq, proposal, params, rng)
