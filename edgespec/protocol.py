@@ -40,11 +40,21 @@ Every message is a 12-byte header then a type-specific body, all little-endian:
              slot until it is resumed or ENDed, its connection closes, it is idle for the idle
              timeout, or a new connection finds the server full: then the session paused
              longest ago is evicted (ERROR 410, connection closed) to make room
+    STREAM   c->s  base u32 | most u32  the server decodes on its own after `base` committed
+             tokens with its best mode, at most `most` (it stops after an end of text),
+             sending TOKENS per round. ERROR 429 ("verify only"): it streams no more
+             sessions now; connection and session stay, VERIFY rounds go on
+    TOKENS   s->c  flags u8 | length u32 | server_seconds f32 | ids: u32 count + int32[]
+             one streamed round's tokens (at least one); `length`: the session's committed
+             tokens after them. flags FINAL: the stream is over (its `most`, an end of text,
+             or a STOP); the session then takes VERIFY, STREAM, START, PAUSE and END again
+    STOP     c->s  (no body) end the stream: the server finishes the round it runs and
+             marks its TOKENS FINAL (ignored when no stream runs); the device commits every
+             token streamed up to the FINAL one, so both sides hold the same sequence
 
-`decode()` is strict: a wrong magic/version, an unknown type, a truncated or overlong body,
-counts that exceed the limits and q rows that are not distributions (or miss their draft)
-all raise `ProtocolError` naming the problem. numpy + stdlib only (and `sparse_q`, the q rows'
-type), shared by client and server.
+`decode()` is strict (`wire.Reader`): a wrong magic/version, an unknown type, a truncated or
+overlong body, counts over the limits and q rows that are not distributions (or miss their
+draft) raise `ProtocolError` naming the problem. numpy + stdlib only, shared by both sides.
 """
 
 from __future__ import annotations
@@ -54,50 +64,76 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from edgespec.errors import EdgespecError
-from edgespec.sparse_q import SCALE, SparseQ
+from edgespec.sparse_q import SparseQ
+from edgespec.wire import (  # re-exported: the protocol's codes and error
+    BAD_MESSAGE as BAD_MESSAGE,
+)
+from edgespec.wire import (
+    BAD_REQUEST as BAD_REQUEST,
+)
+from edgespec.wire import (
+    BUSY as BUSY,
+)
+from edgespec.wire import (
+    GONE as GONE,
+)
+from edgespec.wire import (
+    IDLE_TIMEOUT as IDLE_TIMEOUT,
+)
+from edgespec.wire import (
+    INCOMPATIBLE as INCOMPATIBLE,
+)
+from edgespec.wire import (
+    INTERNAL as INTERNAL,
+)
+from edgespec.wire import (
+    OUT_OF_SYNC as OUT_OF_SYNC,
+)
+from edgespec.wire import (
+    ROW_HEAD as ROW_HEAD,
+)
+from edgespec.wire import (
+    ROW_SUPPORT as ROW_SUPPORT,
+)
+from edgespec.wire import (
+    TOO_LARGE as TOO_LARGE,
+)
+from edgespec.wire import (
+    UNAUTHORIZED as UNAUTHORIZED,
+)
+from edgespec.wire import (
+    UNAVAILABLE as UNAVAILABLE,
+)
+from edgespec.wire import (
+    ProtocolError as ProtocolError,
+)
+from edgespec.wire import Reader as _Reader
+from edgespec.wire import q_row as _q_row
 
 MAGIC = b"ES"
-VERSION = 3  # 2: q rows are quantized sparse supports (kind 3); 3: START keep, PAUSE
+VERSION = 3  # 2: q rows are quantized sparse supports; 3: START keep, PAUSE (STREAM, TOKENS, STOP)
 HEADER = struct.Struct("<2sBBII")
 START_HEAD = struct.Struct("<BIffQII")
 VERIFY_HEAD = struct.Struct("<IB")
 RESULT_BODY = struct.Struct("<HiIf")
 LIMITS_BODY = struct.Struct("<II")
+STREAM_BODY = struct.Struct("<II")
+TOKENS_HEAD = struct.Struct("<BIf")
 SUBPROTOCOL = "edgespec.limits"  # a device that reads the limits in START's RESULT
-ROW_HEAD = struct.Struct("<BI")
 MAX_DRAFTS = 64  # more drafts per round than any policy asks for is a malformed request
 MAX_TEXT = 4096
 
 # message types
-START, VERIFY, RESULT, ERROR, END, PAUSE = 1, 2, 3, 4, 5, 6
-NAMES = dict(enumerate(("START", "VERIFY", "RESULT", "ERROR", "END", "PAUSE"), start=1))
+START, VERIFY, RESULT, ERROR, END, PAUSE, STREAM, TOKENS, STOP = range(1, 10)
+_KINDS = ("START", "VERIFY", "RESULT", "ERROR", "END", "PAUSE", "STREAM", "TOKENS", "STOP")
+NAMES = dict(enumerate(_KINDS, 1))
 
 # START flags
 SAMPLING, HAS_SEED, GRAMMAR = 1, 2, 4
 # VERIFY: whether q rows follow the drafts, and how each row is stored
 Q_NONE, Q_ROWS = 0, 1
-ROW_SUPPORT = 3  # (1, 2: protocol 1's dense and sparse float32 rows, no longer accepted)
-
-# ERROR codes (HTTP-like, so they read familiar in logs)
-BAD_MESSAGE = 400
-UNAUTHORIZED = 401
-INCOMPATIBLE = 403
-IDLE_TIMEOUT = 408
-OUT_OF_SYNC = 409
-GONE = 410  # no session to resume on this connection: START again with keep = 0
-TOO_LARGE = 413
-BAD_REQUEST = 422
-INTERNAL = 500
-UNAVAILABLE = 503  # server full or shutting down: try again later / elsewhere
-
-
-class ProtocolError(EdgespecError, ValueError):
-    """A message that cannot be decoded, with the reason; `code` is the ERROR code to send."""
-
-    def __init__(self, reason: str, code: int = BAD_MESSAGE) -> None:
-        super().__init__(reason)
-        self.code = code
+# TOKENS flags
+FINAL = 1
 
 
 @dataclass
@@ -163,7 +199,31 @@ class Pause:
     round: int = 0
 
 
-Message = Start | Verify | Result | Error | End | Pause
+@dataclass
+class Stream:
+    base: int  # committed tokens the client assumes the server holds
+    most: int  # tokens to stream at most
+    session: int = 0
+    round: int = 0
+
+
+@dataclass
+class Tokens:
+    ids: list[int]  # one server round's tokens, in order
+    length: int  # committed tokens on the server after them
+    server_seconds: float
+    final: bool = False
+    session: int = 0
+    round: int = 0
+
+
+@dataclass
+class Stop:
+    session: int = 0
+    round: int = 0
+
+
+Message = Start | Verify | Result | Error | End | Pause | Stream | Tokens | Stop
 
 
 @dataclass
@@ -217,62 +277,17 @@ def encode(msg: Message) -> bytes:
         return _header(ERROR, msg.session, msg.round) + body
     if isinstance(msg, End | Pause):
         return _header(END if isinstance(msg, End) else PAUSE, msg.session, msg.round)
+    if isinstance(msg, Stream):
+        return _header(STREAM, msg.session, msg.round) + STREAM_BODY.pack(msg.base, msg.most)
+    if isinstance(msg, Tokens):
+        head = TOKENS_HEAD.pack(FINAL if msg.final else 0, msg.length, msg.server_seconds)
+        return _header(TOKENS, msg.session, msg.round) + head + _ids(msg.ids)
+    if isinstance(msg, Stop):
+        return _header(STOP, msg.session, msg.round)
     raise TypeError(f"not a protocol message: {msg!r}")
 
 
 # -- decoding -------------------------------------------------------------------------------
-class _Reader:
-    """Consumes a body front to back; every read checks the bytes are there."""
-
-    def __init__(self, data: bytes, offset: int, what: str) -> None:
-        self.data, self.offset, self.what = data, offset, what
-
-    def take(self, n: int, field_name: str) -> bytes:
-        if n < 0 or self.offset + n > len(self.data):
-            raise ProtocolError(
-                f"{self.what} message is truncated: {field_name} needs {n} bytes at offset "
-                f"{self.offset}, the message has {len(self.data)}"
-            )
-        chunk = self.data[self.offset : self.offset + n]
-        self.offset += n
-        return chunk
-
-    def unpack(self, fmt: struct.Struct, field_name: str) -> tuple:
-        return fmt.unpack(self.take(fmt.size, field_name))
-
-    def count(self, field_name: str, limit: int) -> int:
-        (n,) = struct.unpack("<I", self.take(4, field_name + " count"))
-        if n > limit:
-            raise ProtocolError(
-                f"{self.what}: {n} {field_name} exceed the limit {limit}", TOO_LARGE
-            )
-        return n
-
-    def ids(self, field_name: str, limit: int, vocab: int) -> list[int]:
-        n = self.count(field_name, limit)
-        ids = np.frombuffer(self.take(4 * n, field_name), dtype="<i4")
-        bad = ids[(ids < 0) | (ids >= vocab)]
-        if len(bad):
-            raise ProtocolError(
-                f"{self.what}: token id {int(bad[0])} in {field_name} is outside the "
-                f"vocabulary (0..{vocab - 1})",
-                BAD_REQUEST,
-            )
-        return ids.tolist()
-
-    def text(self, field_name: str, width: str = "<H") -> str:
-        (n,) = struct.unpack(width, self.take(struct.calcsize(width), field_name + " length"))
-        try:
-            return self.take(n, field_name).decode()
-        except UnicodeDecodeError:
-            raise ProtocolError(f"{self.what}: {field_name} is not valid utf-8") from None
-
-    def done(self) -> None:
-        if self.offset != len(self.data):
-            extra = len(self.data) - self.offset
-            raise ProtocolError(f"{self.what} message has {extra} unexpected trailing bytes")
-
-
 def decode(data: bytes | str, limits: Limits | None = None) -> Message:
     """Parse one message; anything malformed raises ProtocolError with the reason."""
     limits = limits or Limits()
@@ -336,6 +351,18 @@ def decode(data: bytes | str, limits: Limits | None = None) -> Message:
     elif kind == ERROR:
         (code,) = r.unpack(struct.Struct("<H"), "ERROR code")
         msg = Error(code, r.text("ERROR text"))
+    elif kind == STREAM:
+        msg = Stream(*r.unpack(STREAM_BODY, "STREAM fields"))
+    elif kind == TOKENS:
+        flags, length, seconds = r.unpack(TOKENS_HEAD, "TOKENS fields")
+        if flags & ~FINAL:
+            raise ProtocolError(f"TOKENS: unknown flags {flags:#x}")
+        ids = r.ids("tokens", limits.max_ids, limits.vocab_size)
+        if not ids:
+            raise ProtocolError("TOKENS carries no token: a streamed round has at least one")
+        msg = Tokens(ids, length, seconds, bool(flags & FINAL))
+    elif kind == STOP:
+        msg = Stop()
     elif kind == END:
         msg = End()
     else:
@@ -343,33 +370,6 @@ def decode(data: bytes | str, limits: Limits | None = None) -> Message:
     r.done()
     msg.session, msg.round = session, round_
     return msg
-
-
-def _q_row(r: _Reader, draft: int, vocab: int) -> SparseQ:
-    """The distribution one draft was drawn from (its support and counts)."""
-    row_kind, n = r.unpack(ROW_HEAD, "q row header")
-    if row_kind in (1, 2):
-        raise ProtocolError(
-            "VERIFY: float32 q rows (protocol 1) are not accepted: q rows are sent as "
-            "quantized supports; use the same edgespec version on device and server"
-        )
-    if row_kind != ROW_SUPPORT:
-        raise ProtocolError(f"VERIFY: unknown q row kind {row_kind}")
-    if n > min(vocab, SCALE):
-        raise ProtocolError(f"VERIFY: a q row of {n} ids exceeds the vocabulary ({vocab})")
-    ids = np.frombuffer(r.take(4 * n, "q row ids"), dtype="<i4").astype(np.int32)
-    counts = np.frombuffer(r.take(2 * n, "q row counts"), dtype="<u2").astype(np.int64)
-    q = SparseQ(ids, counts)
-    problem = q.check(vocab)
-    if problem is not None:
-        raise ProtocolError(f"VERIFY: a q row is not a probability distribution: {problem}")
-    if q.prob(draft) == 0:
-        raise ProtocolError(
-            f"VERIFY: draft {draft} is outside the support of its q row: a draft must be "
-            "sampled from the distribution sent with it",
-            BAD_REQUEST,
-        )
-    return q
 
 
 def verify_size(drafts: int, support_sizes: list[int] | None) -> int:

@@ -52,9 +52,13 @@ def frames(long_bundle, server, monkeypatch_module) -> list[bytes]:
         return data
 
     monkeypatch_module.setattr(P, "encode", recording)
-    for sampling in ({}, {"temperature": 0.9, "top_k": 8, "seed": 1}):
-        model = edgespec.load(long_bundle, mode="split", server=server.url, token=TOKEN, threads=1)
-        model.generate("def f(x):", max_new_tokens=12, ignore_eos=True, **sampling)
+    # the default policy (placement: it may stream) and one that always drafts (VERIFY)
+    for policy in (None, "channel-aware"):
+        for sampling in ({}, {"temperature": 0.9, "top_k": 8, "seed": 1}):
+            model = edgespec.load(long_bundle, mode="split", server=server.url, token=TOKEN,
+                                  threads=1, draft_policy=policy)  # fmt: skip
+            model.generate("def f(x):", max_new_tokens=12, ignore_eos=True, **sampling)
+            model.remote.drop()  # its connection would hold one of the server's 4 sessions
     monkeypatch_module.undo()
     sent += [P.encode(P.Pause()), P.encode(P.Start([7, 8], 40, keep=5))]
     kinds = {P.HEADER.unpack_from(f)[2] for f in sent}
@@ -122,7 +126,7 @@ def test_mutated_frames_on_a_live_server_are_answered_and_leak_nothing(long_bund
                 P.decode(conn.recv(timeout=10))
             data = mutate(rng, frame)
             if _is_end(data):
-                continue  # END and PAUSE are never answered: the generation is over
+                continue  # END, PAUSE and STOP are never answered (STOP: a FINAL TOKENS)
             conn.send(data)
             try:
                 answer = P.decode(conn.recv(timeout=10))  # TimeoutError here: a hang
@@ -148,7 +152,7 @@ def test_mutated_frames_on_a_live_server_are_answered_and_leak_nothing(long_bund
 
 def _is_end(data: bytes) -> bool:
     try:
-        return isinstance(P.decode(data, P.Limits(vocab_size=2048)), P.End | P.Pause)
+        return isinstance(P.decode(data, P.Limits(vocab_size=2048)), P.End | P.Pause | P.Stop)
     except P.ProtocolError:
         return False
 

@@ -74,7 +74,8 @@ def test_every_sampled_round_fits_the_server_limit(
         server.stop()
     rounds = [c.stats for c in chunks if c.stats.phase == "decode"]
     assert sum(len(c.tokens) for c in chunks) == 12
-    assert all(r.verifier == "remote" for r in rounds)
+    # the default (placement) may also have the server stream: rounds with no drafts
+    assert all(r.verifier in ("remote", "stream") for r in rounds)
     assert sum(r.drafted for r in rounds) > 0
     assert all(r.bytes_up - FRAMING <= limit for r in rounds)
     # uncapped supports: fixed:4 is cut to the 1 draft a 500 KB request holds

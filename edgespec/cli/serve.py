@@ -70,6 +70,14 @@ from edgespec.cli.common import _friendly, _read_token
     type=click.IntRange(1),
     help="OpenAI endpoints: conversations decoded at once, each keeping its own KV cache.",
 )
+@click.option(
+    "--max-streams",
+    default=4,
+    show_default=True,
+    type=click.IntRange(0),
+    help="Split sessions the server decodes and streams at once (a device's STREAM); beyond "
+    "it, or at 0, the server answers 'verify only' and devices draft themselves.",
+)
 @click.option("--log-level", default="info", show_default=True)
 @click.option(
     "--replicas",

@@ -151,6 +151,7 @@ def speculative_round(
         if constraint is not None:
             proposal = _within_grammar(constraint, drafter, [*seq, *forced], proposal)
         proposal = _with_forced(forced, proposal)
+        proposal.where = plan.where
         g = len(proposal.tokens)
         # 3. submit
         pending = verifier.submit(seq, proposal, params, rng)
@@ -172,7 +173,7 @@ def speculative_round(
         verdict = pending.result()
         n, token = verdict.accepted, verdict.token
         valid = base + n
-        if n == g and nxt.tokens and nxt.tokens[0] == token:
+        if n == g and nxt.tokens and nxt.tokens[0] == token and not verdict.streamed:
             share = (len(nxt.tokens) - 1) / len(nxt.tokens)
             kept = Ahead(nxt.tokens[1:], nxt.q[1:], nxt.seconds * share)
     finally:
@@ -183,9 +184,10 @@ def speculative_round(
     if verdict.resync:  # the verifier rebuilt its session from seq: no draft was verified
         g = 0
     f = min(len(forced), n)  # acceptance takes every forced token (unless resynced)
+    streamed = list(verdict.streamed)  # the server's own tokens (caches catch up later)
     stats = RoundStats(
         "decode",
-        n + 1,
+        n + 1 + len(streamed),
         len(seq) if verdict.resync else g + 1,
         perf_counter() - start,
         drafted=max(g - len(forced), 0),
@@ -196,7 +198,7 @@ def speculative_round(
         catchup_seconds=proposal.catchup_seconds,
         forced=f,
     )
-    return [*proposal.tokens[:n], token], verdict.fill(stats), kept
+    return [*proposal.tokens[:n], *streamed, token], verdict.fill(stats), kept
 
 
 def _within_grammar(

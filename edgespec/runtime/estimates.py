@@ -58,6 +58,15 @@ class Priors:
     # probes back off (the gap doubles) only while drafting is priced under this share of
     # plain decoding: a few unlucky rounds must not leave `auto` plain for hundreds of rounds
     clearly_losing: float = 0.9
+    # -- placement (split mode: split rounds, server streaming or local decoding) --------------
+    placement_learn: int = 3  # split rounds to learn: the link's estimates need 2 sizes
+    placement_probe: int = 3  # rounds each other place runs when it is measured (or re-measured)
+    placement_reprobe: int = 48  # rounds between looks at the place measured longest ago
+    placement_busy: int = 64  # rounds without asking to stream after a "verify only"
+    # a place must be priced this much faster to move there: a run's spread is several %,
+    # and a move costs (a STOP's round trip, or the local cache catching up)
+    placement_margin: float = 0.1
+    stream_decay: float = 0.3  # forgetting per streamed round of its tokens/s
 
     def with_values(self, values: Mapping[str, object]) -> Priors:
         """A variant with some fields set (text read as numbers); unknown names are refused

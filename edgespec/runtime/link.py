@@ -120,7 +120,7 @@ class Link:
                     # vocabulary-sized q rows) would let a hostile server cost memory and time
                     if isinstance(data, bytes) and len(data) >= P.HEADER.size:
                         kind = P.HEADER.unpack_from(data)[2]
-                        if kind not in (P.RESULT, P.ERROR):
+                        if kind not in (P.RESULT, P.ERROR, P.TOKENS):
                             raise P.ProtocolError(f"message type {kind} is not an answer")
                     msg = P.decode(data)
                 except P.ProtocolError as e:

@@ -19,5 +19,5 @@ MODES: dict[str, ModeDefaults] = {
     "spec": ModeDefaults("draft", "auto"),
     "self-spec": ModeDefaults("exit", "auto"),
     "lookup": ModeDefaults("lookup", "auto"),
-    "split": ModeDefaults("", "channel-aware"),  # drafter: the best the bundle has
+    "split": ModeDefaults("", "placement"),  # drafter: the best the bundle has
 }

@@ -40,6 +40,7 @@ from edgespec.runtime.link import Remote
 from edgespec.runtime.local import LocalVerifier
 from edgespec.runtime.modes import MODES
 from edgespec.runtime.opener import BundleGraphs
+from edgespec.runtime.placement import Placement
 from edgespec.runtime.policies import (
     Acceptance,
     Auto,
@@ -120,6 +121,12 @@ def _dynamic_exit(arg: str, c: PolicyContext) -> DraftLengthPolicy:
     return policy
 
 
+def _placement(arg: str, c: PolicyContext) -> DraftLengthPolicy:
+    split = parse_channel_aware(arg, c.energy_budget, c.device_profile, c.priors)
+    local = Auto(cost=CostModel(priors=c.priors))
+    return Placement(split, local, split.energy_budget, c.priors)
+
+
 # the one table of draft-length policies: help text, parsing and errors come from here
 POLICY_NAMES: dict[str, PolicyName] = {
     "fixed": PolicyName(
@@ -135,10 +142,12 @@ POLICY_NAMES: dict[str, PolicyName] = {
         "channel-aware[:J per token > 0]",
         lambda a, c: parse_channel_aware(a, c.energy_budget, c.device_profile, c.priors),
     ),
+    "placement": PolicyName("placement[:J per token > 0]", _placement),
 }
 POLICIES = ", ".join(p.spelling for p in POLICY_NAMES.values())
 # policies whose own messages say more than the table's list (no exit layers; a bad budget)
-_OWN_ERRORS = ("dynamic-exit", "channel-aware")
+_OWN_ERRORS = ("dynamic-exit", "channel-aware", "placement")
+SPLIT_ONLY = ("channel-aware", "placement")  # they price a server's link
 
 
 def make_policy(
@@ -153,15 +162,17 @@ def make_policy(
     `device_profile` may carry its energy model, see `channel_policy.EnergyModel`);
     `priors`: the cost model's constants (benchmarks pass variants)."""
     name, _, arg = spec.partition(":")
-    if energy_budget is not None and name != "channel-aware":
-        raise ValueError(f"an energy budget needs the channel-aware policy, not {spec!r}")
+    if energy_budget is not None and name not in SPLIT_ONLY:
+        raise ValueError(
+            f"an energy budget needs the channel-aware policy (or placement), not {spec!r}"
+        )
     entry = POLICY_NAMES.get(name)
     if entry is None:
         raise ValueError(f"draft policy {spec!r} is not one of: {POLICIES}")
     try:
         return entry.build(arg, PolicyContext(exits or [], energy_budget, device_profile, priors))
     except ValueError:
-        if name in _OWN_ERRORS and not (name == "channel-aware" and arg):
+        if name in _OWN_ERRORS and not (name in SPLIT_ONLY and arg):
             raise
         raise ValueError(f"draft policy {spec!r} is not one of: {POLICIES}") from None
 
@@ -331,8 +342,11 @@ def _policy(c: LoadConfig, exits: list[int], device_profile: dict | None) -> Dra
     budget = c.split.energy_budget
     try:
         if c.mode == "split":
-            extra = {"device_profile": device_profile} if spec.startswith("channel-aware") else {}
+            split_only = spec.partition(":")[0] in SPLIT_ONLY
+            extra = {"device_profile": device_profile} if split_only else {}
             return make_policy(spec, exits, budget, **extra)
+        if spec.partition(":")[0] == "placement":
+            raise ValueError("the placement policy chooses where split mode decodes: --mode split")
         return make_policy(spec, exits)
     except ValueError as e:
         raise InputError(str(e)) from None

@@ -1,6 +1,6 @@
 """Verifiers across a network: the split-decoding server, and the fallback to local graphs.
 
-`RemoteVerifier` sends each round to the server (VERIFY with the drafts and, when sampling,
+`RemoteVerifier` (`remote_verifier.py`) sends each round to the server (VERIFY with the drafts and, when sampling,
 the sparse distributions they were drawn from) and answers with a `Pending` that the decode
 loop polls while it drafts ahead. The server applies the acceptance rule and keeps its own
 cache in step, so `truncate` has nothing to do here. A START (re)builds the server's
@@ -35,144 +35,27 @@ server that went quiet are bounded by that same deadline (at least 1 s).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from time import monotonic, perf_counter
 
 import numpy as np
 
-from edgespec import protocol as P
 from edgespec.runtime.constraints import Constraint
 from edgespec.runtime.errors import LinkError, RoundLate, ServerLimit, SplitError
-from edgespec.runtime.link import Exchange, Remote
 from edgespec.runtime.local import LocalVerifier
+from edgespec.runtime.remote_verifier import InFlight
+from edgespec.runtime.remote_verifier import RemoteVerifier as RemoteVerifier
 from edgespec.runtime.round import Done, Pending, Proposal, Verdict
 from edgespec.runtime.sampling import SamplingParams
-from edgespec.runtime.stats import ChannelStats, RoundStats
-
-
-def _channel(x: Exchange) -> ChannelStats:
-    return ChannelStats(x.network_seconds, x.result.server_seconds, x.bytes_up, x.bytes_down)
-
-
-def _verdict(x: Exchange, resync: bool = False) -> Verdict:
-    r = x.result
-    return Verdict(r.accepted, r.token, r.server_seconds, "remote", resync, _channel(x))
-
-
-@dataclass
-class _InFlight:
-    """A VERIFY sent to the server; its answer is checked against the round."""
-
-    remote: Remote
-    base: int
-    proposal: Proposal  # the drafts sent: the caller's, or the prefix that fit the server
-
-    @property
-    def sent(self) -> int:
-        return len(self.proposal.tokens)
-
-    def done(self) -> bool:
-        return self.remote.answered()
-
-    def result(self, late: float | None = None) -> Verdict:
-        """The verdict; RoundLate after `late` seconds (the round stays in flight)."""
-        x = self.remote.receive(late=late)
-        n = x.result.accepted
-        if n > self.sent or x.result.length != self.base + n + 1:
-            self.remote.drop()
-            raise LinkError(f"the server's answer does not fit the round: {x.result}")
-        return _verdict(x)
-
-
-class RemoteVerifier:
-    """The target on a server (`edgespec serve`), one session per generation."""
-
-    def __init__(self, remote: Remote, max_positions: int, q_ids: int | None = None) -> None:
-        """q_ids: the most ids a drafted token's q holds (its drafter's support), None when
-        the drafter sends no q (prompt lookup)."""
-        self.remote, self.max_positions = remote, max_positions
-        self.capacity = 0
-        self.q_ids = q_ids
-        self.row_ids: int | None = None  # q_ids while the generation samples, else None
-        self.server_capacity = 0  # positions the server's session holds (its limit applied)
-        self.hold = False  # between generations, keep the server's session to resume it
-
-    @property
-    def connected(self) -> bool:
-        return self.remote.link is not None
-
-    def _started(self, length: int) -> None:
-        limit = self.remote.limits.max_context if self.remote.limits else self.capacity
-        self.server_capacity = max(min(self.capacity, limit), length + 1)
-
-    def prefill(
-        self,
-        prompt: list[int],
-        capacity: int,
-        params: SamplingParams,
-        rng: np.random.Generator,
-        cached: int = 0,
-        constraint: Constraint | None = None,
-    ) -> tuple[int, RoundStats]:
-        # the server masks its verification by the same grammar, sent with every START
-        self.remote.grammar = None if constraint is None else (constraint.grammar, constraint.start)
-        # the server's cache is resumed from what the link knows it holds, not `cached`
-        start = perf_counter()
-        self.capacity = capacity
-        self.row_ids = None if params.greedy else self.q_ids
-        x = self.remote.start(prompt, capacity, params, resume=self.hold)
-        self._started(len(prompt))
-        stats = RoundStats(
-            "prefill", 1, len(prompt) - x.kept, perf_counter() - start, cached_tokens=x.kept
-        )
-        return x.result.token, _verdict(x).fill(stats)
-
-    def resync(
-        self, seq: list[int], params: SamplingParams, attempts: int, wait: float | None = None
-    ) -> Verdict:
-        """Reconnect and rebuild the server session from the committed sequence; its answer
-        is the token after it (a round of γ = 0)."""
-        x = self.remote.start(seq, self.capacity, params, attempts, wait)
-        self._started(len(seq))
-        return _verdict(x, resync=True)
-
-    def max_drafts(self, seq: list[int]) -> int:
-        """Drafts the server's session can take after seq (-1: it can go no further), as many
-        as a VERIFY within the server's request size carries (its q rows at their largest)."""
-        room = max(self.server_capacity - len(seq), -1)
-        if self.remote.max_request is None or room <= 0:
-            return room
-        return min(room, P.max_drafts(self.remote.max_request, self.row_ids))
-
-    def submit(
-        self, seq: list[int], proposal: Proposal, params: SamplingParams, rng: np.random.Generator
-    ) -> _InFlight:
-        q = proposal.q if proposal.kind == "sampled" and proposal.tokens else None
-        msg = P.Verify(len(seq), proposal.tokens, q)
-        if self.remote.limits is not None:  # within the session's room and the request size
-            most = max(self.server_capacity - len(seq), 0)
-            msg = P.fit(msg, self.remote.limits.max_request_bytes, most)
-        sent = proposal
-        if len(msg.drafts) < len(proposal.tokens):  # the decode loop recommits its drafter
-            sent = replace(proposal, tokens=list(msg.drafts), q=msg.q)
-        self.remote.send(msg)
-        return _InFlight(self.remote, len(seq), sent)
-
-    def truncate(self, length: int) -> None:
-        pass  # the server truncates its own cache to what it accepted
-
-    def close(self) -> None:
-        if self.hold:
-            self.remote.pause()
-        else:
-            self.remote.end()
+from edgespec.runtime.stats import RoundStats
+from edgespec.runtime.streaming import ServerStream, stream_round
 
 
 @dataclass
 class _Guarded:
     """A remote round that, if the link fails, is resynced or verified locally instead."""
 
-    pending: _InFlight
+    pending: InFlight
     fallback: FallbackVerifier
     seq: list[int]
     params: SamplingParams
@@ -231,8 +114,11 @@ class FallbackVerifier:
         self.last_error = ""
         self.reconnects = 0
         self.server_done = False  # the server can go no further: the rest is local
-        self.late: _InFlight | None = None  # a round verified here, its answer still awaited
+        self.late: InFlight | None = None  # a round verified here, its answer still awaited
         self.late_drafts: list[int] = []
+        self.stream = ServerStream(remote.remote)  # the server decoding on its own
+        self.behind = False  # rounds placed here while the server was up: it lacks them
+        self.follow_chunk = 32  # streamed tokens fed to the local graphs per idle step (0: off)
 
     # -- failure and recovery ----------------------------------------------------------------
     def _down(self, error: Exception) -> None:
@@ -253,7 +139,7 @@ class FallbackVerifier:
         self.remote.close()
         self.remote.remote.drop()
 
-    def went_late(self, pending: _InFlight) -> None:
+    def went_late(self, pending: InFlight) -> None:
         self.late, self.late_drafts = pending, list(pending.proposal.tokens)
 
     def _settle(self, seq: list[int]) -> None:
@@ -328,7 +214,8 @@ class FallbackVerifier:
         constraint: Constraint | None = None,
     ) -> tuple[int, RoundStats]:
         self.capacity, self.synced, self.next_retry = capacity, -1, None
-        self.server_done, self.late = False, None
+        self.server_done, self.late, self.behind = False, None, False
+        self.stream.reset()
         self.remote.capacity = capacity
         if self.local is not None:  # verifying here after a failure masks alike
             self.local.constraint = constraint
@@ -364,8 +251,25 @@ class FallbackVerifier:
         self, seq: list[int], proposal: Proposal, params: SamplingParams, rng: np.random.Generator
     ) -> Pending:
         g = len(proposal.tokens)
-        if self.server_done or self.late is not None:
-            return Done(self.local_round(seq, proposal, params, rng), g)
+        if self.stream.active:  # this round reads it (and stops it if placed elsewhere)
+            return stream_round(self, seq, proposal, params, rng)
+        elsewhere = self.server_done or self.late is not None or proposal.where == "local"
+        if elsewhere and self.local is not None:
+            placed = self._server_up()  # decoded here by choice, not for want of a server
+            self.behind = self.behind or placed
+            verdict = self.local_round(seq, proposal, params, rng)
+            verdict.verifier = "device" if placed else "local"
+            return Done(verdict, g)
+        if self.behind and self._server_up():  # back from local rounds: send what it lacks
+            self.behind = False
+            try:
+                return Done(self.remote.resync(seq, params, 1, resume=True), g)
+            except (LinkError, ServerLimit) as e:
+                return Done(self.recover(e, seq, proposal, params, rng), g)
+        # a grammar's forced tokens (or any drafts) go in a VERIFY: the server's own stream
+        # would not know them
+        if proposal.where == "stream" and not proposal.tokens and self._server_up():
+            return stream_round(self, seq, proposal, params, rng)
         if self.next_retry is None:
             try:
                 pending = self.remote.submit(seq, proposal, params, rng)
@@ -380,6 +284,33 @@ class FallbackVerifier:
             if verdict is not None:
                 return Done(verdict, g)
         return Done(self.local_round(seq, proposal, params, rng), g)
+
+    def split_round(
+        self, seq: list[int], proposal: Proposal, params: SamplingParams, rng: np.random.Generator
+    ) -> Verdict:
+        """The round as a VERIFY, answered now (a stream the server refused)."""
+        try:
+            return self.remote.submit(seq, proposal, params, rng).result()
+        except LinkError as e:
+            return self.recover(e, seq, proposal, params, rng)
+
+    def drop_link(self) -> None:
+        self.remote.remote.drop()
+
+    def _server_up(self) -> bool:
+        return not self.server_done and self.late is None and self.next_retry is None
+
+    def follow(self, seq: list[int]) -> bool:
+        """While a stream is awaited: feed the local graphs one chunk of the committed tokens
+        they lack, so decoding can come back here at any token; False if none is due."""
+        if self.local is None or self.follow_chunk <= 0:
+            return False
+        have = max(self.synced, 0)
+        if len(seq) - 1 - have < self.follow_chunk:
+            return False
+        upto = have + self.follow_chunk
+        self.synced = self.local.catch_up(seq[: upto + 1], self.capacity, self.synced)
+        return True
 
     def local_round(
         self, seq: list[int], proposal: Proposal, params: SamplingParams, rng: np.random.Generator
@@ -400,5 +331,9 @@ class FallbackVerifier:
             self.local.truncate(length)
 
     def close(self) -> None:
+        if self.stream.active:  # tokens still come: END stops it, the link is not reused
+            self.stream.reset()
+            self.remote.remote.end()
+            self.remote.remote.drop()
         if self.remote.connected:
             self.remote.close()

@@ -2,7 +2,8 @@
 what a verifier answers.
 
   Plan      the policy's decision for a round: γ (at most this many drafts), the exit layer
-            (dynamic exit) and the confidence under which drafting stops early
+            (dynamic exit), the confidence under which drafting stops early, and where
+            decoding happens (split mode: "split", "stream" from the server, or "local")
   Proposal  the drafts and how they were made: `kind` says whether they are the drafter's
             argmax ("greedy"), samples from the rows in `q` ("sampled"), or a deterministic
             guess with no distribution ("point", prompt lookup); `tail` carries the hidden
@@ -14,7 +15,8 @@ what a verifier answers.
   Pending   a submitted round: how many of the proposal's drafts it verifies (`sent`: all,
             or a prefix when a server's request limit left the rest out), then the verdict
   Verdict   the verifier's answer: accepted count, the target's next token, and timings
-            (and, from a server, the channel as the round saw it)
+            (and, from a server, the channel as the round saw it); a streamed round's
+            verdict carries the tokens the server decoded on its own before `token`
 
 Drafters and verifiers never consult the policy: the decode loop asks it once per round.
 """
@@ -32,18 +34,25 @@ from edgespec.runtime.graph_protocol import Graph
 from edgespec.runtime.sampling import SamplingParams
 from edgespec.runtime.stats import ChannelStats, RoundStats
 
+# where a round's tokens are decoded (split mode; a local verifier is always "local"):
+# "split" the device drafts, the server verifies; "stream" the server decodes on its own
+# and streams; "local" the device's own graphs verify
+Where = Literal["split", "stream", "local"]
+
 
 @dataclass(frozen=True)
 class Plan:
     length: int  # γ: the most tokens to draft this round
     exit_layer: int | None = None  # the exit to draft from (dynamic exit); None: the default
     min_confidence: float = 0.0  # stop drafting after a token drafted below this probability
+    where: Where = "split"
 
     def keep_drafting(self, confidence: float) -> bool:
         return confidence >= self.min_confidence
 
     def capped(self, length: int) -> Plan:
-        return Plan(max(0, min(self.length, length)), self.exit_layer, self.min_confidence)
+        n = max(0, min(self.length, length))
+        return Plan(n, self.exit_layer, self.min_confidence, self.where)
 
 
 @dataclass
@@ -67,6 +76,7 @@ class Proposal:
     seconds: float = 0.0
     tail: TailInput | None = None
     catchup_seconds: float = 0.0  # feeding tokens the drafter had skipped (not in `seconds`)
+    where: Where = "split"  # where the policy placed this round (the decode loop sets it)
 
     @property
     def exit_layer(self) -> int | None:
@@ -114,13 +124,18 @@ class Verdict:
     accepted: int
     token: int
     verify_seconds: float
-    verifier: str = "local"  # "local" | "remote"
+    verifier: str = "local"  # "local" | "remote" | "stream" | "device" (RoundStats.verifier)
     resync: bool = False  # a new server session answered: the round's drafts were void
     channel: ChannelStats | None = None  # from a server: the channel as this round saw it
+    # a streamed round: tokens the server decoded on its own, before `token` (accepted = 0:
+    # the round's drafts, if any, are void)
+    streamed: tuple[int, ...] = ()
+    server_busy: bool = False  # the server refused to stream ("verify only")
 
     def fill(self, stats: RoundStats) -> RoundStats:
         stats.verifier = self.verifier
         stats.reconnected = self.resync  # counted as GenerationStats.reconnects
+        stats.server_busy = self.server_busy
         if self.channel is not None:
             stats.set_channel(self.channel)
         return stats

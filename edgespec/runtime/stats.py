@@ -36,7 +36,10 @@ class RoundStats:
     index: int = 0  # the round's place in its generation (1: the first after the prefill)
     catchup_seconds: float = 0.0  # drafter catching up on tokens it skipped while γ was 0
     # split decoding (drafted here, verified by a server): the channel as this round saw it
-    verifier: str = "local"  # "local" | "remote" | "none" (the grammar alone decided)
+    # "local" | "remote" | "none" (the grammar alone decided) | "stream" (the server
+    # decoded on its own) | "device" (split mode: verified here because the placement
+    # policy chose it, with the server up)
+    verifier: str = "local"
     network_seconds: float = 0.0  # waiting for the server's answer, less its verify time
     server_seconds: float = 0.0  # the verify time the server reported
     bytes_up: int = 0
@@ -46,6 +49,7 @@ class RoundStats:
     reconnected: bool = False  # this round rebuilt the server session on a new connection
     # constrained decoding: tokens the grammar alone decided (not in drafted / accepted)
     forced: int = 0
+    server_busy: bool = False  # the server answered "verify only" to a request to stream
 
     # prefill of a conversation's turn: prompt positions kept from the cache (not processed;
     # input_tokens counts only the rest)
@@ -87,15 +91,20 @@ class GenerationStats:
     bytes_down: int = 0
     reconnects: int = 0  # server sessions rebuilt after a failure (resync, possibly elsewhere)
     forced: int = 0  # constrained decoding: tokens the grammar alone decided
+    stream_rounds: int = 0  # of remote_rounds: tokens the server decoded and streamed
+    device_rounds: int = 0  # split mode: rounds placed on the device by choice (not local_rounds)
 
     def add(self, r: RoundStats) -> None:
         self.reconnects += r.reconnected
-        if r.verifier == "remote":
+        if r.verifier in ("remote", "stream"):
             self.remote_rounds += 1
+            self.stream_rounds += r.verifier == "stream"
             self.network_seconds += r.network_seconds
             self.server_seconds += r.server_seconds
             self.bytes_up += r.bytes_up
             self.bytes_down += r.bytes_down
+        elif r.verifier == "device":
+            self.device_rounds += 1
         elif r.verifier == "local":
             self.local_rounds += 1
         if r.phase == "prefill":

@@ -10,6 +10,9 @@ paused conversation never keeps a new session out). Its messages are served in o
     VERIFY  a round, batched on the worker with the rounds of other sessions
     PAUSE   the generation is over; the slot and cache stay for the next START
     END     the generation is over; the slot is freed
+    STREAM  the server decodes on its own and streams TOKENS (`serve.streaming`), or answers
+            ERROR 429 "verify only" (the connection stays open); STOP ends the stream after
+            the round it runs; any other message first ends a running stream, then is served
 
 A bad message gets an ERROR naming the problem and closes this connection only; a refused
 resume (ERROR 410: nothing to resume, 409: keep past the cache) leaves it open for the full
@@ -33,10 +36,12 @@ from edgespec.backbone import check as check_backbone
 from edgespec.runtime.constraints import Constraint, GrammarError
 from edgespec.runtime.grammar import Grammar, bundle_vocabulary
 from edgespec.serve.http import sessions_admitted
+from edgespec.serve.pool_verifier import PoolVerifier
 from edgespec.serve.requests import FieldError
 from edgespec.serve.requests import check_start as check_sampling
 from edgespec.serve.session import CannotResume, ServerSession, prefill, release_all
 from edgespec.serve.state import Conn, State
+from edgespec.serve.streaming import Stream, start_stream
 
 log = logging.getLogger("edgespec.serve")
 
@@ -106,12 +111,58 @@ async def _serve_session(conn: Conn, state: State, limits: bool) -> None:
 
 
 async def _session_rounds(conn: Conn, state: State, limits: bool) -> None:
+    streaming: list[Stream] = []  # the session's stream, while one may run
+    try:
+        await _rounds(conn, state, limits, streaming)
+    finally:
+        for s in streaming:
+            s.stop.set()  # its next round finds the slot freed and ends quietly
+
+
+async def _end_stream(streaming: list[Stream]) -> None:
+    """Stop a running stream (after its round) and wait for its thread to end."""
+    for s in streaming:
+        s.stop.set()
+        await asyncio.to_thread(s.thread.join)
+    streaming.clear()
+
+
+def _stream(
+    conn: Conn, state: State, session: ServerSession | None, msg: P.Stream, round_id: int
+) -> Stream:
+    """Start the session's stream: TOKENS go out from its thread through this event loop."""
+    if session is None:
+        raise P.ProtocolError("STREAM before START: start the session first")
+    loop = asyncio.get_running_loop()
+
+    def send(tokens: P.Message) -> bool:
+        tokens.session, tokens.round = conn.sid, round_id
+        try:
+            return asyncio.run_coroutine_threadsafe(_send(conn.ws, tokens), loop).result(60)
+        except Exception:  # the loop is gone (shutdown) or the send never finished
+            return False
+
+    def failed(e: Exception) -> None:
+        error = P.Error(P.INTERNAL, f"the stream failed ({type(e).__name__}: {e})", conn.sid)
+        asyncio.run_coroutine_threadsafe(_refuse(conn.ws, error, 1011), loop)
+
+    c = state.config
+    rows = PoolVerifier(
+        state.worker, state.pool, state.stages, c.prefill_chunk, 0.0, session=session
+    )
+    stop_ids = frozenset(state.manifest.eos_token_ids)
+    return start_stream(state.streams, rows, session, msg, stop_ids, send, failed)
+
+
+async def _rounds(conn: Conn, state: State, limits: bool, streaming: list[Stream]) -> None:
     ws, sid = conn.ws, conn.sid
     session: ServerSession | None = None
     while True:
         try:
             event = await asyncio.wait_for(ws.receive(), state.config.idle_timeout)
         except TimeoutError:
+            if any(s.thread.is_alive() for s in streaming):
+                continue  # streaming: the device is listening, not idle
             text = (
                 f"idle for {state.config.idle_timeout:g}s: the session's KV cache was freed; "
                 "reconnect and START again to continue"
@@ -128,6 +179,15 @@ async def _session_rounds(conn: Conn, state: State, limits: bool) -> None:
             round_id = msg.round
             if state.closing:
                 raise P.ProtocolError("the server is shutting down: reconnect later", P.UNAVAILABLE)
+            if isinstance(msg, P.Stop):
+                for s in streaming:
+                    s.stop.set()
+                continue  # answered by the stream's FINAL tokens (no stream: nothing to do)
+            if streaming:
+                await _end_stream(streaming)
+            if isinstance(msg, P.Stream):
+                streaming.append(_stream(conn, state, session, msg, round_id))
+                continue
             if isinstance(msg, P.Start):
                 check_start(state, msg)
                 if not msg.keep:  # a new session: free the old slot before taking one
@@ -166,7 +226,7 @@ async def _session_rounds(conn: Conn, state: State, limits: bool) -> None:
             else:
                 raise P.ProtocolError(
                     f"{P.NAMES[P.HEADER.unpack_from(data)[2]]} is a server message: devices "
-                    "send START, VERIFY, PAUSE and END"
+                    "send START, VERIFY, STREAM, STOP, PAUSE and END"
                 )
         except CannotResume as e:  # nothing changed: the device STARTs afresh on this link
             state.counters.resumes_refused += 1
@@ -175,6 +235,10 @@ async def _session_rounds(conn: Conn, state: State, limits: bool) -> None:
                 return
             continue
         except P.ProtocolError as e:
+            if e.code == P.BUSY:  # "verify only": the session stays, VERIFY rounds go on
+                if not await _send(ws, P.Error(e.code, str(e), sid, round_id)):
+                    return
+                continue
             await _refuse(ws, P.Error(e.code, str(e), sid, round_id), 1008)
             return
         except Exception as e:

@@ -105,6 +105,7 @@ async def health(request: Request) -> JSONResponse:
             "batch_window_ms": state.config.batch_window_ms,
             **state.stats.report(),
             "openai": state.chat.report() if state.chat else None,
+            "streaming": state.streams.report(),
         }
     )
 

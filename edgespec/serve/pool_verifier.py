@@ -60,12 +60,17 @@ class PoolVerifier:
         stages: list[GraphSession],
         chunk: int = 0,
         budget: float = 0.0,
+        session: ServerSession | None = None,
     ) -> None:
+        """A conversation's own reserved row; or, with `session`, a split session's row (its
+        stream: `serve.streaming`), which the session's connection owns and frees."""
         self.worker, self.pool, self.stages = worker, pool, stages
         self.chunk, self.budget = chunk, budget  # prefill steps, as the server's STARTs
         self.max_positions = pool.capacity
-        slot = pool.reserve()
-        self.session = ServerSession(slot, SamplingParams(), acceptance_rng(None), [], 0)
+        if session is None:
+            slot = pool.reserve()
+            session = ServerSession(slot, SamplingParams(), acceptance_rng(None), [], 0)
+        self.session = session
 
     @property
     def slot(self) -> int:

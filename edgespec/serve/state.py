@@ -25,6 +25,7 @@ from edgespec.serve.auth import Gate
 from edgespec.serve.chat_engine import ChatEngine, load_model
 from edgespec.serve.pool_verifier import PoolVerifier
 from edgespec.serve.session import BatchStats, ServerSession, verify_rounds
+from edgespec.serve.streaming import Streams
 from edgespec.serve.worker import Worker
 
 
@@ -51,6 +52,7 @@ class ServerConfig:
     mode: str | None = None  # OpenAI endpoints' decoding mode (default: fastest in the bundle)
     draft_policy: str | None = None  # OpenAI endpoints: the mode's policy (default: auto)
     conversations: int = 4  # OpenAI endpoints: conversations decoded at once, each its own cache
+    max_streams: int = 4  # split sessions streamed at once (STREAM); 0: verify only
 
     def __post_init__(self) -> None:
         _integer("max_sessions", self.max_sessions, 1)
@@ -62,6 +64,7 @@ class ServerConfig:
         _integer("max_batch", self.max_batch, 1)
         _integer("prefill_chunk", self.prefill_chunk, 0)
         _integer("conversations", self.conversations, 1)
+        _integer("max_streams", self.max_streams, 0)
         _seconds("idle_timeout", self.idle_timeout, positive=True)
         _seconds("drain_seconds", self.drain_seconds, positive=False)
         _seconds("header_timeout", self.header_timeout, positive=True)
@@ -143,6 +146,7 @@ class State:
     closing: bool = False
     rounds: int = 0
     chat: ChatEngine | None = None  # the OpenAI endpoints' decoder
+    streams: Streams = field(default_factory=lambda: Streams(0, None))  # STREAM sessions
 
 
 def load_state(config: ServerConfig) -> State:
@@ -191,4 +195,5 @@ def load_state(config: ServerConfig) -> State:
         stats,
         gate,
         chat=chat,
+        streams=Streams.for_model(config.max_streams, model),
     )

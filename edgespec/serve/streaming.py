@@ -1,0 +1,179 @@
+"""Server streaming for split sessions: the server decodes on its own and streams the tokens.
+
+A device that finds streaming faster than drafting (a lone device on a slow link, a weak
+device) sends STREAM; its session then decodes with the server's best mode for the bundle
+(the OpenAI endpoints' mode: a draft model, early exit or lookup on the server, `auto` γ),
+with the same one decode round (`runtime.decode.speculative_round`) the endpoints use: the
+drafter runs on a thread of its own and every verify round is posted to the server's worker,
+so streamed rounds share batched forwards with the split sessions' VERIFY rounds and each
+other's. Each round's tokens go out at once as TOKENS; the last is marked FINAL (its `most`
+reached, an end-of-text token, the session's context full, or a STOP from the device, seen
+after the round that runs when it arrives). The session's committed tokens
+(`ServerSession.seq`) grow with every round exactly as the TOKENS say, so after the FINAL
+one device and server hold the same sequence and VERIFY rounds may follow.
+
+`Streams` bounds how many sessions stream at once (`--max-streams`, 0: verify only): beyond
+that a STREAM gets ERROR 429 and the device drafts itself, so the server's capacity goes to
+split devices, whose rounds cost it no drafting. Drafters and policies (each with its own
+small cache) are kept between streams, one per running stream at most.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from time import perf_counter
+
+import numpy as np
+
+from edgespec import protocol as P
+from edgespec.runtime.decode import Ahead, speculative_round
+from edgespec.runtime.registry import Decoder, build
+from edgespec.serve.pool_verifier import PoolVerifier
+from edgespec.serve.session import ServerSession
+
+log = logging.getLogger("edgespec.serve")
+
+
+@dataclass
+class Stream:
+    """One session's running stream (its thread) and the device's STOP."""
+
+    thread: threading.Thread
+    stop: threading.Event = field(default_factory=threading.Event)
+
+
+class Streams:
+    """How many sessions stream at once, and the drafters they decode with."""
+
+    def __init__(self, limit: int, new_decoder: Callable[[], Decoder] | None) -> None:
+        self.limit, self.new_decoder = limit, new_decoder
+        self.running = 0
+        self.refused = 0
+        self.tokens = 0
+        self.free: list[Decoder] = []
+        self.lock = threading.Lock()
+
+    @classmethod
+    def for_model(cls, limit: int, model) -> Streams:
+        """Drafters like the OpenAI endpoints' model's (`serve.chat_engine.load_model`)."""
+        return cls(limit, lambda: build(model.graphs, model.config))
+
+    def refusal(self) -> str | None:
+        """Why a new stream cannot start now (None: it can)."""
+        if self.new_decoder is None or self.limit == 0:
+            return "verify only: this server does not stream (--max-streams 0)"
+        if self.running >= self.limit:
+            return (
+                f"verify only: the server streams {self.limit} sessions at once; draft on "
+                "the device (split rounds) and ask again later"
+            )
+        return None
+
+    def take(self) -> Decoder:
+        with self.lock:
+            self.running += 1
+            if self.free:
+                return self.free.pop()
+        assert self.new_decoder is not None
+        return self.new_decoder()
+
+    def give_back(self, decoder: Decoder) -> None:
+        with self.lock:
+            self.running -= 1
+            self.free.append(decoder)
+
+    def report(self) -> dict[str, int]:
+        return {"streams": self.running, "streams_refused": self.refused, "tokens": self.tokens}
+
+
+def run_stream(
+    verifier: PoolVerifier,
+    decoder: Decoder,
+    session: ServerSession,
+    most: int,
+    stop_ids: frozenset[int],
+    stop: threading.Event,
+    send: Callable[[P.Tokens], bool],
+) -> int:
+    """Decode after `session.seq` until `most` tokens, an end of text, the session's context
+    or `stop`, sending each round's tokens (`send` returns False when the device is gone).
+    Runs on a thread of its own; every verify is a round on the worker. Returns the tokens
+    streamed."""
+    drafter, policy = decoder.drafter, decoder.policy
+    params = session.params
+    rng = np.random.default_rng(None if params.seed is None else [params.seed, 0x57E4])
+    seq = list(session.seq)
+    drafter.begin(seq[:-1], session.capacity)  # a drafter feeds the last token itself
+    ahead, produced = Ahead(), 0
+    while True:
+        t0 = perf_counter()
+        room = max(0, min(most - produced - 1, session.capacity - len(seq)))
+        plan = policy.plan(drafter.source(seq)).capped(room)
+        new, stats, ahead = speculative_round(
+            verifier, drafter, plan, seq, ahead, room, params, rng
+        )
+        policy.observe(stats)
+        seq += new
+        produced += len(new)
+        final = (
+            stop.is_set()
+            or produced >= most
+            or any(t in stop_ids for t in new)
+            or len(seq) >= session.capacity
+        )
+        if seq != session.seq:  # the worker's session moved on its own: never send that
+            raise RuntimeError("a streamed session changed outside its stream")
+        if not send(P.Tokens(new, len(seq), perf_counter() - t0, final)) or final:
+            return produced
+
+
+def start_stream(
+    streams: Streams,
+    verifier: PoolVerifier,
+    session: ServerSession,
+    msg: P.Stream,
+    stop_ids: frozenset[int],
+    send: Callable[[P.Tokens], bool],
+    on_error: Callable[[Exception], None],
+) -> Stream:
+    """Check a STREAM against the session, then start its thread; ProtocolError if it
+    cannot run (ERROR 429 when the server streams no more sessions now)."""
+    if session.slot is None:
+        raise P.ProtocolError("STREAM before START: start the session first")
+    if msg.base != len(session.seq):
+        raise P.ProtocolError(
+            f"STREAM after {msg.base} tokens, but this session holds {len(session.seq)}: "
+            "the device and the server are out of step; START with the committed tokens",
+            P.OUT_OF_SYNC,
+        )
+    if session.constraint is not None:  # its drafter would not follow the grammar
+        streams.refused += 1
+        raise P.ProtocolError(
+            "verify only: a session with a grammar is not streamed; draft on the device", P.BUSY
+        )
+    if msg.most < 1:
+        raise P.ProtocolError("STREAM of 0 tokens: ask for at least one", P.BAD_REQUEST)
+    reason = streams.refusal()
+    if reason is not None:
+        streams.refused += 1
+        raise P.ProtocolError(reason, P.BUSY)
+    decoder = streams.take()
+    stop = threading.Event()
+
+    def body() -> None:
+        try:
+            streams.tokens += run_stream(verifier, decoder, session, msg.most, stop_ids, stop, send)
+        except Exception as e:  # this session's problem only
+            if session.slot is not None:
+                log.exception("a stream failed")
+                on_error(e)
+        finally:
+            streams.give_back(decoder)
+
+    thread = threading.Thread(target=body, name="edgespec-stream", daemon=True)
+    out = Stream(thread, stop)
+    thread.start()
+    return out

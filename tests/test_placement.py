@@ -1,0 +1,123 @@
+"""The placement policy learns where split mode decodes fastest (split rounds, server
+streaming, local decoding) from round stats, keeps off streaming while the server is busy,
+and keeps within an energy budget."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from edgespec.runtime.estimates import PRIORS
+from edgespec.runtime.placement import Placement
+from edgespec.runtime.registry import make_policy
+from edgespec.runtime.stats import RoundStats
+
+
+class World:
+    """Round stats as a device would see them: a 50 ms link, drafts accepted at ~70%, and
+    streamed and local rounds at the given speeds (tokens/s)."""
+
+    def __init__(self, stream_rate: float, local_rate: float) -> None:
+        self.stream_rate, self.local_rate = stream_rate, local_rate
+        self.round = 0
+
+    def stats(self, where: str, gamma: int, busy: bool = False) -> RoundStats:
+        self.round += 1
+        accepted = int(0.7 * gamma)
+        if where == "stream" and not busy:
+            n = 4
+            return RoundStats(
+                "decode", n, 1, n / self.stream_rate, verifier="stream", bytes_down=40
+            )
+        if where == "local":
+            n = accepted + 1
+            return RoundStats(
+                "decode",
+                n,
+                gamma + 1,
+                0.001 * gamma + n / self.local_rate,
+                drafted=gamma,
+                accepted=accepted,
+                draft_seconds=0.001 * gamma,
+                verifier="local",
+            )
+        draft, net, server = 0.004 * gamma, 0.05 + 0.0001 * gamma, 0.003
+        s = RoundStats(
+            "decode",
+            accepted + 1,
+            gamma + 1,
+            draft + net + server,
+            drafted=gamma,
+            accepted=accepted,
+            draft_seconds=draft,
+            verifier="remote",
+            network_seconds=net,
+            server_seconds=server,
+            bytes_up=27 + 4 * gamma,
+            bytes_down=28,
+        )
+        s.server_busy = busy
+        return s
+
+
+def run(policy: Placement, world: World, rounds: int, busy: bool = False) -> list[str]:
+    where = []
+    for _ in range(rounds):
+        plan = policy.plan()
+        where.append(plan.where)
+        if plan.where == "stream":
+            assert plan.length == 0  # the server decodes: the device drafts nothing
+        stats = world.stats(plan.where, plan.length, busy and plan.where == "stream")
+        policy.observe(stats)
+    return where
+
+
+def placement(**options) -> Placement:
+    policy = make_policy("placement", **options)
+    assert isinstance(policy, Placement)
+    return policy
+
+
+def test_it_learns_every_place_first_then_takes_the_fastest():
+    p = PRIORS
+    where = run(placement(), World(stream_rate=300, local_rate=40), 30)
+    probe, learn = p.placement_probe, p.placement_learn
+    assert where[:probe] == ["local"] * probe
+    assert where[probe : 2 * probe] == ["stream"] * probe
+    assert where[2 * probe : 2 * probe + learn] == ["split"] * learn
+    assert set(where[2 * probe + learn :]) == {"stream"}
+
+
+@pytest.mark.parametrize(
+    "stream_rate, local_rate, best",
+    [(300, 40, "stream"), (20, 300, "local"), (10, 12, "split")],
+)
+def test_the_fastest_place_wins(stream_rate, local_rate, best):
+    policy = placement()
+    where = run(policy, World(stream_rate, local_rate), 40)
+    assert where[-10:] == [best] * 10, policy.rates()
+
+
+def test_a_busy_server_is_not_asked_to_stream_for_a_while():
+    policy = placement(priors=replace(PRIORS, placement_busy=20))
+    where = run(policy, World(stream_rate=300, local_rate=40), 12, busy=True)
+    # the first refusal ends the stream probes: nothing is streamed while it is busy
+    assert "stream" not in where[PRIORS.placement_probe + 1 :]
+
+
+def test_an_energy_budget_leaves_out_the_places_over_it():
+    # local is fastest, but a SoC busy at 3 W for 1/300 s a token is 10 mJ/token; the radio
+    # waiting at 1.3 W for 1/200 s a token is 6.5 mJ
+    fast = run(placement(), World(stream_rate=200, local_rate=300), 40)
+    assert fast[-5:] == ["local"] * 5
+    frugal = placement(energy_budget=0.008)
+    where = run(frugal, World(stream_rate=200, local_rate=300), 40)
+    assert where[-20:] == ["stream"] * 20
+
+
+def test_placement_is_a_split_mode_policy():
+    with pytest.raises(ValueError, match="energy budget"):
+        make_policy("auto", energy_budget=0.1)
+    assert placement(energy_budget=0.2).energy_budget == 0.2
+    assert make_policy("placement:0.3").energy_budget == 0.3
