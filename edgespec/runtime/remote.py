@@ -2,11 +2,12 @@
 
 `RemoteVerifier` (`remote_verifier.py`) sends each round to the server (VERIFY with the
 drafts and, when sampling, the sparse distributions they were drawn from) and answers with a
-`Pending` that the decode loop polls while it drafts ahead. The server applies the acceptance rule and keeps its own
-cache in step, so `truncate` has nothing to do here. A START (re)builds the server's
-session from the committed tokens: on the first round, and after a reconnect (resync). With
-`hold` (a conversation), a generation ends with PAUSE instead of END and the next prefill
-resumes the server's session: only the prompt past what its cache shares is sent.
+`Pending` that the decode loop polls while it drafts ahead. The server applies the
+acceptance rule and keeps its own cache in step, so `truncate` has nothing to do here. A
+START (re)builds the server's session from the committed tokens: on the first round, and
+after a reconnect (resync). With `hold` (a conversation), a generation ends with PAUSE
+instead of END and the next prefill resumes the server's session: only the prompt past what
+its cache shares is sent.
 
 `FallbackVerifier` holds both: rounds go to the server while it answers. When a round is not
 answered within the timeout, the connection drops or the server went away (`LinkError`
