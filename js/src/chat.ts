@@ -76,13 +76,33 @@ export class ChatTemplate {
         messages,
         tools: o.tools ?? null,
         add_generation_prompt: o.addGenerationPrompt ?? true,
-        raise_exception: (message: string) => {
-          throw new ChatTemplateError(`the chat template refused this conversation: ${message}`);
-        },
+        dict: templateDict,
       });
     } catch (e) {
-      if (e instanceof ChatTemplateError) throw e;
-      throw new ChatTemplateError(`the chat template failed on this conversation (${(e as Error).message})`);
+      // raise_exception (the template's own refusal) and runtime errors alike
+      throw new ChatTemplateError(`the chat template refused this conversation: ${(e as Error).message}`);
     }
   }
+}
+
+
+/** `dict(a=1, ...)` as Python's jinja2 gives templates (keyword arguments arrive as a Map). */
+function templateDict(...args: unknown[]): Record<string, unknown> {
+  const out: Record<string, unknown> = {};
+  for (const a of args) {
+    // keyword arguments arrive as a Map of the interpreter's values ({type, value})
+    if (a instanceof Map) for (const [k, v] of a) out[String(k)] = plainValue(v);
+    else if (a && typeof a === "object") Object.assign(out, a);
+  }
+  return out;
+}
+
+function plainValue(v: unknown): unknown {
+  if (v && typeof v === "object" && "type" in v && "value" in v) {
+    const inner = (v as { value: unknown }).value;
+    if (inner instanceof Map) return Object.fromEntries([...inner].map(([k, x]) => [k, plainValue(x)]));
+    if (Array.isArray(inner)) return inner.map(plainValue);
+    return inner;
+  }
+  return v;
 }

@@ -1,0 +1,45 @@
+// Reproduces conformance vectors written by the Python runtime (tests/test_js_conformance.py):
+// node conformance.mjs VECTORS.json OUT.json. For each bundle: token ids of each text,
+// rendered chat templates, and greedy generations per mode; OUT.json holds what this package
+// produced, for the Python test to compare item by item.
+import { readFileSync, writeFileSync } from "node:fs";
+import { ChatTemplate, load } from "./dist/node.js";
+
+const [vectorsPath, outPath] = process.argv.slice(2);
+const vectors = JSON.parse(readFileSync(vectorsPath, "utf-8"));
+const out = { tokenizer: [], decode: [], templates: [], generations: [], errors: [] };
+
+for (const t of vectors.templates) {
+  const template = new ChatTemplate({ default: t.template }, t.special_tokens);
+  let text;
+  try {
+    text = template.render(t.messages, { flags: t.flags, tools: t.tools ?? undefined });
+  } catch (e) {
+    text = `error: ${e.message}`;
+  }
+  out.templates.push({ name: t.name, text });
+}
+
+for (const b of vectors.bundles) {
+  for (const g of b.generations) {
+    let model;
+    try {
+      model = await load(b.path, { mode: g.mode, draftPolicy: g.policy, exitLayer: g.exit_layer ?? undefined });
+    } catch (e) {
+      out.errors.push(`${b.name} ${g.mode}: ${e.message}`);
+      continue;
+    }
+    if (g === b.generations[0]) {
+      for (const text of b.texts) out.tokenizer.push({ bundle: b.name, text, ids: model.tokenizer.encode(text) });
+      for (const ids of b.decode) out.decode.push({ bundle: b.name, ids, text: model.tokenizer.decode(ids, true) });
+    }
+    const prompt = g.chat ? model.renderChat(g.chat) : g.prompt;
+    const r = await model.generate(prompt, { maxNewTokens: g.max_new_tokens, ignoreEos: g.ignore_eos });
+    out.generations.push({
+      bundle: b.name, mode: g.mode, policy: g.policy, prompt: g.prompt, chat: g.chat ?? null,
+      tokens: r.tokens, text: r.text, finish_reason: r.finishReason,
+      drafted: r.stats.drafted, accepted: r.stats.accepted,
+    });
+  }
+}
+writeFileSync(outPath, JSON.stringify(out));

@@ -1,0 +1,209 @@
+"""The JavaScript package (`js/`) reproduces the Python runtime token for token.
+
+The Python runtime writes conformance vectors over tiny random bundles exported for
+onnxruntime's JavaScript packages (`batched_verify=False`): the ids of texts per tokenizer,
+decoded text, chat templates rendered, and greedy outputs of every mode the package runs
+(`ar`, `spec`, `self-spec`, `lookup`, with drafts rejected and accepted). `node` runs
+`js/conformance.mjs` on the built package and the test compares item by item. The package is
+built here (`npm ci` when `node_modules` is missing, then `npm run build` when `dist/` is
+older than `src/`); the test skips only when `node` is not installed.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from chat_templates import TEMPLATES  # noqa: E402
+from conftest import write_chat_checkpoint  # noqa: E402
+
+JS = Path(__file__).resolve().parents[1] / "js"
+NODE = shutil.which("node")
+pytestmark = pytest.mark.skipif(NODE is None, reason="node is not installed (Node >= 20 runs js/)")
+
+TEXTS = [
+    "def parse(x):\n    return  x + 1  # sum",
+    "Hello, world! It's 2026; naïve café — 世界 🙂\r\n\ttabs  and   spaces ",
+    "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>ok</think>",
+    "import os, sys\nfor i in range(10):\n\tprint(f'{i:03d}')\n\n\n",
+    "   leading spaces, 12345678901234 digits, UPPER lower MiXeD's don't",
+    "",
+]
+PROMPTS = ["def parse(x):\n    return", "import os\nimport sys\nimport os\nimport"]
+CHAT = [
+    {"role": "system", "content": "You are terse."},
+    {"role": "user", "content": "Name a prime."},
+]
+CONVERSATIONS = {
+    "plain": [{"role": "user", "content": "Hi there"}],
+    "system": CHAT
+    + [{"role": "assistant", "content": "7"}, {"role": "user", "content": "Another?"}],
+}
+MAX_NEW = 40
+
+
+def build_js() -> None:
+    npm = shutil.which("npm")
+    if npm is None:
+        pytest.fail("node is installed but npm is not: install npm to build js/")
+    if not (JS / "node_modules").exists():
+        subprocess.run([npm, "ci"], cwd=JS, check=True, timeout=600, capture_output=True)
+    dist = JS / "dist" / "node.js"
+    newest = max(p.stat().st_mtime for p in (JS / "src").glob("*.ts"))
+    if not dist.exists() or dist.stat().st_mtime < newest:
+        subprocess.run([npm, "run", "build"], cwd=JS, check=True, timeout=600, capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def js_bundles(tmp_path_factory) -> dict[str, Path]:
+    """A chat bundle whose draft is another random model (drafts mostly rejected) and one
+    whose draft is the target itself (every draft accepted: the bonus-token path), each with
+    an exit at layer 2, exported for onnxruntime 1.30 (no query_seqlens)."""
+    from edgespec.export import export_bundle
+
+    root = tmp_path_factory.mktemp("js_conformance")
+    target = write_chat_checkpoint(root / "t", seed=0)
+    draft = write_chat_checkpoint(root / "d", seed=1)
+    out = {"chat": root / "chat", "self-draft": root / "self-draft"}
+    export_bundle(target, out["chat"], draft=draft, exit_layers=[2], batched_verify=False)
+    export_bundle(target, out["self-draft"], draft=target, exit_layers=[2], batched_verify=False)
+    return out
+
+
+def python_vectors(bundles: dict[str, Path]) -> dict:
+    from edgespec.bundle import load_manifest
+    from edgespec.runtime.chat_template import ChatTemplate, ChatTemplateError
+    from edgespec.runtime.model import Model
+
+    vectors: dict = {"bundles": [], "templates": []}
+    chat = ChatTemplate.from_bundle(bundles["chat"], load_manifest(bundles["chat"]))
+    special = chat.special_tokens
+    named = {"bundle": chat.templates["default"], **TEMPLATES}
+    for name, text in named.items():
+        for label, messages in CONVERSATIONS.items():
+            flags = {"date_string": "26 Nov 2026"}  # llama3 would print today's date
+            try:
+                rendered = ChatTemplate({"default": text}, special).render(messages, **flags)
+            except ChatTemplateError:  # e.g. Gemma's refusal of a system message
+                rendered = None
+            vectors["templates"].append(
+                dict(
+                    name=f"{name}/{label}",
+                    template=text,
+                    special_tokens=special,
+                    messages=messages,
+                    flags=flags,
+                    expected=rendered,
+                )
+            )
+    runs = [
+        ("ar", None, None),
+        ("spec", "fixed:4", None),
+        ("spec", "fixed:1", None),
+        ("self-spec", "fixed:3", 2),
+        ("lookup", "fixed:4", None),
+    ]
+    for name, path in bundles.items():
+        entry: dict = {"name": name, "path": str(path), "texts": TEXTS, "generations": []}
+        tokenizer = None
+        for mode, policy, exit_layer in runs:
+            options = {"draft_policy": policy} if policy else {}
+            model = Model.load(path, mode=mode, exit_layer=exit_layer, **options)
+            tokenizer = model.tokenizer
+            cases = [dict(prompt=p, chat=None) for p in PROMPTS]
+            cases.append(dict(prompt=None, chat=CHAT))
+            for case in cases:
+                prompt = case["prompt"] or chat.render(case["chat"])
+                g = model.generate(prompt, max_new_tokens=MAX_NEW, ignore_eos=case["chat"] is None)
+                entry["generations"].append(
+                    dict(
+                        mode=mode,
+                        policy=policy,
+                        exit_layer=exit_layer,
+                        **case,
+                        max_new_tokens=MAX_NEW,
+                        ignore_eos=case["chat"] is None,
+                        tokens=g.tokens,
+                        text=g.text,
+                        finish_reason=g.finish_reason,
+                        drafted=g.stats.drafted,
+                        accepted=g.stats.accepted,
+                    )
+                )
+        assert tokenizer is not None
+        entry["ids"] = [tokenizer.encode(t) for t in TEXTS]
+        entry["decode"] = [tokenizer.encode(t) for t in TEXTS[:4]]
+        entry["decoded"] = [
+            tokenizer.decode(ids, skip_special_tokens=True) for ids in entry["decode"]
+        ]
+        vectors["bundles"].append(entry)
+    return vectors
+
+
+@pytest.fixture(scope="module")
+def conformance(js_bundles, tmp_path_factory) -> tuple[dict, dict]:
+    build_js()
+    vectors = python_vectors(js_bundles)
+    folder = tmp_path_factory.mktemp("vectors")
+    (folder / "vectors.json").write_text(json.dumps(vectors))
+    run = subprocess.run(
+        [NODE, str(JS / "conformance.mjs"), str(folder / "vectors.json"), str(folder / "js.json")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, f"node failed:\n{run.stderr[-3000:]}"
+    return vectors, json.loads((folder / "js.json").read_text())
+
+
+def test_js_loads_every_mode_of_the_bundles(conformance):
+    _, js = conformance
+    assert js["errors"] == []
+
+
+def test_js_tokenizer_gives_the_python_runtimes_ids(conformance):
+    vectors, js = conformance
+    expected = [
+        (b["name"], text, ids)
+        for b in vectors["bundles"]
+        for text, ids in zip(b["texts"], b["ids"], strict=True)
+    ]
+    got = [(t["bundle"], t["text"], t["ids"]) for t in js["tokenizer"]]
+    assert got == expected
+    decoded = [(d["bundle"], d["text"]) for d in js["decode"]]
+    assert decoded == [(b["name"], t) for b in vectors["bundles"] for t in b["decoded"]]
+
+
+def test_js_renders_chat_templates_as_python_does(conformance):
+    vectors, js = conformance
+    for want, got in zip(vectors["templates"], js["templates"], strict=True):
+        if want["expected"] is None:  # refused by the template: refused in JS too
+            assert got["text"].startswith("error: the chat template refused"), want["name"]
+        else:
+            assert got["text"] == want["expected"], want["name"]
+
+
+def test_js_greedy_output_equals_python_per_mode(conformance):
+    vectors, js = conformance
+    want = [(b["name"], g) for b in vectors["bundles"] for g in b["generations"]]
+    assert len(js["generations"]) == len(want)
+    for (bundle, w), g in zip(want, js["generations"], strict=True):
+        where = f"{bundle} {w['mode']} {w['policy']} {w['prompt'] or 'chat'!r}"
+        assert g["tokens"] == w["tokens"], where
+        assert g["text"] == w["text"], where
+        assert g["finish_reason"] == w["finish_reason"], where
+        # the same drafts proposed and accepted: the loop is the same loop, not only its output
+        assert (g["drafted"], g["accepted"]) == (w["drafted"], w["accepted"]), where
+
+
+def test_conformance_exercises_accepted_and_rejected_drafts(conformance):
+    vectors, _ = conformance
+    spec = [g for b in vectors["bundles"] for g in b["generations"] if g["mode"] == "spec"]
+    assert any(g["accepted"] == g["drafted"] > 0 for g in spec)  # the self-draft bundle
+    assert any(g["accepted"] < g["drafted"] for g in spec)  # the random draft
