@@ -34,7 +34,11 @@ for (const b of vectors.bundles) {
       for (const ids of b.decode) out.decode.push({ bundle: b.name, ids, text: model.tokenizer.decode(ids, true) });
     }
     const prompt = g.chat ? model.renderChat(g.chat) : g.prompt;
-    const r = await model.generate(prompt, { maxNewTokens: g.max_new_tokens, ignoreEos: g.ignore_eos });
+    const sampling = g.sampling ?? {};
+    const r = await model.generate(prompt, {
+      maxNewTokens: g.max_new_tokens, ignoreEos: g.ignore_eos,
+      temperature: sampling.temperature, topP: sampling.top_p, topK: sampling.top_k, seed: sampling.seed,
+    });
     out.generations.push({
       bundle: b.name, mode: g.mode, policy: g.policy, prompt: g.prompt, chat: g.chat ?? null,
       tokens: r.tokens, text: r.text, finish_reason: r.finishReason,

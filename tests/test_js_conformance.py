@@ -46,6 +46,12 @@ CONVERSATIONS = {
     + [{"role": "assistant", "content": "7"}, {"role": "user", "content": "Another?"}],
 }
 MAX_NEW = 40
+# seeded sampling: the JS package draws numpy's stream (PCG64), so samples match too
+SAMPLING = [
+    dict(temperature=0.8, seed=7),
+    dict(temperature=1.3, top_p=0.9, top_k=50, seed=12345),
+]
+SAMPLED_MODES = {"ar", "lookup"}
 
 
 def build_js() -> None:
@@ -116,11 +122,17 @@ def python_vectors(bundles: dict[str, Path]) -> dict:
             options = {"draft_policy": policy} if policy else {}
             model = Model.load(path, mode=mode, exit_layer=exit_layer, **options)
             tokenizer = model.tokenizer
-            cases = [dict(prompt=p, chat=None) for p in PROMPTS]
-            cases.append(dict(prompt=None, chat=CHAT))
+            cases = [dict(prompt=p, chat=None, sampling=None) for p in PROMPTS]
+            cases.append(dict(prompt=None, chat=CHAT, sampling=None))
+            if mode in SAMPLED_MODES:
+                cases += [dict(prompt=PROMPTS[0], chat=None, sampling=s) for s in SAMPLING]
             for case in cases:
                 prompt = case["prompt"] or chat.render(case["chat"])
-                g = model.generate(prompt, max_new_tokens=MAX_NEW, ignore_eos=case["chat"] is None)
+                ignore_eos = case["chat"] is None
+                sampling = case["sampling"] or {}
+                g = model.generate(
+                    prompt, max_new_tokens=MAX_NEW, ignore_eos=ignore_eos, **sampling
+                )
                 entry["generations"].append(
                     dict(
                         mode=mode,
@@ -128,7 +140,7 @@ def python_vectors(bundles: dict[str, Path]) -> dict:
                         exit_layer=exit_layer,
                         **case,
                         max_new_tokens=MAX_NEW,
-                        ignore_eos=case["chat"] is None,
+                        ignore_eos=ignore_eos,
                         tokens=g.tokens,
                         text=g.text,
                         finish_reason=g.finish_reason,
@@ -194,7 +206,7 @@ def test_js_greedy_output_equals_python_per_mode(conformance):
     want = [(b["name"], g) for b in vectors["bundles"] for g in b["generations"]]
     assert len(js["generations"]) == len(want)
     for (bundle, w), g in zip(want, js["generations"], strict=True):
-        where = f"{bundle} {w['mode']} {w['policy']} {w['prompt'] or 'chat'!r}"
+        where = f"{bundle} {w['mode']} {w['policy']} {w['prompt'] or 'chat'!r} {w['sampling']}"
         assert g["tokens"] == w["tokens"], where
         assert g["text"] == w["text"], where
         assert g["finish_reason"] == w["finish_reason"], where

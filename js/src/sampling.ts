@@ -6,6 +6,7 @@ is this package's own (xoshiro128**, seeded): a seed fixes a JavaScript generati
 distribution is the Python runtime's, but the draws are not numpy's. */
 
 import { InputError } from "./errors.js";
+import { PCG64 } from "./random.js";
 
 export interface SamplingParams {
   temperature: number; // 0 = greedy
@@ -24,34 +25,33 @@ export function samplingParams(o: Partial<SamplingParams> = {}): SamplingParams 
 
 export const isGreedy = (p: SamplingParams): boolean => p.temperature === 0;
 
-/** A seeded uniform generator on [0, 1) (xoshiro128**, 53-bit doubles). */
-export class Rng {
-  private s: Uint32Array;
+/** The random stream: numpy's default_rng(seed) (see random.ts); no seed, a random one. */
+export class Rng extends PCG64 {
   constructor(seed: number | null) {
-    let x = (seed ?? Math.floor(Math.random() * 2 ** 32)) >>> 0;
-    this.s = new Uint32Array(4);
-    for (let i = 0; i < 4; i++) { // splitmix32 fills the state
-      x = (x + 0x9e3779b9) >>> 0;
-      let z = x;
-      z = Math.imul(z ^ (z >>> 16), 0x85ebca6b) >>> 0;
-      z = Math.imul(z ^ (z >>> 13), 0xc2b2ae35) >>> 0;
-      this.s[i] = (z ^ (z >>> 16)) >>> 0;
-    }
-  }
-  private next32(): number {
-    const s = this.s;
-    const r = Math.imul(rotl(Math.imul(s[1], 5) >>> 0, 7), 9) >>> 0;
-    const t = (s[1] << 9) >>> 0;
-    s[2] ^= s[0]; s[3] ^= s[1]; s[1] ^= s[2]; s[0] ^= s[3];
-    s[2] ^= t; s[3] = rotl(s[3], 11);
-    return r;
-  }
-  random(): number {
-    return ((this.next32() >>> 5) * 67108864 + (this.next32() >>> 6)) / 9007199254740992;
+    super(seed ?? Math.floor(Math.random() * 2 ** 32));
   }
 }
 
-const rotl = (x: number, k: number): number => ((x << k) | (x >>> (32 - k))) >>> 0;
+/** numpy's sum of a float64 array (pairwise, blocks of 8 up to 128): the same float, so a
+ * distribution normalized here is the Python runtime's to the last bit. */
+export function pairwiseSum(a: Float64Array, lo = 0, n = a.length): number {
+  if (n < 8) {
+    let res = -0;
+    for (let i = lo; i < lo + n; i++) res += a[i];
+    return res;
+  }
+  if (n <= 128) {
+    const r = [a[lo], a[lo + 1], a[lo + 2], a[lo + 3], a[lo + 4], a[lo + 5], a[lo + 6], a[lo + 7]];
+    let i = 8;
+    for (; i < n - (n % 8); i += 8) for (let j = 0; j < 8; j++) r[j] += a[lo + i + j];
+    let res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]));
+    for (; i < n; i++) res += a[lo + i];
+    return res;
+  }
+  let n2 = Math.floor(n / 2);
+  n2 -= n2 % 8;
+  return pairwiseSum(a, lo, n2) + pairwiseSum(a, lo + n2, n - n2);
+}
 
 export function argmax(row: ArrayLike<number>): number {
   let best = 0;
@@ -70,8 +70,8 @@ export function probabilities(logits: Float32Array, p: SamplingParams): Float64A
   }
   let max = -Infinity;
   for (let i = 0; i < n; i++) if (z[i] > max) max = z[i];
-  let sum = 0;
-  for (let i = 0; i < n; i++) sum += (z[i] = Math.exp(z[i] - max));
+  for (let i = 0; i < n; i++) z[i] = Math.exp(z[i] - max);
+  const sum = pairwiseSum(z);
   for (let i = 0; i < n; i++) z[i] /= sum;
   if (p.topP < 1) {
     const order = Array.from({ length: n }, (_, i) => i).sort((a, b) => z[b] - z[a] || a - b);
@@ -82,18 +82,17 @@ export function probabilities(logits: Float32Array, p: SamplingParams): Float64A
     }
     const keep = new Uint8Array(n);
     for (let j = 0; j < cut; j++) keep[order[j]] = 1;
-    let kept = 0;
-    for (let i = 0; i < n; i++) kept += keep[i] ? z[i] : (z[i] = 0);
+    for (let i = 0; i < n; i++) if (!keep[i]) z[i] = 0;
+    const kept = pairwiseSum(z);
     for (let i = 0; i < n; i++) z[i] /= kept;
   }
   return z;
 }
 
-/** Inverse-CDF draw from p (unnormalized is fine): one uniform per token. */
+/** Inverse-CDF draw from p (unnormalized is fine): one uniform per token, as numpy's
+ * searchsorted(cumsum(p), u * sum(p), side="right"). */
 export function sample(p: Float64Array, rng: Rng): number {
-  let total = 0;
-  for (let i = 0; i < p.length; i++) total += p[i];
-  const u = rng.random() * total;
+  const u = rng.random() * pairwiseSum(p);
   let cdf = 0;
   for (let i = 0; i < p.length; i++) {
     cdf += p[i];
