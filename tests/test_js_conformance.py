@@ -46,12 +46,13 @@ CONVERSATIONS = {
     + [{"role": "assistant", "content": "7"}, {"role": "user", "content": "Another?"}],
 }
 MAX_NEW = 40
-# seeded sampling: the JS package draws numpy's stream (PCG64), so samples match too
+# seeded sampling: the JS package draws numpy's stream (PCG64) and builds draft q as Python
+# does, so sampled outputs match too
 SAMPLING = [
     dict(temperature=0.8, seed=7),
     dict(temperature=1.3, top_p=0.9, top_k=50, seed=12345),
 ]
-SAMPLED_MODES = {"ar", "lookup"}
+SAMPLED_MODES = {"ar", "lookup", "spec", "self-spec"}
 
 
 def build_js() -> None:
@@ -219,3 +220,6 @@ def test_conformance_exercises_accepted_and_rejected_drafts(conformance):
     spec = [g for b in vectors["bundles"] for g in b["generations"] if g["mode"] == "spec"]
     assert any(g["accepted"] == g["drafted"] > 0 for g in spec)  # the self-draft bundle
     assert any(g["accepted"] < g["drafted"] for g in spec)  # the random draft
+    sampled = [g for g in spec if g["sampling"]]
+    assert any(g["accepted"] < g["drafted"] for g in sampled)  # the residual draw
+    assert any(g["accepted"] > 0 for g in sampled)  # min(1, p/q) accepting

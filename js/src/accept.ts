@@ -10,8 +10,10 @@ output follows the target's distribution (Leviathan et al. 2023; Chen et al. 202
 
 import { argmax, isGreedy, probabilities, sample, type Rng, type SamplingParams } from "./sampling.js";
 
-/** A draft distribution: probabilities over the whole vocabulary, zero off its support. */
-export type DraftQ = Float64Array;
+import { SCALE, type SparseQ } from "./draftq.js";
+
+/** The distribution a draft was drawn from (see draftq.ts). */
+export type DraftQ = SparseQ;
 
 export function acceptGreedy(tokens: number[], logits: Float32Array[]): [number, number] {
   let n = 0;
@@ -25,10 +27,10 @@ export function acceptSampled(
   for (let i = 0; i < tokens.length; i++) {
     const d = tokens[i];
     const p = probabilities(logits[i], params);
-    const qd = q === null ? 1 : q[i][d];
+    const qd = q === null ? 1 : q[i].prob(d);
     if (rng.random() * qd < p[d]) continue; // u < p/q without dividing by a zero q
     if (q === null) p[d] = 0;
-    else for (let x = 0; x < p.length; x++) p[x] = Math.max(p[x] - q[i][x], 0);
+    else q[i].ids.forEach((x, j) => (p[x] = Math.max(p[x] - q[i].counts[j] / SCALE, 0)));
     return [i, sample(p, rng)];
   }
   return [tokens.length, sample(probabilities(logits[tokens.length], params), rng)];

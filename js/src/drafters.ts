@@ -11,7 +11,8 @@ it stays in step however many tokens the last round accepted. */
 
 import type { DraftQ } from "./accept.js";
 import type { GraphSession, Stack } from "./graph.js";
-import { argmax, isGreedy, probabilities, sample, type Rng, type SamplingParams } from "./sampling.js";
+import { fromLogits } from "./draftq.js";
+import { argmax, isGreedy, type Rng, type SamplingParams } from "./sampling.js";
 import { capped, emptyProposal, now, type Drafter, type Plan, type Proposal } from "./round.js";
 
 /** Run a drafting model one token at a time: `step(feed)` -> next-token logits. Returns the
@@ -27,8 +28,8 @@ async function draftTokens(
     if (isGreedy(params)) {
       d = argmax(logits);
     } else {
-      const q = probabilities(logits, params);
-      d = sample(Float64Array.from(q), rng);
+      const [q] = fromLogits(logits, params);
+      d = q.sample(rng);
       qs.push(q);
     }
     tokens.push(d);

@@ -52,6 +52,7 @@ const PCG_MULT = (0x2360ed051fc65da4n << 64n) | 0x4385df649fccf645n;
 export class PCG64 {
   private state = 0n;
   private inc = 0n;
+  private half: number | null = null; // the high 32 bits of a 64-bit draw, not used yet
 
   constructor(seed: number) {
     const w = seedSequenceState(seed, 8); // four uint64, little-endian pairs of uint32
@@ -74,6 +75,33 @@ export class PCG64 {
     const value = ((s >> 64n) ^ s) & MASK64;
     const rot = s >> 122n;
     return ((value >> rot) | (value << ((64n - rot) & 63n))) & MASK64;
+  }
+
+  /** 32 bits: the low half of a fresh 64-bit draw, then its high half (numpy's buffering). */
+  nextUint32(): number {
+    if (this.half !== null) {
+      const h = this.half;
+      this.half = null;
+      return h;
+    }
+    const v = this.nextUint64();
+    this.half = Number(v >> 32n);
+    return Number(v & 0xffffffffn);
+  }
+
+  /** Generator.integers(high) for 0 < high <= 2^32: Lemire's bounded draw, as numpy. */
+  integers(high: number): number {
+    const excl = high; // rng + 1
+    let m = BigInt(this.nextUint32()) * BigInt(excl);
+    let leftover = Number(m & 0xffffffffn);
+    if (leftover < excl) {
+      const threshold = (0xffffffff - (excl - 1)) % excl;
+      while (leftover < threshold) {
+        m = BigInt(this.nextUint32()) * BigInt(excl);
+        leftover = Number(m & 0xffffffffn);
+      }
+    }
+    return Number(m >> 32n);
   }
 
   /** Generator.random(): (next_uint64 >> 11) * 2^-53. */
