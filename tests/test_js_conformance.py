@@ -223,3 +223,50 @@ def test_conformance_exercises_accepted_and_rejected_drafts(conformance):
     sampled = [g for g in spec if g["sampling"]]
     assert any(g["accepted"] < g["drafted"] for g in sampled)  # the residual draw
     assert any(g["accepted"] > 0 for g in sampled)  # min(1, p/q) accepting
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    build_js()
+    return subprocess.run(
+        [NODE, str(JS / "dist" / "cli.js"), *args], capture_output=True, text=True, timeout=300
+    )
+
+
+def test_js_cli_generates_with_stats(js_bundles):
+    run = cli("generate", str(js_bundles["self-draft"]), "-p", "def f(", "--mode", "spec",
+              "--max-new-tokens", "8", "--ignore-eos", "--stats")  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert "8 tokens" in run.stderr and "accepted" in run.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--mode", "split"], "mode 'split' is not one of"),
+        (["--mode", "spec", "--draft-policy", "auto"], "fixed:N so far"),
+        (["--mode", "self-spec", "--exit-layer", "3"], "exit layer 3 is not in this bundle"),
+        (["--max-new-tokens", "0"], "maxNewTokens must be"),
+        (["--temperature=-1"], "temperature must be >= 0"),
+    ],
+)
+def test_js_refuses_bad_options_with_the_fix(js_bundles, args, message):
+    run = cli("generate", str(js_bundles["chat"]), "-p", "hi", *args)
+    assert run.returncode == 2 and message in run.stderr, run.stderr
+    assert "at " not in run.stderr  # a message, not a stack trace
+
+
+def test_js_refuses_bad_bundles_with_the_fix(js_bundles, tmp_path):
+    run = cli("generate", str(tmp_path / "nowhere"), "-p", "hi")
+    assert run.returncode == 2 and "does not exist" in run.stderr, run.stderr
+    run = cli("generate", str(tmp_path), "-p", "hi")
+    assert run.returncode == 2 and "not an edgespec bundle" in run.stderr, run.stderr
+    demo = Path(__file__).resolve().parents[1] / "edgespec" / "demo_bundle"
+    manifest = json.loads((demo / "manifest.json").read_text())
+    if any(i["name"] == "query_seqlens" for g in manifest["graphs"] for i in g["inputs"]):
+        run = cli("generate", str(demo), "-p", "hi")
+        assert run.returncode == 2 and "--no-batched-verify" in run.stderr, run.stderr
+    broken = tmp_path / "broken"
+    shutil.copytree(js_bundles["chat"], broken)
+    (broken / "draft.onnx").unlink()
+    run = cli("generate", str(broken), "-p", "hi")
+    assert run.returncode == 2 and "incomplete: missing draft.onnx" in run.stderr, run.stderr
