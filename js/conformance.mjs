@@ -7,7 +7,7 @@ import { ChatTemplate, load } from "./dist/node.js";
 
 const [vectorsPath, outPath] = process.argv.slice(2);
 const vectors = JSON.parse(readFileSync(vectorsPath, "utf-8"));
-const out = { tokenizer: [], decode: [], templates: [], generations: [], errors: [] };
+const out = { tokenizer: [], decode: [], templates: [], generations: [], chats: [], errors: [] };
 
 for (const t of vectors.templates) {
   const template = new ChatTemplate({ default: t.template }, t.special_tokens);
@@ -44,6 +44,14 @@ for (const b of vectors.bundles) {
       tokens: r.tokens, text: r.text, finish_reason: r.finishReason,
       drafted: r.stats.drafted, accepted: r.stats.accepted,
     });
+  }
+}
+for (const b of vectors.bundles) {
+  for (const c of b.chats) {
+    const model = await load(b.path, { mode: c.mode, draftPolicy: c.policy ?? undefined, exitLayer: c.exit_layer ?? undefined });
+    const replies = [];
+    for (const messages of c.turns) replies.push(await model.chat(messages, { maxNewTokens: c.max_new_tokens }));
+    out.chats.push({ bundle: b.name, mode: c.mode, tokens: replies.map((r) => r.tokens), cached: replies.map((r) => r.cachedTokens) });
   }
 }
 writeFileSync(outPath, JSON.stringify(out));

@@ -117,7 +117,13 @@ def python_vectors(bundles: dict[str, Path]) -> dict:
         ("lookup", "fixed:4", None),
     ]
     for name, path in bundles.items():
-        entry: dict = {"name": name, "path": str(path), "texts": TEXTS, "generations": []}
+        entry: dict = {
+            "name": name,
+            "path": str(path),
+            "texts": TEXTS,
+            "generations": [],
+            "chats": [],
+        }
         tokenizer = None
         for mode, policy, exit_layer in runs:
             options = {"draft_policy": policy} if policy else {}
@@ -149,6 +155,24 @@ def python_vectors(bundles: dict[str, Path]) -> dict:
                         accepted=g.stats.accepted,
                     )
                 )
+            # a conversation of two turns: the second keeps the first's caches
+            first = model.chat(CHAT, max_new_tokens=MAX_NEW)
+            more = [
+                {"role": "assistant", "content": first.text},
+                {"role": "user", "content": "More?"},
+            ]
+            second = model.chat(CHAT + more, max_new_tokens=MAX_NEW)
+            entry["chats"].append(
+                dict(
+                    mode=mode,
+                    policy=policy,
+                    exit_layer=exit_layer,
+                    turns=[CHAT, CHAT + more],
+                    max_new_tokens=MAX_NEW,
+                    tokens=[first.tokens, second.tokens],
+                    cached=[first.cached_tokens, second.cached_tokens],
+                )
+            )
         assert tokenizer is not None
         entry["ids"] = [tokenizer.encode(t) for t in TEXTS]
         entry["decode"] = [tokenizer.encode(t) for t in TEXTS[:4]]
@@ -270,3 +294,14 @@ def test_js_refuses_bad_bundles_with_the_fix(js_bundles, tmp_path):
     (broken / "draft.onnx").unlink()
     run = cli("generate", str(broken), "-p", "hi")
     assert run.returncode == 2 and "incomplete: missing draft.onnx" in run.stderr, run.stderr
+
+
+def test_js_chat_keeps_the_conversations_caches_as_python_does(conformance):
+    vectors, js = conformance
+    want = [(b["name"], c) for b in vectors["bundles"] for c in b["chats"]]
+    assert len(js["chats"]) == len(want)
+    for (bundle, w), got in zip(want, js["chats"], strict=True):
+        where = f"{bundle} {w['mode']} {w['policy']}"
+        assert got["tokens"] == w["tokens"], where
+        assert got["cached"] == w["cached"], where
+        assert got["cached"][1] > 0, where  # the second turn prefilled only what was new

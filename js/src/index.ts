@@ -5,7 +5,7 @@ onnxruntime-react-native) and a `BundleFiles` reader to `loadModel`. In Node,
 `import { load } from "edgespec"` reads a bundle folder with onnxruntime-node. */
 
 export { loadModel, Model, MODES } from "./model.js";
-export type { Chunk, Generation, GenerateOptions, LoadOptions, Mode, Prompt } from "./model.js";
+export type { ChatOptions, ChatReply, Chunk, Generation, GenerateOptions, LoadOptions, Mode, Prompt } from "./model.js";
 export { loadManifest } from "./bundle.js";
 export type { Manifest, ModelInfo, GraphInfo } from "./bundle.js";
 export { ChatTemplate, ChatTemplateError } from "./chat.js";

@@ -10,6 +10,13 @@ work, with an `InputError` saying what to change. The name table: modes `ar` (no
 import type * as ortTypes from "onnxruntime-common";
 import { exitLayers, findGraph, loadManifest, modelInfo, type Manifest } from "./bundle.js";
 import { ChatTemplate, type Message, type RenderOptions } from "./chat.js";
+
+export function commonPrefix(a: number[], b: number[]): number {
+  const n = Math.min(a.length, b.length);
+  let i = 0;
+  while (i < n && a[i] === b[i]) i++;
+  return i;
+}
 import { decode } from "./decode.js";
 import { EarlyExitDrafter, LookupDrafter, ModelDrafter, NoDrafter } from "./drafters.js";
 import { InputError } from "./errors.js";
@@ -17,7 +24,7 @@ import type { BundleFiles } from "./files.js";
 import { GraphSession, Stack, type Ort } from "./graph.js";
 import { LocalVerifier } from "./local.js";
 import { parsePolicy, type DraftLengthPolicy } from "./policies.js";
-import { samplingParams } from "./sampling.js";
+import { samplingParams, type SamplingParams } from "./sampling.js";
 import { GenerationStats, type Drafter, type RoundStats, type Verifier } from "./round.js";
 import { Tokenizer } from "./tokenizer.js";
 
@@ -45,6 +52,19 @@ export interface GenerateOptions {
   ignoreEos?: boolean;
   signal?: AbortSignal;
 }
+
+export interface ChatOptions extends GenerateOptions, RenderOptions {}
+
+export interface ChatReply {
+  text: string;
+  tokens: number[];
+  promptTokens: number;
+  cachedTokens: number; // of promptTokens: kept in the KV caches from the last turn, not prefilled
+  finishReason: string; // "stop" (an end-of-turn id) | "length"
+  stats: GenerationStats;
+}
+
+const FINISH: Record<string, string> = { eos: "stop", length: "length", context: "length" };
 
 export interface Chunk {
   text: string;
@@ -108,6 +128,9 @@ export async function loadModel(files: BundleFiles, ort: Ort, options: LoadOptio
 
 export class Model {
   private busy = false;
+  // the token sequence whose positions the caches hold after the last chat turn (a prefix of
+  // it stays valid: rounds truncate on rejection); empty after generate() or a failed turn
+  private held: number[] = [];
 
   constructor(
     readonly manifest: Manifest,
@@ -143,18 +166,26 @@ export class Model {
   }
 
   /** Text pieces as tokens are produced; the last chunk carries finishReason. */
-  async *stream(prompt: Prompt, o: GenerateOptions = {}): AsyncGenerator<Chunk> {
+  stream(prompt: Prompt, o: GenerateOptions = {}): AsyncGenerator<Chunk> {
+    return this.run(this.encode(prompt), o, samplingParams(o), false);
+  }
+
+  private async *run(ids: number[], o: GenerateOptions, params: SamplingParams, keep: boolean): AsyncGenerator<Chunk> {
     const maxNew = o.maxNewTokens ?? 128;
     if (!(Number.isInteger(maxNew) && maxNew >= 1)) throw new InputError(`maxNewTokens must be an integer >= 1, got ${maxNew}`);
-    const params = samplingParams(o);
-    const ids = this.encode(prompt);
     if (this.busy) throw new InputError("this model is generating already: await that generation first (or load another)");
     this.busy = true;
+    const cached = keep ? commonPrefix(this.held, ids) : 0;
+    this.held = []; // until this turn ends cleanly, trust nothing in the caches
+    const reply: number[] = [];
+    let started = false;
     try {
       const stop = new Set(o.ignoreEos ? [] : this.manifest.eos_token_ids);
       const detok = this.tokenizer.streamDecoder(true);
-      const steps = decode(this.verifier, this.drafter, this.policy, ids, params, maxNew, stop, 0, o.signal);
+      const steps = decode(this.verifier, this.drafter, this.policy, ids, params, maxNew, stop, cached, o.signal);
       for await (const step of steps) {
+        started = true;
+        reply.push(...step.tokens);
         // ids past the tokenizer's vocabulary (padded embedding rows) have no text
         let text = step.tokens.filter((t) => this.tokenizer.idToToken(t) !== undefined).map((t) => detok.push(t)).join("");
         if (step.finishReason) text += detok.flush();
@@ -162,7 +193,39 @@ export class Model {
       }
     } finally {
       this.busy = false;
+      // once prefilled, every cache holds a prefix of prompt + reply
+      if (keep && started) this.held = [...ids, ...reply];
     }
+  }
+
+  /** Reply to a conversation ({role, content} messages) with the bundle's chat template;
+   * consecutive calls keep the prefix the new prompt shares with the last turn's sequence in
+   * the KV caches (target, draft model, lookup index) and prefill only the rest. */
+  async chat(messages: Message[], o: ChatOptions = {}): Promise<ChatReply> {
+    const ids = this.tokenizer.encode(this.renderChat(messages, o), false);
+    if (!ids.length) throw new InputError("the conversation renders to no tokens: add a message with text");
+    this.encode(ids); // the vocabulary and context checks
+    const gen = this.manifest.chat?.generation ?? {};
+    const sampled = Boolean(gen.do_sample);
+    const params = samplingParams({
+      temperature: o.temperature ?? (sampled ? Number(gen.temperature ?? 1) : 0),
+      topP: o.topP ?? (sampled ? Number(gen.top_p ?? 1) : 1),
+      topK: o.topK ?? (sampled ? Number(gen.top_k ?? 0) : 0),
+      seed: o.seed,
+    });
+    const context = this.verifier.maxPositions;
+    const maxNew = Math.min(o.maxNewTokens ?? 256, context - ids.length);
+    const stats = new GenerationStats();
+    const tokens: number[] = [];
+    let finish = "length", cachedTokens = 0;
+    for await (const chunk of this.run(ids, { ...o, maxNewTokens: maxNew }, params, true)) {
+      if (chunk.stats.kind === "prefill") cachedTokens = ids.length - chunk.stats.positions;
+      tokens.push(...chunk.tokens);
+      stats.add(chunk.stats);
+      finish = FINISH[chunk.finishReason ?? "length"] ?? finish;
+    }
+    const known = tokens.filter((t) => this.tokenizer.idToToken(t) !== undefined);
+    return { text: this.tokenizer.decode(known, true), tokens, promptTokens: ids.length, cachedTokens, finishReason: finish, stats };
   }
 
   /** `stream()` run to the end: the text, tokens and stats. */
