@@ -3,7 +3,8 @@
 The Python runtime writes conformance vectors over tiny random bundles exported for
 onnxruntime's JavaScript packages (`batched_verify=False`): the ids of texts per tokenizer,
 decoded text, chat templates rendered, and greedy outputs of every mode the package runs
-(`ar`, `spec`, `self-spec`, `lookup`, with drafts rejected and accepted). `node` runs
+(`ar`, `spec`, `self-spec`, `lookup`; `fixed` and `confidence` policies; drafts rejected
+and accepted), seeded sampled outputs, and two-turn chats that keep their caches. `node` runs
 `js/conformance.mjs` on the built package and the test compares item by item. The package is
 built here (`npm ci` when `node_modules` is missing, then `npm run build` when `dist/` is
 older than `src/`); the test skips only when `node` is not installed.
@@ -113,7 +114,9 @@ def python_vectors(bundles: dict[str, Path]) -> dict:
         ("ar", None, None),
         ("spec", "fixed:4", None),
         ("spec", "fixed:1", None),
+        ("spec", "confidence:0.05", None),
         ("self-spec", "fixed:3", 2),
+        ("self-spec", "confidence:0.05", 2),
         ("lookup", "fixed:4", None),
     ]
     for name, path in bundles.items():
@@ -267,7 +270,7 @@ def test_js_cli_generates_with_stats(js_bundles):
     ("args", "message"),
     [
         (["--mode", "split"], "mode 'split' is not one of"),
-        (["--mode", "spec", "--draft-policy", "auto"], "fixed:N so far"),
+        (["--mode", "spec", "--draft-policy", "auto"], "runs in the Python runtime"),
         (["--mode", "self-spec", "--exit-layer", "3"], "exit layer 3 is not in this bundle"),
         (["--max-new-tokens", "0"], "maxNewTokens must be"),
         (["--temperature=-1"], "temperature must be >= 0"),

@@ -12,7 +12,7 @@ it stays in step however many tokens the last round accepted. */
 import type { DraftQ } from "./accept.js";
 import type { GraphSession, Stack } from "./graph.js";
 import { fromLogits } from "./draftq.js";
-import { argmax, isGreedy, type Rng, type SamplingParams } from "./sampling.js";
+import { argmax, isGreedy, pairwiseSum, type Rng, type SamplingParams } from "./sampling.js";
 import { capped, emptyProposal, now, type Drafter, type Plan, type Proposal } from "./round.js";
 
 /** Run a drafting model one token at a time: `step(feed)` -> next-token logits. Returns the
@@ -24,18 +24,28 @@ async function draftTokens(
   const qs: DraftQ[] = [];
   while (tokens.length < plan.length) {
     const logits = await step(feed);
-    let d: number;
+    let d: number, confidence = 1;
     if (isGreedy(params)) {
       d = argmax(logits);
+      // the softmax is skipped unless a confidence stop reads it (it costs a vocabulary pass)
+      if (plan.minConfidence > 0) confidence = greedyConfidence(logits, d);
     } else {
-      const [q] = fromLogits(logits, params);
+      const [q, c] = fromLogits(logits, params);
       d = q.sample(rng);
       qs.push(q);
+      confidence = c;
     }
     tokens.push(d);
     feed = [d];
+    if (confidence < plan.minConfidence) break;
   }
   return [tokens, qs, feed];
+}
+
+/** The drafter's top probability: 1 / sum(exp(logits - logits[d])), in float64. */
+function greedyConfidence(logits: Float32Array, d: number): number {
+  const e = Float64Array.from(logits, (x) => Math.exp(x - logits[d]));
+  return 1 / pairwiseSum(e);
 }
 
 function proposal(tokens: number[], qs: DraftQ[], params: SamplingParams, seconds: number): Proposal {

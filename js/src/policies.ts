@@ -1,7 +1,8 @@
-/** Draft-length policies (`runtime/policies.py`): a policy plans each round (γ, exit layer)
-and observes the round's stats. `fixed:N` drafts N every round; the adaptive ones
-(`acceptance`, `auto`, `confidence`, `dynamic-exit`, `channel-aware`) are not ported yet and
-are refused by name. */
+/** Draft-length policies (`runtime/policies.py`): a policy plans each round (γ, exit layer,
+confidence stop) and observes the round's stats. `fixed:N` drafts N every round;
+`confidence:T` drafts up to MAX_DRAFT and stops after a token the drafter drew with top
+probability below T. The measured ones (`acceptance`, `auto`, `dynamic-exit`,
+`channel-aware`) are not ported yet and are refused by name. */
 
 import { InputError } from "./errors.js";
 import type { Plan, RoundStats } from "./round.js";
@@ -18,12 +19,23 @@ export class FixedLength implements DraftLengthPolicy {
     return this.length;
   }
   plan(): Plan {
-    return { length: this.length, exitLayer: null };
+    return { length: this.length, exitLayer: null, minConfidence: 0 };
   }
   observe(): void {}
 }
 
-const PORTED = "fixed:N";
+/** The longest draft an adaptive policy plans (`estimates.MAX_DRAFT`). */
+export const MAX_DRAFT = 12;
+
+export class Confidence implements DraftLengthPolicy {
+  constructor(readonly threshold: number, readonly maxLength = MAX_DRAFT) {}
+  plan(): Plan {
+    return { length: this.maxLength, exitLayer: null, minConfidence: this.threshold };
+  }
+  observe(): void {}
+}
+
+const PORTED = "fixed:N and confidence:T";
 
 /** "fixed:4" (fixed alone: 4) -> its policy; any other name is refused with what exists. */
 export function parsePolicy(name: string): DraftLengthPolicy {
@@ -35,7 +47,12 @@ export function parsePolicy(name: string): DraftLengthPolicy {
     }
     return new FixedLength(n);
   }
-  if (["confidence", "acceptance", "auto", "dynamic-exit", "channel-aware"].includes(kind)) {
+  if (kind === "confidence") {
+    const t = arg === undefined || arg === "" ? 0.4 : Number(arg);
+    if (!(t >= 0 && t <= 1)) throw new InputError(`draft policy ${name}: T must be in 0..1 (e.g. confidence:0.4)`);
+    return new Confidence(t);
+  }
+  if (["acceptance", "auto", "dynamic-exit", "channel-aware"].includes(kind)) {
     throw new InputError(
       `draft policy '${name}' runs in the Python runtime; the JavaScript runtime has ${PORTED} so far`,
     );

@@ -16,10 +16,11 @@ import type { Rng, SamplingParams } from "./sampling.js";
 export interface Plan {
   length: number;
   exitLayer: number | null;
+  minConfidence: number; // stop drafting after a token drafted below this probability
 }
 
 export const capped = (plan: Plan, length: number): Plan =>
-  ({ length: Math.max(0, Math.min(plan.length, length)), exitLayer: plan.exitLayer });
+  ({ ...plan, length: Math.max(0, Math.min(plan.length, length)) });
 
 export interface TailInput {
   hidden: Float32Array; // the head's hidden states of [last, d_1..d_γ]
