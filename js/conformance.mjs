@@ -54,4 +54,24 @@ for (const b of vectors.bundles) {
     out.chats.push({ bundle: b.name, mode: c.mode, tokens: replies.map((r) => r.tokens), cached: replies.map((r) => r.cachedTokens) });
   }
 }
+// cancellation: an AbortSignal ends a stream with AbortError between rounds, and the model
+// generates again afterwards exactly as before
+{
+  const b = vectors.bundles[0];
+  const model = await load(b.path, { mode: "spec", draftPolicy: "fixed:2" });
+  const options = { maxNewTokens: 24, ignoreEos: true };
+  const before = await model.generate("def f(x):", options);
+  const controller = new AbortController();
+  let error = null, chunks = 0;
+  try {
+    for await (const _ of model.stream("def f(x):", { ...options, signal: controller.signal })) {
+      chunks += 1;
+      controller.abort();
+    }
+  } catch (e) {
+    error = e.name;
+  }
+  const after = await model.generate("def f(x):", options);
+  out.abort = { error, chunks, same: JSON.stringify(before.tokens) === JSON.stringify(after.tokens) };
+}
 writeFileSync(outPath, JSON.stringify(out));

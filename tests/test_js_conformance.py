@@ -308,3 +308,8 @@ def test_js_chat_keeps_the_conversations_caches_as_python_does(conformance):
         assert got["tokens"] == w["tokens"], where
         assert got["cached"] == w["cached"], where
         assert got["cached"][1] > 0, where  # the second turn prefilled only what was new
+
+
+def test_js_abort_signal_ends_a_stream_and_the_model_goes_on(conformance):
+    _, js = conformance
+    assert js["abort"] == {"error": "AbortError", "chunks": 1, "same": True}

@@ -92,8 +92,13 @@ export async function loadModel(files: BundleFiles, ort: Ort, options: LoadOptio
   const progress = options.onProgress ?? (() => {});
   progress(`reading ${files.where}/manifest.json`);
   const manifest = await loadManifest(files);
+  // Each session owns its thread pool (the JavaScript API has no process-wide one): a mode's
+  // graphs run one after another, and idle pools spinning on the cores the running graph needs
+  // made spec rounds 2-3x slower than with spinning off (benchmarks/js_runtime.py, 2 cores)
   const sessionOptions: ortTypes.InferenceSession.SessionOptions = {
-    graphOptimizationLevel: "all", executionMode: "sequential", logSeverityLevel: 3, ...options.sessionOptions,
+    graphOptimizationLevel: "all", executionMode: "sequential", logSeverityLevel: 3,
+    extra: { session: { intra_op: { allow_spinning: "0" } } },
+    ...options.sessionOptions,
   };
   const open = async (role: string): Promise<GraphSession> => {
     const g = findGraph(manifest, role);
