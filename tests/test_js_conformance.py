@@ -287,11 +287,16 @@ def test_js_refuses_bad_bundles_with_the_fix(js_bundles, tmp_path):
     assert run.returncode == 2 and "does not exist" in run.stderr, run.stderr
     run = cli("generate", str(tmp_path), "-p", "hi")
     assert run.returncode == 2 and "not an edgespec bundle" in run.stderr, run.stderr
-    demo = Path(__file__).resolve().parents[1] / "edgespec" / "demo_bundle"
-    manifest = json.loads((demo / "manifest.json").read_text())
-    if any(i["name"] == "query_seqlens" for g in manifest["graphs"] for i in g["inputs"]):
-        run = cli("generate", str(demo), "-p", "hi")
-        assert run.returncode == 2 and "--no-batched-verify" in run.stderr, run.stderr
+    # graphs whose attention takes query_seqlens (onnxruntime >= 1.32): refused with the fix
+    batched = tmp_path / "batched"
+    shutil.copytree(js_bundles["chat"], batched)
+    manifest = json.loads((batched / "manifest.json").read_text())
+    manifest["graphs"][0]["inputs"].append(
+        {"name": "query_seqlens", "dtype": "int32", "shape": ["batch"]}
+    )
+    (batched / "manifest.json").write_text(json.dumps(manifest))
+    run = cli("generate", str(batched), "-p", "hi", "--mode", "spec")
+    assert run.returncode == 2 and "--no-batched-verify" in run.stderr, run.stderr
     broken = tmp_path / "broken"
     shutil.copytree(js_bundles["chat"], broken)
     (broken / "draft.onnx").unlink()
