@@ -4,6 +4,7 @@
 // produced, for the Python test to compare item by item.
 import { readFileSync, writeFileSync } from "node:fs";
 import { ChatTemplate, load } from "./dist/node.js";
+import { parsePolicy } from "./dist/policies.js";
 
 const [vectorsPath, outPath] = process.argv.slice(2);
 const vectors = JSON.parse(readFileSync(vectorsPath, "utf-8"));
@@ -74,4 +75,22 @@ for (const b of vectors.bundles) {
   const after = await model.generate("def f(x):", options);
   out.abort = { error, chunks, same: JSON.stringify(before.tokens) === JSON.stringify(after.tokens) };
 }
+// the adaptive policies over the same stream of round outcomes as Python's
+out.policies = vectors.policies.map(({ name, table }) => {
+  const policy = parsePolicy(name);
+  const plans = [];
+  for (let i = 0; i < table.accepted.length; i++) {
+    const g = policy.plan(null).length;
+    plans.push(g);
+    const n = Math.min(g, table.accepted[i]);
+    const draft = g * table.draft[i];
+    const seconds = table.base[i] + g * table.verify[i] + draft;
+    policy.observe({
+      kind: "decode", tokens: n + 1, positions: g + 1, seconds, drafted: g, accepted: n,
+      draftSeconds: draft, verifySeconds: 0, source: null, exitLayer: null, index: (i % 60) + 1,
+      catchupSeconds: 0,
+    });
+  }
+  return { name, plans };
+});
 writeFileSync(outPath, JSON.stringify(out));

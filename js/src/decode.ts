@@ -29,7 +29,7 @@ export async function* decode(
   await drafter.begin(prompt, capacity, cached);
   const seq = [...prompt, first];
   let step: Step = { tokens: [first], stats: prefill, finishReason: null };
-  let produced = 1;
+  let produced = 1, rounds = 0;
   for (;;) {
     step.finishReason = finishReason(step.tokens[step.tokens.length - 1], produced, maxNewTokens, stopIds, seq.length - 1, capacity);
     const most = step.finishReason ? 0 : verifier.maxDrafts(seq);
@@ -41,7 +41,9 @@ export async function* decode(
     const source = drafter.source(seq);
     const plan = capped(policy.plan(source), Math.min(room, most));
     const [made, stats] = await speculativeRound(verifier, drafter, plan, seq, params, rng);
+    rounds += 1;
     stats.source = source;
+    stats.index = rounds;
     policy.observe(stats);
     const fresh = cutAtStop(made, stopIds);
     seq.push(...fresh);
@@ -68,7 +70,7 @@ export async function speculativeRound(
     valid = base + n;
     const stats = roundStats("decode", n + 1, g + 1, now() - start, {
       drafted: g, accepted: n, draftSeconds: proposal.seconds, verifySeconds: verdict.verifySeconds,
-      exitLayer: proposal.tail?.exitLayer ?? null,
+      exitLayer: proposal.tail?.exitLayer ?? null, catchupSeconds: proposal.catchupSeconds ?? 0,
     });
     return [[...proposal.tokens.slice(0, n), verdict.token], stats];
   } finally {

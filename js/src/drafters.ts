@@ -83,14 +83,20 @@ export class ModelDrafter implements Drafter {
     plan = capped(plan, this.model.maxPositions - seq.length);
     let feed = seq.slice(this.model.length);
     // after a round that accepted all its drafts the model has seen neither d_γ nor the
-    // target's token: both go into the first step; a longer feed is fed in a call of its own
+    // target's token: both go into the first step; a longer feed is a stretch of plain
+    // steps, fed in a call of its own and timed apart (a one-off the policies must not price)
+    let catchup = 0;
     if (plan.length > 0 && feed.length > 2) {
+      const t = now();
       await this.model.forward(feed.slice(0, -1), 0);
       feed = feed.slice(-1);
+      catchup = now() - t;
     }
     const step = async (ids: number[]) => (await this.model.forward(ids, 1))[0];
     const [tokens, qs] = await draftTokens(step, feed, plan, params, rng);
-    return proposal(tokens, qs, params, now() - start);
+    const p = proposal(tokens, qs, params, now() - start - catchup);
+    p.catchupSeconds = catchup;
+    return p;
   }
 
   commit(valid: number): void {

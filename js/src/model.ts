@@ -5,7 +5,8 @@ reads the tokenizer and chat template; `stream()` yields text pieces as tokens a
 `generate()` returns the whole result with its stats. Bad input is refused here, before any
 work, with an `InputError` saying what to change. The name table: modes `ar` (no drafter),
 `spec` (the bundle's draft model), `self-spec` (head@k drafts, tail@k verifies over its KV),
-`lookup` (prompt lookup); policy `fixed:N`. */
+`lookup` (prompt lookup); policies `auto` (the default), `acceptance`, `fixed:N`,
+`confidence:T`. */
 
 import type * as ortTypes from "onnxruntime-common";
 import { exitLayers, findGraph, loadManifest, modelInfo, type Manifest } from "./bundle.js";
@@ -33,7 +34,8 @@ export type Mode = (typeof MODES)[number];
 
 export interface LoadOptions {
   mode?: Mode;
-  /** "fixed:N" (default "fixed:4"; `ar` drafts nothing whatever the policy). */
+  /** "auto" (the default: speculates only while it is measured to win), "acceptance",
+   * "fixed:N" or "confidence:T"; `ar` takes none. */
   draftPolicy?: string;
   /** self-spec: the exit to draft from (default: the deepest exported). */
   exitLayer?: number;
@@ -88,7 +90,10 @@ export async function loadModel(files: BundleFiles, ort: Ort, options: LoadOptio
   if (!MODES.includes(mode)) {
     throw new InputError(`mode '${mode}' is not one of: ${MODES.join(", ")} (split runs in the Python runtime)`);
   }
-  const policy = parsePolicy(mode === "ar" ? "fixed:0" : options.draftPolicy ?? "fixed:4");
+  if (mode === "ar" && options.draftPolicy != null) {
+    throw new InputError("mode 'ar' drafts nothing: drop draftPolicy (--draft-policy)");
+  }
+  const policy = parsePolicy(mode === "ar" ? "fixed:0" : options.draftPolicy ?? "auto");
   const progress = options.onProgress ?? (() => {});
   progress(`reading ${files.where}/manifest.json`);
   const manifest = await loadManifest(files);

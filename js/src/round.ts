@@ -35,6 +35,7 @@ export interface Proposal {
   q: DraftQ[] | null;
   seconds: number;
   tail: TailInput | null;
+  catchupSeconds?: number; // feeding tokens the drafter had skipped (not in `seconds`)
 }
 
 export const emptyProposal = (seconds = 0): Proposal =>
@@ -73,13 +74,15 @@ export interface RoundStats {
   verifySeconds: number;
   source: string | null;
   exitLayer: number | null;
+  index: number; // the round's place in its generation (1, 2, ..; 0: prefill)
+  catchupSeconds: number; // feeding tokens a drafter had skipped: a one-off, not drafting
 }
 
 export function roundStats(kind: RoundStats["kind"], tokens: number, positions: number, seconds: number,
   more: Partial<RoundStats> = {}): RoundStats {
   return {
     kind, tokens, positions, seconds, drafted: 0, accepted: 0, draftSeconds: 0, verifySeconds: 0,
-    source: null, exitLayer: null, ...more,
+    source: null, exitLayer: null, index: 0, catchupSeconds: 0, ...more,
   };
 }
 
