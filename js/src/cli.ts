@@ -9,7 +9,7 @@ import { load } from "./node.js";
 import type { Mode } from "./model.js";
 
 const USAGE = `usage: edgespec generate BUNDLE -p PROMPT [--mode ar|spec|self-spec|lookup]
-       [--draft-policy fixed:N] [--exit-layer K] [--max-new-tokens N] [--temperature T]
+       [--draft-policy auto|acceptance|fixed:N|confidence:T] [--exit-layer K] [--max-new-tokens N] [--temperature T]
        [--top-p P] [--top-k K] [--seed S] [--ignore-eos] [--chat] [--stats] [--json]`;
 
 async function main(argv: string[]): Promise<number> {
