@@ -1,0 +1,87 @@
+"""The JavaScript package (`js/`, onnxruntime-node) beside the Python runtime on one bundle.
+
+Per mode, decode tokens/s (tokens after the first over the decode seconds, summed over the
+prompts; one warm-up generation first) in Python (`Model.generate`) and in Node
+(`js/bench.mjs`), and each mode's ratio over its own runtime's `ar`: the speculative
+speed-up is what must carry over, the absolute rates depend on each binding's per-call cost.
+Greedy, `ignore_eos`, one run each, the host's load average printed beside the table. The
+bundle must load in onnxruntime 1.30 (exported with `--no-batched-verify`); build `js/`
+first (`cd js && npm ci && npm run build`).
+
+    edgespec export ~/.cache/edgespec-bench/trained/target --out /tmp/js-bundle \\
+        --draft ~/.cache/edgespec-bench/trained/draft --no-batched-verify
+    python -m benchmarks.js_runtime /tmp/js-bundle \\
+        --prompts ~/.cache/edgespec-bench/trained/prompts_code.jsonl --threads 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import tempfile
+from pathlib import Path
+
+from benchmarks.lib.machine import load_line
+
+JS = Path(__file__).resolve().parent.parent / "js"
+
+
+def python_rates(bundle: str, prompts: list[str], modes: list[str], max_new: int, threads: int):
+    from edgespec.runtime.model import Model
+
+    rates = {}
+    for spec in modes:
+        mode, _, policy = spec.partition(":")
+        options = {"draft_policy": policy} if policy else {}
+        model = Model.load(bundle, mode=mode, threads=threads or None, **options)
+        model.generate(prompts[0], max_new_tokens=16, ignore_eos=True)
+        tokens, seconds = 0, 0.0
+        for p in prompts:
+            g = model.generate(p, max_new_tokens=max_new, ignore_eos=True)
+            tokens += len(g.tokens) - 1
+            seconds += g.stats.decode_seconds
+        rates[spec] = tokens / seconds
+    return rates
+
+
+def node_rates(bundle: str, prompts: list[str], modes: list[str], max_new: int, threads: int):
+    with tempfile.NamedTemporaryFile("w", suffix=".json") as f:
+        json.dump(prompts, f)
+        f.flush()
+        args = [bundle, f.name, str(max_new), str(threads), *modes]
+        run = subprocess.run(
+            ["node", str(JS / "bench.mjs"), *args], capture_output=True, text=True, check=False
+        )
+    if run.returncode:
+        raise SystemExit(f"node failed:\n{run.stderr[-2000:]}")
+    return json.loads(run.stdout)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("bundle")
+    ap.add_argument("--prompts", required=True, help="a .jsonl of {'prompt': ...} lines")
+    ap.add_argument("--count", type=int, default=4, help="prompts used (the first N)")
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=0, help="0: each runtime's default")
+    ap.add_argument("--modes", default="ar,spec:fixed:4")
+    a = ap.parse_args()
+    lines = Path(a.prompts).read_text().splitlines()[: a.count]
+    prompts = [json.loads(line)["prompt"] for line in lines]
+    modes = a.modes.split(",")
+    before = load_line()
+    py = python_rates(a.bundle, prompts, modes, a.max_new_tokens, a.threads)
+    node = node_rates(a.bundle, prompts, modes, a.max_new_tokens, a.threads)
+    print(f"threads {a.threads or 'default'}; before: {before}; after: {load_line()}")
+    print("| mode | Python tok/s | / own ar | Node tok/s | / own ar |")
+    print("|---|---|---|---|---|")
+    for m in modes:
+        print(
+            f"| {m} | {py[m]:.1f} | {py[m] / py[modes[0]]:.2f}x "
+            f"| {node[m]:.1f} | {node[m] / node[modes[0]]:.2f}x |"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,182 @@
+/** The edgespec bundle manifest (`edgespec/bundle.py`): read and checked before any graph opens.
+
+`loadManifest` guarantees what it returns was checked against the schema (format, version,
+required keys, graph roles, files present); every problem is a `BundleError` naming the file,
+what is wrong and what to do. */
+
+import { BundleError } from "./errors.js";
+import type { BundleFiles } from "./files.js";
+
+export const SCHEMA_VERSION = 1;
+export const MANIFEST = "manifest.json";
+const FORMAT = "edgespec-bundle";
+const ROLE = /^(full|draft|head@(\d+)|tail@(\d+))$/;
+
+export interface TensorSpec {
+  name: string;
+  dtype: string; // "float32" | "float16" | "int64" | "int32"
+  shape: (number | string)[];
+}
+
+export interface ModelInfo {
+  architecture: string;
+  model_type: string;
+  num_layers: number;
+  hidden_size: number;
+  num_heads: number;
+  num_kv_heads: number;
+  head_dim: number;
+  vocab_size: number;
+  max_position_embeddings: number;
+  tie_word_embeddings: boolean;
+}
+
+export interface GraphInfo {
+  role: string; // full | draft | head@k | tail@k
+  file: string;
+  model: "target" | "draft";
+  kv_layers: number[];
+  inputs: TensorSpec[];
+  outputs: TensorSpec[];
+}
+
+export interface ChatFormat {
+  templates: Record<string, string>; // name -> jinja file in the bundle
+  special_tokens: Record<string, string>;
+  generation: Record<string, unknown>;
+}
+
+export interface Manifest {
+  source: Record<string, unknown>;
+  target: ModelInfo;
+  dtype: string;
+  quantization: string | null;
+  tokenizer_files: string[];
+  bos_token_id: number | null;
+  eos_token_ids: number[];
+  weights_file: string;
+  graphs: GraphInfo[];
+  draft: ModelInfo | null;
+  schema_version: number;
+  variant: string;
+  chat: ChatFormat | null;
+}
+
+export function exitLayer(graph: GraphInfo): number | null {
+  const m = ROLE.exec(graph.role);
+  return m && (m[2] ?? m[3]) ? Number(m[2] ?? m[3]) : null;
+}
+
+export function findGraph(manifest: Manifest, role: string): GraphInfo {
+  const g = manifest.graphs.find((x) => x.role === role);
+  if (!g) {
+    const roles = manifest.graphs.map((x) => x.role).join(", ");
+    throw new BundleError(`this bundle has no '${role}' graph (it has: ${roles}); ${howToAdd(role)}`);
+  }
+  return g;
+}
+
+export function exitLayers(manifest: Manifest): number[] {
+  const ks = manifest.graphs.filter((g) => g.role.startsWith("head@")).map((g) => exitLayer(g)!);
+  return [...new Set(ks)].sort((a, b) => a - b);
+}
+
+export function modelInfo(manifest: Manifest, graph: GraphInfo): ModelInfo {
+  if (graph.model === "draft") {
+    if (!manifest.draft) throw new BundleError("manifest lists a draft graph but no draft model info");
+    return manifest.draft;
+  }
+  return manifest.target;
+}
+
+function howToAdd(role: string): string {
+  if (role === "draft") return "re-export with `edgespec export MODEL --draft DRAFT_MODEL`.";
+  if (role.startsWith("head@") || role.startsWith("tail@")) {
+    return `re-export with \`edgespec export MODEL --exit-layers ${role.split("@")[1]}\`.`;
+  }
+  return "re-export the bundle with `edgespec export`.";
+}
+
+export async function loadManifest(files: BundleFiles): Promise<Manifest> {
+  const where = files.where;
+  if (!(await files.exists(MANIFEST))) {
+    throw new BundleError(
+      `${where} has no ${MANIFEST}: it is not an edgespec bundle ` +
+        "(make one with `edgespec export MODEL --out FOLDER`)",
+    );
+  }
+  let raw: Record<string, unknown>;
+  try {
+    raw = JSON.parse(await files.readText(MANIFEST));
+  } catch (e) {
+    throw new BundleError(`${where}/${MANIFEST} is not valid JSON (${(e as Error).message}); re-export the bundle`);
+  }
+  if (typeof raw !== "object" || raw === null || raw.format !== FORMAT) {
+    throw new BundleError(`${where}/${MANIFEST} is not an edgespec manifest (no "format": "${FORMAT}")`);
+  }
+  const version = raw.schema_version;
+  if (typeof version !== "number" || !Number.isInteger(version) || version < 1) {
+    throw new BundleError(`${where}/${MANIFEST} has no valid schema_version; re-export the bundle`);
+  }
+  if (version > SCHEMA_VERSION) {
+    throw new BundleError(
+      `${where}/${MANIFEST} uses bundle schema ${version}, newer than this edgespec understands ` +
+        `(${SCHEMA_VERSION}); upgrade the edgespec package or re-export the bundle with this version`,
+    );
+  }
+  let manifest: Manifest;
+  try {
+    manifest = fromJson(raw);
+  } catch (e) {
+    throw new BundleError(`${where}/${MANIFEST} is malformed (${(e as Error).message}); re-export the bundle`);
+  }
+  const needed = [
+    manifest.weights_file,
+    ...manifest.tokenizer_files,
+    ...manifest.graphs.map((g) => g.file),
+    ...(manifest.chat ? Object.values(manifest.chat.templates) : []),
+  ];
+  const missing: string[] = [];
+  for (const f of needed) if (!(await files.exists(f))) missing.push(f);
+  if (missing.length) {
+    throw new BundleError(
+      `bundle ${where} is incomplete: missing ${missing.join(", ")}; copy the whole folder again or re-export it`,
+    );
+  }
+  return manifest;
+}
+
+function need<T>(raw: Record<string, unknown>, key: string): T {
+  if (!(key in raw)) throw new Error(`missing key '${key}'`);
+  return raw[key] as T;
+}
+
+function fromJson(raw: Record<string, unknown>): Manifest {
+  const graphs = need<GraphInfo[]>(raw, "graphs");
+  if (!Array.isArray(graphs)) throw new Error("'graphs' is not a list");
+  for (const g of graphs) {
+    if (!ROLE.test(g.role)) throw new Error(`unknown graph role '${g.role}'`);
+    for (const key of ["file", "model", "kv_layers", "inputs", "outputs"]) need(g as never, key);
+  }
+  const variant = (raw.variant as string | undefined) ?? "standard";
+  if (variant === "standard" && !graphs.some((g) => g.role === "full" || g.role.startsWith("tail@"))) {
+    throw new Error("no 'full' or 'tail@k' graph: nothing can verify");
+  }
+  const chat = raw.chat as ChatFormat | null | undefined;
+  if (chat && !Object.keys(chat.templates ?? {}).length) throw new Error("chat.templates is empty");
+  return {
+    source: need(raw, "source"),
+    target: need(raw, "target"),
+    dtype: need(raw, "dtype"),
+    quantization: (raw.quantization as string | null) ?? null,
+    tokenizer_files: need(raw, "tokenizer_files"),
+    bos_token_id: (raw.bos_token_id as number | null) ?? null,
+    eos_token_ids: ((raw.eos_token_ids as number[]) ?? []).map(Number),
+    weights_file: need(raw, "weights_file"),
+    graphs,
+    draft: (raw.draft as ModelInfo | null) ?? null,
+    schema_version: raw.schema_version as number,
+    variant,
+    chat: chat ? { templates: chat.templates, special_tokens: chat.special_tokens ?? {}, generation: chat.generation ?? {} } : null,
+  };
+}

@@ -1,0 +1,225 @@
+/** One bundle graph in an onnxruntime session, and a stack of graphs over one KV cache.
+
+`GraphSession.run(cache, past, ids | hidden, keep)` processes S new positions after `past`
+cached ones. The cache's buffers are passed both as `past_*` inputs and as preallocated
+`present_*` outputs, so GroupQueryAttention writes the new keys/values in place: a step never
+copies the cache, and rejecting drafts is a length change (`KVCache.truncate`). `Stack` is
+`runtime/stack.py`: the stages of one model (`full`; `draft`; `head@k` then `tail@k`) over one
+cache, with `forward(ids, keep)` -> logits of the last `keep` positions. */
+
+import type * as ortTypes from "onnxruntime-common";
+import { BundleError } from "./errors.js";
+import type { GraphInfo, ModelInfo } from "./bundle.js";
+
+export type Ort = typeof ortTypes;
+type Tensor = ortTypes.Tensor;
+
+/** KV buffers [1, kv_heads, capacity, head_dim] per layer, plus one length (`kv_cache.py`). */
+export class KVCache {
+  length = 0;
+  constructor(
+    readonly buffers: Map<string, Tensor>, // "key.{i}" / "value.{i}" -> tensor over its buffer
+    readonly capacity: number,
+  ) {}
+
+  static allocate(ort: Ort, layers: number[], m: ModelInfo, capacity: number): KVCache {
+    const buffers = new Map<string, Tensor>();
+    const dims = [1, m.num_kv_heads, capacity, m.head_dim];
+    for (const i of layers) {
+      for (const kind of ["key", "value"]) {
+        const data = new Float32Array(m.num_kv_heads * capacity * m.head_dim);
+        buffers.set(`${kind}.${i}`, new ort.Tensor("float32", data, dims));
+      }
+    }
+    return new KVCache(buffers, capacity);
+  }
+
+  /** A cache with room for `capacity` holding this one's valid positions (one copy). */
+  grown(ort: Ort, layers: number[], m: ModelInfo, capacity: number): KVCache {
+    const out = KVCache.allocate(ort, layers, m, capacity);
+    const row = m.head_dim;
+    for (const [name, src] of this.buffers) {
+      const a = src.data as Float32Array, b = out.buffers.get(name)!.data as Float32Array;
+      for (let h = 0; h < m.num_kv_heads; h++) {
+        b.set(a.subarray(h * this.capacity * row, (h * this.capacity + this.length) * row), h * capacity * row);
+      }
+    }
+    out.length = this.length;
+    return out;
+  }
+
+  truncate(length: number): void {
+    if (!(length >= 0 && length <= this.length)) {
+      throw new RangeError(`cannot truncate a cache of length ${this.length} to ${length}`);
+    }
+    this.length = length;
+  }
+}
+
+export interface Outputs {
+  [name: string]: Tensor;
+}
+
+export class GraphSession {
+  readonly takesHidden: boolean;
+  readonly outputNames: string[];
+
+  constructor(
+    readonly ort: Ort,
+    readonly session: ortTypes.InferenceSession,
+    readonly graph: GraphInfo,
+    readonly model: ModelInfo,
+  ) {
+    this.takesHidden = graph.inputs.some((t) => t.name === "hidden");
+    this.outputNames = graph.outputs.map((t) => t.name).filter((n) => !n.startsWith("present_"));
+  }
+
+  static async open(ort: Ort, source: string | Uint8Array, graph: GraphInfo, model: ModelInfo,
+    options: ortTypes.InferenceSession.SessionOptions): Promise<GraphSession> {
+    if (graph.inputs.some((t) => t.name === "query_seqlens")) {
+      throw new BundleError(
+        `${graph.file} takes query_seqlens (batched verify rounds), which onnxruntime's JavaScript ` +
+          "packages (1.30) do not load yet: re-export the bundle with `edgespec export ... --no-batched-verify`",
+      );
+    }
+    const kv = graph.inputs.find((t) => t.name.startsWith("past_key."));
+    if (kv && kv.dtype !== "float32") {
+      throw new BundleError(
+        `${graph.file} keeps its KV cache in ${kv.dtype}; this JavaScript runtime runs float32 caches ` +
+          "only so far: re-export with `--dtype fp32` (weights may still be quantized)",
+      );
+    }
+    let session: ortTypes.InferenceSession;
+    try {
+      session = typeof source === "string"
+        ? await ort.InferenceSession.create(source, options)
+        : await ort.InferenceSession.create(source, options);
+    } catch (e) {
+      throw new BundleError(`onnxruntime cannot load ${graph.file}: ${(e as Error).message}; re-export the bundle`);
+    }
+    checkIO(session, graph);
+    return new GraphSession(ort, session, graph, model);
+  }
+
+  /** S new positions ([S] ids, or [S, H] hidden states) after `past` cached ones, written into
+   * `cache` in place; the outputs (logits of the last `keep` positions). The caller owns the
+   * cache length. */
+  async run(cache: KVCache, past: number, input: { ids?: number[]; hidden?: Float32Array }, keep: number): Promise<Outputs> {
+    const ort = this.ort;
+    const s = input.ids ? input.ids.length : input.hidden!.length / this.model.hidden_size;
+    const total = past + s;
+    if (total > cache.capacity) throw new RangeError(`KV cache full: ${total} positions > capacity ${cache.capacity}`);
+    const feeds: Record<string, Tensor> = {
+      seqlens_k: new ort.Tensor("int32", Int32Array.of(total - 1), [1]),
+      total_seq_len: new ort.Tensor("int32", Int32Array.of(total), []),
+      num_logits_to_keep: new ort.Tensor("int64", BigInt64Array.of(BigInt(keep)), []),
+    };
+    if (this.takesHidden) {
+      feeds.hidden = new ort.Tensor("float32", input.hidden!, [1, s, this.model.hidden_size]);
+    } else {
+      feeds.input_ids = new ort.Tensor("int64", BigInt64Array.from(input.ids!, BigInt), [1, s]);
+    }
+    const fetches: Record<string, Tensor | null> = {};
+    for (const name of this.outputNames) fetches[name] = null;
+    for (const i of this.graph.kv_layers) {
+      for (const kind of ["key", "value"]) {
+        const buffer = cache.buffers.get(`${kind}.${i}`)!;
+        feeds[`past_${kind}.${i}`] = buffer;
+        fetches[`present_${kind}.${i}`] = buffer; // the same memory: written in place
+      }
+    }
+    return (await this.session.run(feeds, fetches)) as Outputs;
+  }
+}
+
+function checkIO(session: ortTypes.InferenceSession, graph: GraphInfo): void {
+  for (const [kind, real, declared] of [
+    ["inputs", session.inputNames, graph.inputs],
+    ["outputs", session.outputNames, graph.outputs],
+  ] as const) {
+    const got = new Set(real), want = new Set(declared.map((t) => t.name));
+    const diff = [...got].filter((n) => !want.has(n)).concat([...want].filter((n) => !got.has(n)));
+    if (diff.length) {
+      throw new BundleError(
+        `${graph.file}'s ${kind} do not match manifest.json (differences: ${diff.slice(0, 6).join(", ")}); ` +
+          "the graph file and the manifest come from different exports — re-export the bundle",
+      );
+    }
+  }
+}
+
+/** Rows of a [rows, vocab] logits tensor, as views. */
+export function rows(t: Tensor): Float32Array[] {
+  const data = t.data as Float32Array;
+  const vocab = t.dims[t.dims.length - 1];
+  const n = data.length / vocab;
+  return Array.from({ length: n }, (_, r) => data.subarray(r * vocab, (r + 1) * vocab));
+}
+
+export class Stack {
+  cache: KVCache | null = null;
+  readonly model: ModelInfo;
+  readonly layers: number[];
+  readonly maxPositions: number;
+
+  constructor(readonly ort: Ort, readonly stages: GraphSession[], readonly logits = "logits") {
+    this.model = stages[stages.length - 1].model;
+    this.layers = [...new Set(stages.flatMap((s) => s.graph.kv_layers))].sort((a, b) => a - b);
+    this.maxPositions = this.model.max_position_embeddings;
+  }
+
+  get length(): number {
+    return this.cache ? this.cache.length : 0;
+  }
+
+  reset(capacity: number): void {
+    if (this.cache && this.cache.capacity >= capacity) {
+      this.cache.truncate(0);
+      return;
+    }
+    this.cache = KVCache.allocate(this.ort, this.layers, this.model, capacity);
+  }
+
+  /** Keep the first `keep` cached positions with room for `capacity`; how many were kept. */
+  resume(capacity: number, keep: number): number {
+    if (keep <= 0 || !this.cache || this.cache.length === 0) {
+      this.reset(capacity);
+      return 0;
+    }
+    keep = Math.min(keep, this.cache.length);
+    this.cache.truncate(keep);
+    if (this.cache.capacity < capacity) {
+      const room = Math.min(Math.max(capacity, 2 * this.cache.capacity), this.maxPositions);
+      this.cache = this.cache.grown(this.ort, this.layers, this.model, Math.max(room, capacity));
+    }
+    return keep;
+  }
+
+  /** Logits rows [keep][vocab] for new ids, appended to the cache. */
+  async forward(ids: number[], keep = 1): Promise<Float32Array[]> {
+    const cache = this.cache;
+    if (!cache) throw new Error("call reset() first");
+    let input: { ids?: number[]; hidden?: Float32Array } = { ids };
+    let out: Outputs = {};
+    for (const stage of this.stages) {
+      const last = stage === this.stages[this.stages.length - 1];
+      out = await stage.run(cache, cache.length, input, last ? keep : 0);
+      if (!last) input = { hidden: out.hidden.data as Float32Array };
+    }
+    cache.length += ids.length;
+    return rows(out[this.logits]);
+  }
+
+  /** Logits for hidden states [S, H] a head already computed (its layers' KV are in the
+   * cache beyond `length`); advances the length by S. */
+  async forwardTail(tail: GraphSession, hidden: Float32Array, keep: number): Promise<Float32Array[]> {
+    const cache = this.cache!;
+    const out = await tail.run(cache, cache.length, { hidden }, keep);
+    cache.length += hidden.length / this.model.hidden_size;
+    return rows(out.logits);
+  }
+
+  truncate(length: number): void {
+    if (this.cache) this.cache.truncate(Math.min(length, this.cache.length));
+  }
+}

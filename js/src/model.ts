@@ -1,0 +1,255 @@
+/** The object an app holds (`runtime/model.py`): a loaded bundle that turns prompts into text.
+
+`loadModel(files, ort, options)` validates the manifest, opens the graphs the mode needs and
+reads the tokenizer and chat template; `stream()` yields text pieces as tokens are produced,
+`generate()` returns the whole result with its stats. Bad input is refused here, before any
+work, with an `InputError` saying what to change. The name table: modes `ar` (no drafter),
+`spec` (the bundle's draft model), `self-spec` (head@k drafts, tail@k verifies over its KV),
+`lookup` (prompt lookup); policies `auto` (the default), `acceptance`, `fixed:N`,
+`confidence:T`. */
+
+import type * as ortTypes from "onnxruntime-common";
+import { exitLayers, findGraph, loadManifest, modelInfo, type Manifest } from "./bundle.js";
+import { ChatTemplate, type Message, type RenderOptions } from "./chat.js";
+
+export function commonPrefix(a: number[], b: number[]): number {
+  const n = Math.min(a.length, b.length);
+  let i = 0;
+  while (i < n && a[i] === b[i]) i++;
+  return i;
+}
+import { decode } from "./decode.js";
+import { EarlyExitDrafter, LookupDrafter, ModelDrafter, NoDrafter } from "./drafters.js";
+import { InputError } from "./errors.js";
+import type { BundleFiles } from "./files.js";
+import { GraphSession, Stack, type Ort } from "./graph.js";
+import { LocalVerifier } from "./local.js";
+import { parsePolicy, type DraftLengthPolicy } from "./policies.js";
+import { samplingParams, type SamplingParams } from "./sampling.js";
+import { GenerationStats, type Drafter, type RoundStats, type Verifier } from "./round.js";
+import { Tokenizer } from "./tokenizer.js";
+
+export const MODES = ["ar", "spec", "self-spec", "lookup"] as const;
+export type Mode = (typeof MODES)[number];
+
+export interface LoadOptions {
+  mode?: Mode;
+  /** "auto" (the default: speculates only while it is measured to win), "acceptance",
+   * "fixed:N" or "confidence:T"; `ar` takes none. */
+  draftPolicy?: string;
+  /** self-spec: the exit to draft from (default: the deepest exported). */
+  exitLayer?: number;
+  /** onnxruntime session options (execution providers, threads). */
+  sessionOptions?: ortTypes.InferenceSession.SessionOptions;
+  /** Called with a line per step while the bundle loads. */
+  onProgress?: (message: string) => void;
+}
+
+export interface GenerateOptions {
+  maxNewTokens?: number;
+  temperature?: number;
+  topP?: number;
+  topK?: number;
+  seed?: number;
+  ignoreEos?: boolean;
+  signal?: AbortSignal;
+}
+
+export interface ChatOptions extends GenerateOptions, RenderOptions {}
+
+export interface ChatReply {
+  text: string;
+  tokens: number[];
+  promptTokens: number;
+  cachedTokens: number; // of promptTokens: kept in the KV caches from the last turn, not prefilled
+  finishReason: string; // "stop" (an end-of-turn id) | "length"
+  stats: GenerationStats;
+}
+
+const FINISH: Record<string, string> = { eos: "stop", length: "length", context: "length" };
+
+export interface Chunk {
+  text: string;
+  tokens: number[];
+  stats: RoundStats;
+  finishReason: string | null;
+}
+
+export interface Generation {
+  text: string;
+  tokens: number[];
+  promptTokens: number[];
+  finishReason: string;
+  stats: GenerationStats;
+}
+
+export type Prompt = string | number[];
+
+export async function loadModel(files: BundleFiles, ort: Ort, options: LoadOptions = {}): Promise<Model> {
+  const mode = options.mode ?? "ar";
+  if (!MODES.includes(mode)) {
+    throw new InputError(`mode '${mode}' is not one of: ${MODES.join(", ")} (split runs in the Python runtime)`);
+  }
+  if (mode === "ar" && options.draftPolicy != null) {
+    throw new InputError("mode 'ar' drafts nothing: drop draftPolicy (--draft-policy)");
+  }
+  const policy = parsePolicy(mode === "ar" ? "fixed:0" : options.draftPolicy ?? "auto");
+  const progress = options.onProgress ?? (() => {});
+  progress(`reading ${files.where}/manifest.json`);
+  const manifest = await loadManifest(files);
+  // Each session owns its thread pool (the JavaScript API has no process-wide one): a mode's
+  // graphs run one after another, and idle pools spinning on the cores the running graph needs
+  // made spec rounds 2-3x slower than with spinning off (benchmarks/js_runtime.py, 2 cores)
+  const sessionOptions: ortTypes.InferenceSession.SessionOptions = {
+    graphOptimizationLevel: "all", executionMode: "sequential", logSeverityLevel: 3,
+    extra: { session: { intra_op: { allow_spinning: "0" } } },
+    ...options.sessionOptions,
+  };
+  const open = async (role: string): Promise<GraphSession> => {
+    const g = findGraph(manifest, role);
+    progress(`opening ${g.file}`);
+    const source = files.path ? files.path(g.file) : await files.readBytes(g.file);
+    return GraphSession.open(ort, source, g, modelInfo(manifest, g), sessionOptions);
+  };
+  let target: Stack, drafter: Drafter;
+  if (mode === "self-spec") {
+    const exits = exitLayers(manifest);
+    const k = options.exitLayer ?? exits[exits.length - 1];
+    if (k === undefined || !exits.includes(k)) {
+      throw new InputError(
+        exits.length
+          ? `exit layer ${k} is not in this bundle (it has: ${exits.join(", ")})`
+          : "self-spec needs exit layers: re-export with `edgespec export MODEL --exit-layers K`",
+      );
+    }
+    const head = await open(`head@${k}`), tail = await open(`tail@${k}`);
+    target = new Stack(ort, [head, tail]);
+    drafter = new EarlyExitDrafter(target, new Map([[k, head]]), new Map([[k, tail]]), k);
+  } else {
+    target = new Stack(ort, [await open("full")]);
+    drafter = mode === "spec" ? new ModelDrafter(new Stack(ort, [await open("draft")]))
+      : mode === "lookup" ? new LookupDrafter() : new NoDrafter();
+  }
+  progress("reading the tokenizer");
+  const tokenizer = await Tokenizer.fromBundle(files);
+  const template = manifest.chat ? await ChatTemplate.fromBundle(files, manifest.chat) : null;
+  return new Model(manifest, mode, tokenizer, template, new LocalVerifier(target), drafter, policy);
+}
+
+export class Model {
+  private busy = false;
+  // the token sequence whose positions the caches hold after the last chat turn (a prefix of
+  // it stays valid: rounds truncate on rejection); empty after generate() or a failed turn
+  private held: number[] = [];
+
+  constructor(
+    readonly manifest: Manifest,
+    readonly mode: Mode,
+    readonly tokenizer: Tokenizer,
+    readonly template: ChatTemplate | null,
+    readonly verifier: Verifier,
+    readonly drafter: Drafter,
+    readonly policy: DraftLengthPolicy,
+  ) {}
+
+  encode(prompt: Prompt): number[] {
+    const ids = typeof prompt === "string" ? this.tokenizer.encode(prompt) : [...prompt];
+    if (!ids.length) throw new InputError("the prompt is empty: give some text or at least one token id");
+    const vocab = this.manifest.target.vocab_size;
+    const bad = ids.find((i) => !(Number.isInteger(i) && i >= 0 && i < vocab));
+    if (bad !== undefined) throw new InputError(`token id ${bad} is outside the vocabulary (0..${vocab - 1})`);
+    const context = this.manifest.target.max_position_embeddings;
+    if (ids.length >= context) {
+      throw new InputError(
+        `the prompt is ${ids.length} tokens but the model's context is ${context}: shorten it to at most ${context - 1} tokens`,
+      );
+    }
+    return ids;
+  }
+
+  /** The conversation as the model's prompt text, through the bundle's chat template. */
+  renderChat(messages: Message[], options: RenderOptions = {}): string {
+    if (!this.template) {
+      throw new InputError("this bundle has no chat template: use generate() with a plain prompt");
+    }
+    return this.template.render(messages, options);
+  }
+
+  /** Text pieces as tokens are produced; the last chunk carries finishReason. */
+  stream(prompt: Prompt, o: GenerateOptions = {}): AsyncGenerator<Chunk> {
+    return this.run(this.encode(prompt), o, samplingParams(o), false);
+  }
+
+  private async *run(ids: number[], o: GenerateOptions, params: SamplingParams, keep: boolean): AsyncGenerator<Chunk> {
+    const maxNew = o.maxNewTokens ?? 128;
+    if (!(Number.isInteger(maxNew) && maxNew >= 1)) throw new InputError(`maxNewTokens must be an integer >= 1, got ${maxNew}`);
+    if (this.busy) throw new InputError("this model is generating already: await that generation first (or load another)");
+    this.busy = true;
+    const cached = keep ? commonPrefix(this.held, ids) : 0;
+    this.held = []; // until this turn ends cleanly, trust nothing in the caches
+    const reply: number[] = [];
+    let started = false;
+    try {
+      const stop = new Set(o.ignoreEos ? [] : this.manifest.eos_token_ids);
+      const detok = this.tokenizer.streamDecoder(true);
+      const steps = decode(this.verifier, this.drafter, this.policy, ids, params, maxNew, stop, cached, o.signal);
+      for await (const step of steps) {
+        started = true;
+        reply.push(...step.tokens);
+        // ids past the tokenizer's vocabulary (padded embedding rows) have no text
+        let text = step.tokens.filter((t) => this.tokenizer.idToToken(t) !== undefined).map((t) => detok.push(t)).join("");
+        if (step.finishReason) text += detok.flush();
+        yield { text, tokens: step.tokens, stats: step.stats, finishReason: step.finishReason };
+      }
+    } finally {
+      this.busy = false;
+      // once prefilled, every cache holds a prefix of prompt + reply
+      if (keep && started) this.held = [...ids, ...reply];
+    }
+  }
+
+  /** Reply to a conversation ({role, content} messages) with the bundle's chat template;
+   * consecutive calls keep the prefix the new prompt shares with the last turn's sequence in
+   * the KV caches (target, draft model, lookup index) and prefill only the rest. */
+  async chat(messages: Message[], o: ChatOptions = {}): Promise<ChatReply> {
+    const ids = this.tokenizer.encode(this.renderChat(messages, o), false);
+    if (!ids.length) throw new InputError("the conversation renders to no tokens: add a message with text");
+    this.encode(ids); // the vocabulary and context checks
+    const gen = this.manifest.chat?.generation ?? {};
+    const sampled = Boolean(gen.do_sample);
+    const params = samplingParams({
+      temperature: o.temperature ?? (sampled ? Number(gen.temperature ?? 1) : 0),
+      topP: o.topP ?? (sampled ? Number(gen.top_p ?? 1) : 1),
+      topK: o.topK ?? (sampled ? Number(gen.top_k ?? 0) : 0),
+      seed: o.seed,
+    });
+    const context = this.verifier.maxPositions;
+    const maxNew = Math.min(o.maxNewTokens ?? 256, context - ids.length);
+    const stats = new GenerationStats();
+    const tokens: number[] = [];
+    let finish = "length", cachedTokens = 0;
+    for await (const chunk of this.run(ids, { ...o, maxNewTokens: maxNew }, params, true)) {
+      if (chunk.stats.kind === "prefill") cachedTokens = ids.length - chunk.stats.positions;
+      tokens.push(...chunk.tokens);
+      stats.add(chunk.stats);
+      finish = FINISH[chunk.finishReason ?? "length"] ?? finish;
+    }
+    const known = tokens.filter((t) => this.tokenizer.idToToken(t) !== undefined);
+    return { text: this.tokenizer.decode(known, true), tokens, promptTokens: ids.length, cachedTokens, finishReason: finish, stats };
+  }
+
+  /** `stream()` run to the end: the text, tokens and stats. */
+  async generate(prompt: Prompt, o: GenerateOptions = {}): Promise<Generation> {
+    const promptTokens = this.encode(prompt);
+    const stats = new GenerationStats();
+    const tokens: number[] = [];
+    let finish = "length";
+    for await (const chunk of this.stream(promptTokens, o)) {
+      tokens.push(...chunk.tokens);
+      stats.add(chunk.stats);
+      finish = chunk.finishReason ?? finish;
+    }
+    const known = tokens.filter((t) => this.tokenizer.idToToken(t) !== undefined);
+    return { text: this.tokenizer.decode(known, true), tokens, promptTokens, finishReason: finish, stats };
+  }
+}
