@@ -224,6 +224,7 @@ class FallbackVerifier:
             self.local.constraint = constraint
         if self.last_where == "local" and self.local is not None and constraint is None:
             self.behind = True  # the server holds none of this generation yet
+            self.remote.started(len(prompt))  # its room, as a START would set it
             token, stats = self.local.prefill(prompt, capacity, params, rng)
             self.synced, stats.verifier = len(prompt), "device"
             return token, stats
