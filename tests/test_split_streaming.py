@@ -200,3 +200,14 @@ def test_stream_messages_round_trip_and_malformed_ones_are_refused():
         P.decode(bytes(bad))
     with pytest.raises(P.ProtocolError, match="truncated"):
         P.decode(P.encode(P.Stream(1, 2))[:-1])
+
+
+def test_after_decoding_here_the_next_prefill_is_here_too(bundle, server, ar_tokens):
+    model = split(bundle, server.url, [("local", 2)])
+    assert model.generate(PROMPT, max_new_tokens=N, ignore_eos=True).tokens == ar_tokens
+    model.policy = Scripted([("local", 2), ("split", 3), ("stream", 0)])
+    chunks = list(model.stream(PROMPT, max_new_tokens=N, ignore_eos=True))
+    assert [t for c in chunks for t in c.tokens] == ar_tokens
+    assert chunks[0].stats.phase == "prefill" and chunks[0].stats.verifier == "device"
+    # then the server learns the sequence (a START) and verifies and streams again
+    assert {"remote", "stream"} <= {c.stats.verifier for c in chunks[1:]}

@@ -61,7 +61,7 @@ class Priors:
     # -- placement (split mode: split rounds, server streaming or local decoding) --------------
     placement_learn: int = 3  # split rounds to learn: the link's estimates need 2 sizes
     placement_probe: int = 3  # rounds each other place runs when it is measured (or re-measured)
-    placement_reprobe: int = 48  # rounds between looks at the place measured longest ago
+    placement_reprobe: int = 256  # rounds between looks at the place measured longest ago
     placement_busy: int = 64  # rounds without asking to stream after a "verify only"
     # a place must be priced this much faster to move there: a run's spread is several %,
     # and a move costs (a STOP's round trip, or the local cache catching up)

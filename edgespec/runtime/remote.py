@@ -119,6 +119,8 @@ class FallbackVerifier:
         self.late_drafts: list[int] = []
         self.stream = ServerStream(remote.remote)  # the server decoding on its own
         self.behind = False  # rounds placed here while the server was up: it lacks them
+        self.last_where = "split"  # where the last round was placed (the next prefill goes
+        # there too: a device that decodes here also prefills here, with no round trip)
         self.follow_chunk = 32  # streamed tokens fed to the local graphs per idle step (0: off)
 
     # -- failure and recovery ----------------------------------------------------------------
@@ -220,6 +222,12 @@ class FallbackVerifier:
         self.remote.capacity = capacity
         if self.local is not None:  # verifying here after a failure masks alike
             self.local.constraint = constraint
+        if self.last_where == "local" and self.local is not None and constraint is None:
+            self.behind = True  # the server holds none of this generation yet
+            self.remote.started(len(prompt))  # its room, as a START would set it
+            token, stats = self.local.prefill(prompt, capacity, params, rng)
+            self.synced, stats.verifier = len(prompt), "device"
+            return token, stats
         try:
             return self.remote.prefill(prompt, capacity, params, rng, constraint=constraint)
         except ServerLimit as e:
@@ -252,6 +260,7 @@ class FallbackVerifier:
         self, seq: list[int], proposal: Proposal, params: SamplingParams, rng: np.random.Generator
     ) -> Pending:
         g = len(proposal.tokens)
+        self.last_where = proposal.where
         if self.stream.active:  # this round reads it (and stops it if placed elsewhere)
             return stream_round(self, seq, proposal, params, rng)
         elsewhere = self.server_done or self.late is not None or proposal.where == "local"

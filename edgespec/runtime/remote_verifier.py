@@ -76,7 +76,7 @@ class RemoteVerifier:
     def connected(self) -> bool:
         return self.remote.link is not None
 
-    def _started(self, length: int) -> None:
+    def started(self, length: int) -> None:
         limit = self.remote.limits.max_context if self.remote.limits else self.capacity
         self.server_capacity = max(min(self.capacity, limit), length + 1)
 
@@ -96,7 +96,7 @@ class RemoteVerifier:
         self.capacity = capacity
         self.row_ids = None if params.greedy else self.q_ids
         x = self.remote.start(prompt, capacity, params, resume=self.hold)
-        self._started(len(prompt))
+        self.started(len(prompt))
         stats = RoundStats(
             "prefill", 1, len(prompt) - x.kept, perf_counter() - start, cached_tokens=x.kept
         )
@@ -114,7 +114,7 @@ class RemoteVerifier:
         is the token after it (a round of γ = 0). `resume`: keep what the session holds of
         seq (after local rounds, with the link still up: only the new tokens are sent)."""
         x = self.remote.start(seq, self.capacity, params, attempts, wait, resume=resume)
-        self._started(len(seq))
+        self.started(len(seq))
         return _verdict(x, resync=True)
 
     def max_drafts(self, seq: list[int]) -> int:
