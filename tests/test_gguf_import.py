@@ -71,7 +71,12 @@ def test_matmulnbits_of_held_blocks_computes_the_float_product(kind, tmp_path):
     gb.add_output(gb.embedding(ids, "emb", held.T), "e", TensorProto.FLOAT, [1, "s", k])
     store.close()
     onnx.save(gb.model("t"), str(tmp_path / "m.onnx"))
-    sess = ort.InferenceSession(str(tmp_path / "m.onnx"))
+    from edgespec.runtime.graph import session_options
+
+    # the runtime's options: a process-wide thread pool may exist (another test opened one)
+    sess = ort.InferenceSession(
+        str(tmp_path / "m.onnx"), session_options(None), ["CPUExecutionProvider"]
+    )
     xv = rng.standard_normal((1, 3, k)).astype(np.float32)
     iv = np.array([[0, 7, rows - 1]])
     y, e = sess.run(None, {"x": xv, "ids": iv})
