@@ -187,3 +187,44 @@ def test_late_after_replaces_the_adaptive_late_deadline_and_is_checked(bundle):
     for bad in (0, -1.0, float("nan"), True):
         with pytest.raises(InputError, match="late_after"):
             split(bundle, url, late_after=bad)
+
+
+def test_a_full_server_is_probed_every_retry_interval_and_used_once_a_slot_frees(
+    bundle, tmp_path, ar_tokens
+):
+    """A server that refuses the session as full (503) is up: the device verifies here
+    meanwhile, tries the server again every retry interval (not at the growing intervals of a
+    server that does not answer) and goes back to it as soon as a slot is free."""
+    from websockets.sync.client import connect
+
+    from edgespec import protocol as P
+
+    s = start_server(bundle, tmp_path, TOKEN, "--max-sessions", "1")
+    try:
+        auth = {"Authorization": f"Bearer {TOKEN}"}
+        holder = connect(f"{s.url}/v1/session", additional_headers=auth, proxy=None, legacy=True)
+        holder.send(P.encode(P.Start([1, 2], 8)))
+        assert isinstance(P.decode(holder.recv(timeout=10)), P.Result)  # the one slot
+        model = split(bundle, s.url, drafter="draft", draft_policy="fixed:2")
+        model.remote.retries, model.remote.backoff = 1, 0.05
+        fallback = model.verifier
+        fallback.first_retry = fallback.retry_after = 0.05
+        tokens, rounds = [], []
+        for i, chunk in enumerate(model.stream(PROMPT, max_new_tokens=N, ignore_eos=True)):
+            tokens += chunk.tokens
+            rounds.append(chunk.stats)
+            if i == 3:
+                assert fallback.reconnects == 0 and "full" in fallback.last_error
+                # refused at every try so far, the next try is still one interval away
+                assert fallback.retry_after == fallback.first_retry
+                holder.close()
+                deadline = time.monotonic() + 30
+                while s.health()["sessions"] and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                time.sleep(fallback.first_retry)  # the next round tries the server
+    finally:
+        s.stop()
+    assert tokens == ar_tokens[PROMPT]
+    verifiers = [r.verifier for r in rounds]
+    assert verifiers[:4] == ["local"] * 4 and verifiers[-1] == "remote"
+    assert fallback.reconnects == 1

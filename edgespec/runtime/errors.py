@@ -4,6 +4,7 @@ InputError  a request cannot be served as given; the message says what to change
 SplitError  the split-decoding server refused the request (retrying would not help)
 ServerLimit the server cannot hold this generation (its context, its request size)
 LinkError   the link to the server failed or timed out (it may be fine later)
+ServerBusy  the server answered but cannot take the session now (full, or restarting)
 RoundLate   the round in flight is past the device's deadline for it (still awaited)
 """
 
@@ -22,6 +23,11 @@ class SplitError(InputError):
 
 class LinkError(EdgespecError):
     """The link failed or timed out; the server may be fine later."""
+
+
+class ServerBusy(LinkError):
+    """The server is up but refused the session for now (full: 503 / close 1013; stopping:
+    close 1012): worth trying again soon, unlike a server that does not answer."""
 
 
 class ServerLimit(SplitError):

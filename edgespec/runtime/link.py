@@ -33,10 +33,11 @@ from dataclasses import dataclass, field
 from time import perf_counter, sleep
 
 from edgespec import protocol as P
-from edgespec.runtime.errors import LinkError, RoundLate, ServerLimit, SplitError
+from edgespec.runtime.errors import LinkError, RoundLate, ServerBusy, ServerLimit, SplitError
 from edgespec.runtime.sampling import SamplingParams
 
 ANSWER_TIMEOUT = 10.0  # seconds a device waits for one answer (the one default, CLI included)
+BUSY_CLOSE_CODES = (1012, 1013)  # service restart (a replica draining), try again later (full)
 
 
 class ResumeRefused(LinkError):
@@ -97,7 +98,8 @@ class Link:
                     f"the server at {url} refused the bearer token (HTTP 401): pass the "
                     "server's token (token=..., --token-file FILE)"
                 ) from None
-            raise LinkError(f"the server at {url} answered HTTP {status}") from None
+            kind = ServerBusy if status == 503 else LinkError
+            raise kind(f"the server at {url} answered HTTP {status}") from None
         except Exception as e:  # refused, unreachable, handshake timed out or failed
             raise LinkError(f"cannot connect to {url}: {e}") from None
         self.inbox: queue.SimpleQueue[Arrival | Exception] = queue.SimpleQueue()
@@ -127,9 +129,15 @@ class Link:
                     self.inbox.put(LinkError(f"the server sent a malformed message: {e}"))
                     return
                 self.inbox.put(Arrival(at, msg, frame_bytes(size, masked=False)))
-            self.inbox.put(LinkError(f"the server closed the connection ({self._close_reason()})"))
+            closed = f"the server closed the connection ({self._close_reason()})"
+            self.inbox.put(self._failure(closed))
         except Exception as e:  # connection reset, closed abnormally
-            self.inbox.put(LinkError(f"the connection broke: {e}"))
+            self.inbox.put(self._failure(f"the connection broke: {e}"))
+
+    def _failure(self, text: str) -> LinkError:
+        """The link's failure; ServerBusy when the server closed it as full or restarting."""
+        rcvd = getattr(self.ws.protocol, "close_rcvd", None)
+        return (ServerBusy if rcvd and rcvd.code in BUSY_CLOSE_CODES else LinkError)(text)
 
     def _close_reason(self) -> str:
         rcvd = getattr(self.ws.protocol, "close_rcvd", None)
@@ -142,7 +150,7 @@ class Link:
         try:
             self.ws.send(data)
         except Exception as e:
-            raise LinkError(f"sending failed: {e}") from None
+            raise self._failure(f"sending failed: {e}") from None
         return t, frame_bytes(len(data), masked=True)
 
     def poll(self, timeout: float | None) -> Arrival | None:
@@ -333,7 +341,9 @@ class Remote:
             raise ResumeRefused(f"server: {msg.text}")
         if isinstance(msg, P.Error):
             self.drop()
-            if msg.code in (P.UNAVAILABLE, P.IDLE_TIMEOUT, P.GONE):
+            if msg.code == P.UNAVAILABLE:  # full or shutting down: it answers, try soon
+                raise ServerBusy(f"server: {msg.text}")
+            if msg.code in (P.IDLE_TIMEOUT, P.GONE):
                 raise LinkError(f"server: {msg.text}")
             if msg.code in (P.TOO_LARGE, P.BAD_REQUEST) and "context" in msg.text:
                 raise ServerLimit(f"the server's limit ({msg.code}): {msg.text}")

@@ -13,8 +13,11 @@ its cache shares is sent.
 answered within the timeout, the connection drops or the server went away (`LinkError`
 after the link's retries), the same round is verified by the bundle's own target graphs
 (RoundStats.verifier = "local"), and the server is tried again now and then (a resync: the
-next round drafts nothing and the server's START answer is its token). Without local graphs
-a `SplitError` says so. Tokens are emitted only once verified, by one side or the other.
+next round drafts nothing and the server's START answer is its token): every `retry_after`
+seconds (2) while it answers but refuses the session (`ServerBusy`: full, or a replica
+restarting), at growing intervals (2, 4, ... 60 s) while it does not answer at all.
+Without local graphs a `SplitError` says so. Tokens are emitted only once verified, by one
+side or the other.
 
 Limits: the server announces its context and request size in START's answer (a server that
 does not negotiate `edgespec.limits` does not: then an ERROR 413/422 teaches the same). Rounds
@@ -42,7 +45,7 @@ from time import monotonic, perf_counter
 import numpy as np
 
 from edgespec.runtime.constraints import Constraint
-from edgespec.runtime.errors import LinkError, RoundLate, ServerLimit, SplitError
+from edgespec.runtime.errors import LinkError, RoundLate, ServerBusy, ServerLimit, SplitError
 from edgespec.runtime.local import LocalVerifier
 from edgespec.runtime.remote_verifier import InFlight
 from edgespec.runtime.remote_verifier import RemoteVerifier as RemoteVerifier
@@ -131,8 +134,11 @@ class FallbackVerifier:
                 f"the server stopped answering ({error}) and this bundle has no local "
                 "verifier (`full` graph) to continue with: check the server and the link"
             ) from None
+        if isinstance(error, ServerBusy):  # up but full (or restarting): a slot may free soon
+            self.retry_after = self.first_retry
         self.next_retry = monotonic() + self.retry_after
-        self.retry_after = min(2 * self.retry_after, self.max_retry_after)
+        if not isinstance(error, ServerBusy):  # silent or unreachable: probe less and less
+            self.retry_after = min(2 * self.retry_after, self.max_retry_after)
 
     def give_up(self, error: Exception | None) -> None:
         """The server cannot hold this generation any further: the rest is local (or, with
