@@ -91,8 +91,7 @@ def local_ttft(bundle: Path, users: list[str], reply_tokens: int, threads: int) 
     model = edgespec.load(bundle, threads=threads)
     options = ChatOptions(max_new_tokens=reply_tokens, temperature=0, ignore_eos=True)
     kept = model.chat_session()
-    # warm up (first-run allocations and onnxruntime's first-call costs are not the point)
-    model.chat_session().reply([{"role": "user", "content": users[0]}], options)
+    model.chat_session().reply([{"role": "user", "content": users[0]}], options)  # warm up
     messages: list[dict[str, str]] = [{"role": "system", "content": "You are a helpful assistant."}]
     rows = []
     for turn, text in enumerate(users, 1):

@@ -36,11 +36,7 @@ Every model folder holds ``config.json``, ``generation_config.json``, ``model.sa
 ``AutoTokenizer.from_pretrained``) and ``train_info.json`` (the training config, steps done,
 train losses and held-out loss per exit).
 
-Data: stdlib ``*.py`` files minus tests, ``site-packages``, and two data-only packages
-(``encodings``: codec tables, ``pydoc_data``: one big string of docs), split by a hash of the
-path relative to the stdlib root: ~95% train, ~5% held out. The tokenizer is a GPT-2 style
-byte-level BPE (vocab 4096, ``<|endoftext|>`` = id 0 as bos/eos/pad), trained on the train
-split only.
+Data and prompts: `benchmarks/lib/corpus.py`.
 
 Budget and reproducibility: each phase stops by wall clock (``--target-minutes`` 25,
 ``--draft-minutes`` 10 by default, ``torch.set_num_threads(2)``), with the cosine learning-rate
@@ -66,14 +62,10 @@ fixed draft length of 4 would get from exactly those matches.
 from __future__ import annotations
 
 import argparse
-import ast
 import json
 import math
-import random
-import re
-import sysconfig
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
@@ -82,18 +74,37 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import LlamaForCausalLM
 from transformers.utils import logging as hf_logging
 
-from benchmarks.lib.models import EXCLUDED_DIRS, HELDOUT_PERCENT, TRAINED, stdlib_sources
+from benchmarks.lib.corpus import (
+    SEED,
+    code_prompts,
+    data_config,
+    encode_corpus,
+    load_or_train_tokenizer,
+    log,
+    normalized,
+    read_config,
+    text_prompts,
+    write_json,
+)
+from benchmarks.lib.evaluation import (
+    DRAFT_ARCH,
+    EXIT_WEIGHTS,
+    TARGET_ARCH,
+    acceptance,
+    ce,
+    eval_draft,
+    eval_target,
+    exit_logits,
+    heldout_windows,
+    new_model,
+    save_checkpoint,
+)
+from benchmarks.lib.models import TRAINED, stdlib_sources
 
 DEFAULT_OUT = TRAINED
-SCRIPT_VERSION = 1
-SEED = 0
-EOS = "<|endoftext|>"  # id 0: bos, eos and pad of both models
-VOCAB_SIZE = 4096
-EXIT_WEIGHTS = {2: 0.4, 4: 0.4}  # early-exit layer -> weight of its CE in the target's loss
 # draft loss = KL(target || draft) + this * CE (`--draft-ce-weight`). The CE pulls the draft
 # towards the data, away from the target where the target is wrong; the draft is there to
 # agree with the target. With a weight of 0.5, 6,000 steps fit the data better than the
@@ -101,40 +112,8 @@ EXIT_WEIGHTS = {2: 0.4, 4: 0.4}  # early-exit layer -> weight of its CE in the t
 # (greedy path on code 79% against 81%); the KL alone agrees 84% after 3,000 steps and 86%
 # after 6,000 (held-out top-1 66% -> 77%)
 DISTILL_CE_WEIGHT = 0.0
-N_CODE_PROMPTS = 32
-N_TEXT_PROMPTS = 16
 EVAL_PROMPTS = 8  # per kind, for the acceptance estimate
-EVAL_NEW_TOKENS = 64
-EVAL_GAMMA = 4  # draft length of the simulated speculative rounds
 LOG_EVERY_S = 30.0
-
-COMMON_ARCH: dict[str, Any] = {
-    "vocab_size": VOCAB_SIZE,
-    "max_position_embeddings": 1024,
-    "tie_word_embeddings": True,
-    "head_dim": 64,  # edgespec's attention kernel needs a multiple of 16
-    "hidden_act": "silu",
-    "rms_norm_eps": 1e-5,
-    "bos_token_id": 0,
-    "eos_token_id": 0,
-    "pad_token_id": 0,
-}
-TARGET_ARCH: dict[str, Any] = {
-    **COMMON_ARCH,
-    "hidden_size": 320,
-    "num_hidden_layers": 8,
-    "num_attention_heads": 5,
-    "num_key_value_heads": 1,
-    "intermediate_size": 1024,
-}
-DRAFT_ARCH: dict[str, Any] = {
-    **COMMON_ARCH,
-    "hidden_size": 192,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 3,
-    "num_key_value_heads": 1,
-    "intermediate_size": 512,
-}
 
 
 @dataclass(frozen=True)
@@ -151,175 +130,6 @@ class TrainSettings:
     warmup: float = 0.03  # fraction of the run (of the time budget, or of the steps)
     weight_decay: float = 0.1
     grad_clip: float = 1.0
-
-
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-# --------------------------------------------------------------------------------- data
-def data_config() -> dict[str, Any]:
-    """Everything the tokenizer and the split depend on (part of every cache key)."""
-    return {
-        "corpus": "python-stdlib",
-        "python": sysconfig.get_python_version(),
-        "excluded_dirs": sorted(EXCLUDED_DIRS),
-        "heldout_percent": HELDOUT_PERCENT,
-        "vocab_size": VOCAB_SIZE,
-        "version": SCRIPT_VERSION,
-    }
-
-
-def train_tokenizer(texts: Iterable[str]) -> PreTrainedTokenizerFast:
-    """GPT-2 style byte-level BPE with `<|endoftext|>` as id 0."""
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.post_processor = processors.ByteLevel(trim_offsets=False)
-    trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_SIZE,
-        special_tokens=[EOS],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(texts, trainer)
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token=EOS, eos_token=EOS, pad_token=EOS
-    )
-
-
-def load_or_train_tokenizer(
-    out: Path, train_texts: dict[str, str], force: bool
-) -> PreTrainedTokenizerFast:
-    folder = out / "tokenizer"
-    info_path = folder / "tokenizer_info.json"
-    config = data_config()
-    if not force and read_config(info_path) == normalized(config):
-        return PreTrainedTokenizerFast.from_pretrained(folder)
-    log("training the tokenizer on the train split")
-    tok = train_tokenizer(train_texts.values())
-    tok.save_pretrained(folder)
-    write_json(info_path, {"config": config})
-    return tok
-
-
-def encode_corpus(tok: PreTrainedTokenizerFast, texts: Iterable[str]) -> np.ndarray:
-    """All documents as one id stream, each preceded by `<|endoftext|>`."""
-    eos = tok.convert_tokens_to_ids(EOS)
-    encoded = tok.backend_tokenizer.encode_batch(list(texts), add_special_tokens=False)
-    ids: list[int] = []
-    for enc in encoded:
-        ids.append(eos)
-        ids.extend(enc.ids)
-    return np.asarray(ids, dtype=np.int64)
-
-
-# ------------------------------------------------------------------------------ prompts
-def cut_points(source: str) -> list[tuple[str, int]]:
-    """(kind, line index) where a prompt may end, from the file's syntax tree.
-
-    "def": right after the ':' of a one-line function signature (the model must write the
-    body); "body": at the end of a statement inside a function that is followed by another
-    statement of the same block (the model must continue the function).
-    """
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:
-        return []
-    lines = source.split("\n")  # ast's line numbers (str.splitlines also splits on \f)
-    points: list[tuple[str, int]] = []
-    for node in ast.walk(tree):
-        if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-            continue
-        if lines[node.lineno - 1].rstrip().endswith(":"):
-            points.append(("def", node.lineno - 1))
-        for stmt, nxt in zip(node.body, node.body[1:], strict=False):
-            simple = isinstance(stmt, ast.Assign | ast.AugAssign | ast.AnnAssign | ast.Expr)
-            docstring = isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant)
-            if simple and not docstring and stmt.end_lineno and nxt.lineno > stmt.end_lineno:
-                points.append(("body", stmt.end_lineno - 1))
-    return sorted(set(points), key=lambda p: (p[1], p[0]))
-
-
-def chunk_before(
-    tok: PreTrainedTokenizerFast, lines: list[str], end: int, lo: int = 100, hi: int = 200
-) -> str | None:
-    """Whole lines ending at line `end` (trailing whitespace cut), ~150 tokens, or None."""
-    n = 0
-    start = end
-    while start > 0 and n < (lo + hi) // 2:
-        start -= 1
-        n += len(tok.encode(lines[start]))
-    text = "".join(lines[start:end]) + lines[end].rstrip()
-    count = len(tok.encode(text))
-    return text if lo <= count <= hi else None
-
-
-def code_prompts(tok: PreTrainedTokenizerFast, heldout: dict[str, str]) -> list[dict[str, Any]]:
-    """N_CODE_PROMPTS held-out chunks: round-robin over files, alternating the cut kind."""
-    rng = random.Random(SEED)
-    per_file: list[tuple[str, list[str], list[tuple[str, int]]]] = []
-    for rel, source in heldout.items():
-        points = cut_points(source)
-        rng.shuffle(points)
-        if points:
-            per_file.append((rel, [line + "\n" for line in source.split("\n")], points))
-    prompts: list[dict[str, Any]] = []
-    while len(prompts) < N_CODE_PROMPTS and any(points for _, _, points in per_file):
-        for rel, lines, points in per_file:
-            if len(prompts) >= N_CODE_PROMPTS or not points:
-                continue
-            want = ("def", "body")[len(prompts) % 2]
-            pick = next((i for i, (kind, _) in enumerate(points) if kind == want), 0)
-            kind, line = points.pop(pick)
-            text = chunk_before(tok, lines, line)
-            if text is not None:
-                prompts.append({"source": f"{rel}:{line + 1}", "cut": kind, "prompt": text})
-    return [
-        {"id": f"code-{i:02d}", "kind": "code", **p, "prompt_tokens": len(tok.encode(p["prompt"]))}
-        for i, p in enumerate(prompts)
-    ]
-
-
-def text_prompts(
-    tok: PreTrainedTokenizerFast, train: dict[str, str], code: list[dict[str, Any]]
-) -> list[dict[str, Any]]:
-    """N_TEXT_PROMPTS high-entropy prompts (~150 tokens), styles interleaved."""
-    rng = random.Random(SEED + 1)
-    words = sorted(set(re.findall(r"\b[a-z]{3,10}\b", "\n".join(train.values()))))
-    alphabet = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_"
-
-    def random_words() -> str:
-        return " ".join(rng.choice(words) for _ in range(8))
-
-    def random_identifiers() -> str:
-        names = ["".join(rng.choice(alphabet) for _ in range(rng.randint(3, 12))) for _ in range(4)]
-        return f"{names[0]} = {names[1]}.{names[2]}({names[3]})\n"
-
-    prompts: list[dict[str, Any]] = []
-    styles = ("words", "identifiers", "shuffled")
-    for i in range(N_TEXT_PROMPTS):
-        style = styles[i % len(styles)]
-        if style == "shuffled":
-            chars = list(code[i % len(code)]["prompt"])
-            rng.shuffle(chars)
-            text = "".join(chars)
-            while (n := len(tok.encode(text))) > 160:  # shuffled text needs ~2x the tokens
-                text = text[: len(text) * 150 // n]
-        else:
-            text = ""
-            while len(tok.encode(text)) < 150:
-                text += (random_words() + " ") if style == "words" else random_identifiers()
-        prompts.append(
-            {
-                "id": f"text-{i:02d}",
-                "kind": "text",
-                "style": style,
-                "prompt": text.rstrip(),
-                "prompt_tokens": len(tok.encode(text.rstrip())),
-            }
-        )
-    return prompts
 
 
 # ----------------------------------------------------------------------------- training
@@ -346,15 +156,6 @@ def sample_batch(data: np.ndarray, rng: np.random.Generator, batch: int, seq_len
     """`batch` random windows of seq_len + 1 ids (inputs and shifted labels)."""
     starts = rng.integers(0, len(data) - seq_len - 1, size=batch)
     return torch.from_numpy(np.stack([data[s : s + seq_len + 1] for s in starts]))
-
-
-def exit_logits(model: LlamaForCausalLM, hidden: torch.Tensor) -> torch.Tensor:
-    """Early-exit logits: the model's own final norm and LM head on an intermediate state."""
-    return model.lm_head(model.model.norm(hidden))
-
-
-def ce(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
 
 
 def target_losses(model: LlamaForCausalLM, batch: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -443,155 +244,6 @@ def train_loop(
         "train_seconds": round(seconds, 1),
         "train_losses_last_window": {k: round(v, 4) for k, v in recent.items()},
     }
-
-
-# ---------------------------------------------------------------------------- evaluation
-def heldout_windows(data: np.ndarray, seq_len: int, count: int = 64) -> torch.Tensor:
-    """`count` evenly spaced held-out windows of seq_len + 1 ids (fixed for every run)."""
-    count = min(count, len(data) // (seq_len + 1))
-    starts = np.linspace(0, len(data) - seq_len - 1, count).astype(np.int64)
-    return torch.from_numpy(np.stack([data[s : s + seq_len + 1] for s in starts]))
-
-
-@torch.inference_mode()
-def eval_target(model: LlamaForCausalLM, windows: torch.Tensor) -> dict[str, float]:
-    """Held-out CE per exit and each exit's top-1 agreement with the final head."""
-    sums: dict[str, float] = {}
-    for batch in windows.split(8):
-        inputs, labels = batch[:, :-1], batch[:, 1:]
-        out = model(input_ids=inputs, output_hidden_states=True)
-        final = out.logits.argmax(-1)
-        heads = {"final": out.logits}
-        for layer in EXIT_WEIGHTS:
-            heads[f"exit{layer}"] = exit_logits(model, out.hidden_states[layer])
-        for key, logits in heads.items():
-            sums[f"loss_{key}"] = sums.get(f"loss_{key}", 0.0) + ce(logits, labels).item()
-            if key != "final":
-                agree = (logits.argmax(-1) == final).float().mean().item()
-                sums[f"top1_agree_{key}"] = sums.get(f"top1_agree_{key}", 0.0) + agree
-    n = len(windows.split(8))
-    return {k: round(v / n, 4) for k, v in sums.items()}
-
-
-@torch.inference_mode()
-def eval_draft(
-    draft: LlamaForCausalLM, target: LlamaForCausalLM, windows: torch.Tensor
-) -> dict[str, float]:
-    """Held-out CE, KL to the target and top-1 agreement with the target (teacher forced)."""
-    sums = {"loss_ce": 0.0, "kl_to_target": 0.0, "top1_agree_target": 0.0}
-    for batch in windows.split(8):
-        inputs, labels = batch[:, :-1], batch[:, 1:]
-        t_logits = target(input_ids=inputs).logits
-        d_logits = draft(input_ids=inputs).logits
-        sums["loss_ce"] += ce(d_logits, labels).item()
-        sums["kl_to_target"] += F.kl_div(
-            F.log_softmax(d_logits, -1).flatten(0, 1),
-            F.log_softmax(t_logits, -1).flatten(0, 1),
-            log_target=True,
-            reduction="batchmean",
-        ).item()
-        agree = (d_logits.argmax(-1) == t_logits.argmax(-1)).float().mean().item()
-        sums["top1_agree_target"] += agree
-    n = len(windows.split(8))
-    return {k: round(v / n, 4) for k, v in sums.items()}
-
-
-@torch.inference_mode()
-def greedy_path(model: LlamaForCausalLM, ids: list[int], new_tokens: int) -> list[int]:
-    """The target's own greedy continuation (KV-cached, never stops at EOS)."""
-    out = model(input_ids=torch.tensor([ids]), use_cache=True)
-    generated: list[int] = []
-    for _ in range(new_tokens):
-        nxt = int(out.logits[0, -1].argmax())
-        generated.append(nxt)
-        out = model(
-            input_ids=torch.tensor([[nxt]]), past_key_values=out.past_key_values, use_cache=True
-        )
-    return generated
-
-
-def tokens_per_round(matches: list[bool], gamma: int) -> float:
-    """Tokens per verification of greedy speculative decoding with a fixed draft length.
-
-    Along the target's greedy path the drafter proposes exactly the tokens it predicts there
-    while it agrees, so a round accepts the leading run of matches (at most gamma) and adds
-    the target's own next token.
-    """
-    pos = rounds = 0
-    while pos < len(matches):
-        run = 0
-        while run < gamma and pos + run < len(matches) and matches[pos + run]:
-            run += 1
-        pos += run + 1
-        rounds += 1
-    return len(matches) / max(rounds, 1)
-
-
-@torch.inference_mode()
-def acceptance(
-    target: LlamaForCausalLM,
-    draft: LlamaForCausalLM,
-    tok: PreTrainedTokenizerFast,
-    prompts: list[dict[str, Any]],
-) -> dict[str, float]:
-    """Agreement of the draft and the early exits with the target along its greedy path."""
-    matches: dict[str, list[bool]] = {"draft": [], **{f"exit{e}": [] for e in EXIT_WEIGHTS}}
-    rounds: dict[str, list[float]] = {k: [] for k in matches}
-    for prompt in prompts:
-        ids = tok.encode(prompt["prompt"])
-        path = greedy_path(target, ids, EVAL_NEW_TOKENS)
-        full = torch.tensor([ids + path[:-1]])
-        positions = slice(len(ids) - 1, len(ids) - 1 + len(path))
-        want = torch.tensor(path)
-        out = target(input_ids=full, output_hidden_states=True)
-        preds = {"draft": draft(input_ids=full).logits[0, positions].argmax(-1)}
-        for layer in EXIT_WEIGHTS:
-            hidden = out.hidden_states[layer][0, positions]
-            preds[f"exit{layer}"] = exit_logits(target, hidden).argmax(-1)
-        for key, pred in preds.items():
-            hits = (pred == want).tolist()
-            matches[key].extend(hits)
-            rounds[key].append(tokens_per_round(hits, EVAL_GAMMA))
-    result: dict[str, float] = {}
-    for key in matches:
-        result[f"agree_{key}"] = round(float(np.mean(matches[key])), 4)
-        result[f"tokens_per_round_g{EVAL_GAMMA}_{key}"] = round(float(np.mean(rounds[key])), 3)
-    return result
-
-
-# ------------------------------------------------------------------------------- caching
-def normalized(obj: Any) -> Any:
-    """JSON round trip, so that configs compare equal to what was read back from disk."""
-    return json.loads(json.dumps(obj, sort_keys=True))
-
-
-def read_config(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8")).get("config")
-    except (OSError, ValueError):
-        return None
-
-
-def write_json(path: Path, obj: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    tmp.replace(path)
-
-
-def save_checkpoint(
-    folder: Path, model: LlamaForCausalLM, tok: PreTrainedTokenizerFast, info: dict[str, Any]
-) -> None:
-    """Model + tokenizer files, then train_info.json last (it marks the folder complete)."""
-    (folder / "train_info.json").unlink(missing_ok=True)
-    model.save_pretrained(folder)
-    tok.save_pretrained(folder)
-    write_json(folder / "train_info.json", info)
-
-
-def new_model(arch: dict[str, Any], seed: int) -> LlamaForCausalLM:
-    torch.manual_seed(seed)
-    return LlamaForCausalLM(LlamaConfig(**arch)).float()
 
 
 # ---------------------------------------------------------------------------------- main

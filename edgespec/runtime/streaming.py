@@ -28,10 +28,11 @@ import numpy as np
 
 from edgespec import protocol as P
 from edgespec.runtime.errors import LinkError, SplitError
-from edgespec.runtime.link import Arrival, Remote
+from edgespec.runtime.link import Remote
 from edgespec.runtime.round import Proposal, Verdict
 from edgespec.runtime.sampling import SamplingParams
 from edgespec.runtime.stats import ChannelStats
+from edgespec.runtime.ws import Arrival
 
 
 class ServerBusy(SplitError):
