@@ -117,7 +117,7 @@ def test_a_loaded_bundle_has_its_weights_in_huge_pages_unless_asked_not_to(tmp_p
     plain_gain, gain, same_tokens, seen = json.loads(out.stdout.splitlines()[-1])
     assert plain_gain < 8 * MB  # ~25 MB of weights, none collapsed
     # loaded into memory the export and the first load freed (4 KiB pages, resident unless
-    # given back first: stop 31 found the weights left in them), yet in huge pages
+    # given back first: without that the weights were left in them), yet in huge pages
     assert gain >= 8 * MB, f"each collapse, the regions that grew and the MB it did: {seen}"
     assert same_tokens
 
