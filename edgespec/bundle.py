@@ -187,6 +187,10 @@ class Manifest:
     # optional (bundles exported before chat support have none): the chat template and
     # generation defaults; chat calls refuse a bundle without a template
     chat: ChatFormat | None = None
+    # the fewest positions a call of the target runs: 2 where its activations are quantized
+    # (int8 MatMulNBits compute, QDQ), so a one-token step matches a verify round bitwise
+    # (runtime/stack.py). Absent in older bundles: 2 if their weights are quantized
+    step_width: int = 1
 
     def graph(self, role: str) -> GraphInfo:
         for g in self.graphs:
@@ -324,7 +328,13 @@ def _from_json(raw: dict[str, Any]) -> Manifest:
         backbone_layers=backbone_layers,
         backbone=raw.get("backbone"),
         chat=_chat_from_json(raw.get("chat")),
+        step_width=int(raw.get("step_width", 2 if _quantized(raw) else 1)),
     )
+
+
+def _quantized(raw: dict[str, Any]) -> bool:
+    blocks = "MatMulNBits" in str(raw.get("extra", {}).get("gguf", {}).get("weights", ""))
+    return blocks or raw.get("quantization") in ("int8", "int4", "qdq-int8")
 
 
 def _chat_from_json(raw: dict[str, Any] | None) -> ChatFormat | None:

@@ -195,6 +195,7 @@ def export_bundle(
         backbone_layers=c.backbone_layers,
         backbone=backbone_record(tokenizer, weights),
         chat=save_chat_format(tokenizer, target, out),
+        step_width=c.step_width(),
     )
     if c.quant is not None:
         manifest.extra["quantization"] = c.quant.describe()

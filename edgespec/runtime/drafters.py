@@ -222,12 +222,19 @@ class EarlyExitDrafter:
         assert cache is not None
         past = self.target.length
         hidden: list[np.ndarray] = []
+        # step_width 2 (runtime/stack.py): no head call runs one position alone, and the
+        # round's first call runs the last cached position again, so the tail has two too
+        wide = self.target.step_width > 1 and past > 0
+        back = int(wide)
+        fed = seq[past - 1] if past > 0 else 0
 
         def run_head(ids: list[int], keep: int = 1) -> np.ndarray:
-            nonlocal past
-            out = head.run(cache, past, input_ids=np.asarray([ids], np.int64), keep=keep)
-            hidden.append(out["hidden"][0])
-            past += len(ids)
+            nonlocal past, fed
+            again = wide and (not hidden or len(ids) == 1)
+            feed = [fed, *ids] if again else ids
+            out = head.run(cache, past - again, input_ids=np.asarray([feed], np.int64), keep=keep)
+            hidden.append(out["hidden"][0][int(again and bool(hidden)) :])
+            past, fed = past + len(ids), ids[-1]
             return out["exit_logits"][0, -1] if keep else out["exit_logits"]
 
         allowed = _allowed(self.constraint, seq)
@@ -240,7 +247,7 @@ class EarlyExitDrafter:
         # draft token at twice a head step when γ is 1, which kept `auto` from longer drafts)
         run_head(last, keep=0)
         head_seconds = perf_counter() - start - drafting
-        tail = TailInput(np.concatenate(hidden), self.tails[k], k, head_seconds)
+        tail = TailInput(np.concatenate(hidden), self.tails[k], k, head_seconds, back)
         return _proposal(tokens, qs, params, seconds=drafting, tail=tail)
 
     def commit(self, valid: int) -> None:

@@ -250,11 +250,12 @@ class _Builder:
         )
 
     def target(self, spec: str) -> Stack:
+        width = self.config.step_width or self.graphs.manifest.step_width
         if spec == "full":
-            return Stack([self.open("full")])
+            return Stack([self.open("full")], step_width=width)
         if spec.startswith("exit:"):
             k = _exit(spec, self.exits, "verifier", check=False)
-            return Stack([self.open(f"head@{k}"), self.open(f"tail@{k}")])
+            return Stack([self.open(f"head@{k}"), self.open(f"tail@{k}")], step_width=width)
         raise InputError(f"verifier {spec!r} is not one of: full, exit:K")
 
 

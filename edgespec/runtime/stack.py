@@ -6,6 +6,15 @@ or `head@k` alone as a stand-alone drafter (its exit logits) — and gives one o
 holds every layer the stages own. The target, the draft model, the split client's exit
 drafter and the server's per-session rows all run through `run_stages`, the one place where
 ids go into the first stage and hidden states into the next.
+
+`step_width` 2 (the manifest's, for graphs whose activations are quantized): a call of one
+position runs two wide. onnxruntime's kernels take other paths for one row than for several
+(attention, float GEMM: rounding-level differences), and int8 activation rounding magnifies
+such a difference into logits that differ by whole units, so a one-token step and a verify
+round of the same tokens would disagree. Every call of two or more positions gives each row
+bitwise the same values whatever the width, so a one-position call re-runs the previous
+position with it (its keys and values come out the same; the stack keeps the ids it cached
+for that), or, on an empty cache, runs a copy of the token after it.
 """
 
 from __future__ import annotations
@@ -37,7 +46,7 @@ def run_stages(
 
 
 class Stack:
-    def __init__(self, stages: list[Graph], logits: str = "logits") -> None:
+    def __init__(self, stages: list[Graph], logits: str = "logits", step_width: int = 1) -> None:
         self.stages = stages
         self.logits = logits  # "exit_logits" for a head@k run on its own
         self.cache: KVCache | None = None
@@ -48,6 +57,9 @@ class Stack:
         # static and Core ML graphs run on a cache of exactly their max context
         self.fixed_capacity = stages[0].fixed_capacity
         self.max_positions = min(model.max_position_embeddings, self.fixed_capacity or 1 << 62)
+        # fixed-shape graphs run the widths they were exported for
+        self.step_width = step_width if self.fixed_capacity is None else 1
+        self.ids = np.zeros(0, np.int64)  # the token at each cached position (step_width 2)
 
     @property
     def length(self) -> int:
@@ -93,21 +105,43 @@ class Stack:
         """Logits [keep, vocab] for new token ids [S], appended to the cache."""
         cache = self.cache
         assert cache is not None, "call reset() first"
+        past, feed, rows = cache.length, ids, keep
+        if self.step_width > 1 and len(ids) == 1:
+            if past > 0:  # the previous position again, then this one
+                past, feed = past - 1, np.array([self.ids[past - 1], ids[0]], np.int64)
+            elif cache.capacity >= 2:  # a copy after it, in the cache past its length
+                feed, rows = np.array([ids[0], ids[0]], np.int64), 2 if keep else 0
 
         def call(stage: Graph, x: dict, last: bool) -> dict:
-            return stage.run(cache, cache.length, keep=keep if last else 0, **x)
+            return stage.run(cache, past, keep=rows if last else 0, **x)
 
-        out = run_stages(self.stages, ids[None, :], call)
+        out = run_stages(self.stages, feed[None, :], call)
+        self.record(cache.length, ids)
         cache.length += len(ids)
-        return out[self.logits][0]
+        logits = out[self.logits][0]
+        return logits[:keep] if rows > keep else logits
 
-    def forward_tail(self, tail: Graph, hidden: np.ndarray, keep: int) -> np.ndarray:
+    def forward_tail(
+        self, tail: Graph, hidden: np.ndarray, keep: int, ids: np.ndarray, back: int = 0
+    ) -> np.ndarray:
         """Logits for hidden states [S, H] that a head already computed (its layers' KV are in
-        the cache beyond `length`); advances the length by S."""
+        the cache beyond `length`) of new token ids [S - back]; the first `back` rows are
+        cached positions computed again (step_width 2). Advances the length by S - back."""
         assert self.cache is not None
-        out = tail.run(self.cache, self.cache.length, hidden=hidden[None], keep=keep)
-        self.cache.length += hidden.shape[0]
+        start = self.cache.length - back
+        out = tail.run(self.cache, start, hidden=hidden[None], keep=keep)
+        self.record(self.cache.length, ids)
+        self.cache.length += hidden.shape[0] - back
         return out["logits"][0]
+
+    def record(self, past: int, ids: np.ndarray) -> None:
+        """The ids now cached at positions past.. (what a two-wide step re-runs)."""
+        if self.step_width == 1:
+            return
+        end = past + len(ids)
+        if len(self.ids) < end:
+            self.ids = np.concatenate([self.ids, np.zeros(max(end, 64), np.int64)])
+        self.ids[past:end] = ids
 
     def truncate(self, length: int) -> None:
         if self.cache is not None:
