@@ -29,7 +29,7 @@ from edgespec.runtime.draft_q import DEFAULT_SUPPORT, DraftSupport, SparseQ, fro
 from edgespec.runtime.graph_protocol import Graph
 from edgespec.runtime.round import Drafter, Plan, Proposal, TailInput, empty_proposal
 from edgespec.runtime.sampling import SamplingParams
-from edgespec.runtime.stack import Stack
+from edgespec.runtime.stack import Stack, pad_call
 
 
 def _pick(
@@ -222,20 +222,16 @@ class EarlyExitDrafter:
         assert cache is not None
         past = self.target.length
         hidden: list[np.ndarray] = []
-        # step_width 2 (runtime/stack.py): no head call runs one position alone, and the
-        # round's first call runs the last cached position again, so the tail has two too
-        wide = self.target.step_width > 1 and past > 0
-        back = int(wide)
-        fed = seq[past - 1] if past > 0 else 0
+        step = self.target.step_width  # the head's calls padded as the target's (stack.py)
 
         def run_head(ids: list[int], keep: int = 1) -> np.ndarray:
-            nonlocal past, fed
-            again = wide and (not hidden or len(ids) == 1)
-            feed = [fed, *ids] if again else ids
-            out = head.run(cache, past - again, input_ids=np.asarray([feed], np.int64), keep=keep)
-            hidden.append(out["hidden"][0][int(again and bool(hidden)) :])
-            past, fed = past + len(ids), ids[-1]
-            return out["exit_logits"][0, -1] if keep else out["exit_logits"]
+            nonlocal past
+            pad, rows, wanted = pad_call(len(ids), keep, step)
+            feed = np.asarray([[*ids, *ids[-1:] * pad]], np.int64)
+            out = head.run(cache, past, input_ids=feed, keep=rows)
+            hidden.append(out["hidden"][0][: len(ids)])
+            past += len(ids)
+            return out["exit_logits"][0][wanted][-1] if keep else out["exit_logits"]
 
         allowed = _allowed(self.constraint, seq)
         tokens, qs, last = draft_tokens(
@@ -247,7 +243,7 @@ class EarlyExitDrafter:
         # draft token at twice a head step when γ is 1, which kept `auto` from longer drafts)
         run_head(last, keep=0)
         head_seconds = perf_counter() - start - drafting
-        tail = TailInput(np.concatenate(hidden), self.tails[k], k, head_seconds, back)
+        tail = TailInput(np.concatenate(hidden), self.tails[k], k, head_seconds)
         return _proposal(tokens, qs, params, seconds=drafting, tail=tail)
 
     def commit(self, valid: int) -> None:

@@ -59,11 +59,10 @@ class LocalVerifier:
     ) -> Done:
         start = perf_counter()
         g = len(proposal.tokens)
-        ids = np.array([seq[-1], *proposal.tokens], np.int64)
         if proposal.tail is not None:
-            t = proposal.tail
-            logits = self.target.forward_tail(t.tail, t.hidden, g + 1, ids, t.back)
+            logits = self.target.forward_tail(proposal.tail.tail, proposal.tail.hidden, g + 1)
         else:
+            ids = np.array([seq[-1], *proposal.tokens], np.int64)
             logits = self.target.forward(ids, keep=g + 1)
         if self.constraint is not None:
             logits = self.constraint.mask_rows(logits, seq, proposal.tokens)

@@ -66,9 +66,6 @@ class TailInput:
     # the head call on d_γ that computed its hidden state: part of verifying (the tail needs
     # it; at γ = 0 head + tail is one plain target step), so the verdict counts it
     head_seconds: float = 0.0
-    # leading rows of `hidden` for cached positions computed again (a target of step_width 2:
-    # the tail never runs one position alone; runtime/stack.py)
-    back: int = 0
 
 
 @dataclass

@@ -7,14 +7,15 @@ holds every layer the stages own. The target, the draft model, the split client'
 drafter and the server's per-session rows all run through `run_stages`, the one place where
 ids go into the first stage and hidden states into the next.
 
-`step_width` 2 (the manifest's, for graphs whose activations are quantized): a call of one
-position runs two wide. onnxruntime's kernels take other paths for one row than for several
-(attention, float GEMM: rounding-level differences), and int8 activation rounding magnifies
-such a difference into logits that differ by whole units, so a one-token step and a verify
-round of the same tokens would disagree. Every call of two or more positions gives each row
-bitwise the same values whatever the width, so a one-position call re-runs the previous
-position with it (its keys and values come out the same; the stack keeps the ids it cached
-for that), or, on an empty cache, runs a copy of the token after it.
+`step_width` 2 (the manifest's, for graphs whose activations are quantized): every call runs
+an even number of positions and keeps an even number of logits rows. onnxruntime's kernels
+take another path for a lone row — a one-position call, or the last row of an odd-width call
+(attention, float GEMM, MatMulNBits' row pairs: rounding-level differences) — and int8
+activation rounding magnifies such a difference into logits that differ by whole units, so a
+one-token step and a verify round of the same tokens would disagree. Rows of even-width
+calls come out bitwise the same whatever the width (measured on SmolLM2 Q4_1 blocks and int8
+/ int4 exports, widths 2-16), so an odd call runs with a copy of its last input after it,
+whose keys and values land past the cache's length and are overwritten later (`pad_call`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,16 @@ from edgespec.runtime.graph_protocol import Graph
 from edgespec.runtime.kv_cache import KVCache
 
 G = TypeVar("G", bound=Graph)
+
+
+def pad_call(width: int, keep: int, step_width: int) -> tuple[int, int, slice]:
+    """A call of `width` new positions keeping the last `keep` logits rows, at `step_width`:
+    (positions appended: copies of the last input, rows to keep in the padded call, the slice
+    of those rows that are the asked-for ones)."""
+    pad = (-width) % step_width
+    need = keep + pad if keep else 0  # the last rows of the padded call, the wanted ones in
+    rows = min(need + (-need) % step_width, width + pad)
+    return pad, rows, slice(rows - need, rows - pad)
 
 
 def run_stages(
@@ -59,7 +70,6 @@ class Stack:
         self.max_positions = min(model.max_position_embeddings, self.fixed_capacity or 1 << 62)
         # fixed-shape graphs run the widths they were exported for
         self.step_width = step_width if self.fixed_capacity is None else 1
-        self.ids = np.zeros(0, np.int64)  # the token at each cached position (step_width 2)
 
     @property
     def length(self) -> int:
@@ -67,7 +77,7 @@ class Stack:
 
     def reset(self, capacity: int) -> None:
         """An empty cache with room for `capacity` positions (buffers reused when big enough)."""
-        capacity = self.fixed_capacity or capacity
+        capacity = self.fixed_capacity or capacity + self.step_width - 1  # room for a pad
         if self.stages[0].holds_kv:  # Core ML: KV in the model's state
             self.cache = KVCache([], [], [])  # only the length is kept here
             return
@@ -94,7 +104,7 @@ class Stack:
             return 0
         keep = min(keep, self.cache.length)
         self.cache.truncate(keep)
-        capacity = self.fixed_capacity or capacity
+        capacity = self.fixed_capacity or capacity + self.step_width - 1
         if not self.stages[0].holds_kv and self.cache.capacity < capacity:
             # grow geometrically: a conversation gains a turn at a time
             room = min(max(capacity, 2 * self.cache.capacity), self.max_positions)
@@ -105,43 +115,25 @@ class Stack:
         """Logits [keep, vocab] for new token ids [S], appended to the cache."""
         cache = self.cache
         assert cache is not None, "call reset() first"
-        past, feed, rows = cache.length, ids, keep
-        if self.step_width > 1 and len(ids) == 1:
-            if past > 0:  # the previous position again, then this one
-                past, feed = past - 1, np.array([self.ids[past - 1], ids[0]], np.int64)
-            elif cache.capacity >= 2:  # a copy after it, in the cache past its length
-                feed, rows = np.array([ids[0], ids[0]], np.int64), 2 if keep else 0
+        pad, rows, wanted = pad_call(len(ids), keep, self.step_width)
+        feed = np.concatenate([ids, ids[-1:].repeat(pad)]) if pad else ids
 
         def call(stage: Graph, x: dict, last: bool) -> dict:
-            return stage.run(cache, past, keep=rows if last else 0, **x)
+            return stage.run(cache, cache.length, keep=rows if last else 0, **x)
 
         out = run_stages(self.stages, feed[None, :], call)
-        self.record(cache.length, ids)
         cache.length += len(ids)
-        logits = out[self.logits][0]
-        return logits[:keep] if rows > keep else logits
+        return out[self.logits][0][wanted]
 
-    def forward_tail(
-        self, tail: Graph, hidden: np.ndarray, keep: int, ids: np.ndarray, back: int = 0
-    ) -> np.ndarray:
+    def forward_tail(self, tail: Graph, hidden: np.ndarray, keep: int) -> np.ndarray:
         """Logits for hidden states [S, H] that a head already computed (its layers' KV are in
-        the cache beyond `length`) of new token ids [S - back]; the first `back` rows are
-        cached positions computed again (step_width 2). Advances the length by S - back."""
+        the cache beyond `length`); advances the length by S."""
         assert self.cache is not None
-        start = self.cache.length - back
-        out = tail.run(self.cache, start, hidden=hidden[None], keep=keep)
-        self.record(self.cache.length, ids)
-        self.cache.length += hidden.shape[0] - back
-        return out["logits"][0]
-
-    def record(self, past: int, ids: np.ndarray) -> None:
-        """The ids now cached at positions past.. (what a two-wide step re-runs)."""
-        if self.step_width == 1:
-            return
-        end = past + len(ids)
-        if len(self.ids) < end:
-            self.ids = np.concatenate([self.ids, np.zeros(max(end, 64), np.int64)])
-        self.ids[past:end] = ids
+        pad, rows, wanted = pad_call(hidden.shape[0], keep, self.step_width)
+        feed = np.concatenate([hidden, hidden[-1:].repeat(pad, axis=0)]) if pad else hidden
+        out = tail.run(self.cache, self.cache.length, hidden=feed[None], keep=rows)
+        self.cache.length += hidden.shape[0]
+        return out["logits"][0][wanted]
 
     def truncate(self, length: int) -> None:
         if self.cache is not None:
