@@ -187,9 +187,9 @@ class Manifest:
     # optional (bundles exported before chat support have none): the chat template and
     # generation defaults; chat calls refuse a bundle without a template
     chat: ChatFormat | None = None
-    # the fewest positions a call of the target runs: 2 where its activations are quantized
-    # (int8 MatMulNBits compute, QDQ), so a one-token step matches a verify round bitwise
-    # (runtime/stack.py). Absent in older bundles: 2 if their weights are quantized
+    # every call of the target runs a multiple of this many positions: 2 where its activations
+    # are quantized (int8 MatMulNBits compute, QDQ), so a one-token step matches a verify round
+    # bitwise (runtime/stack.py). Absent in older bundles: 2 if their weights are quantized
     step_width: int = 1
 
     def graph(self, role: str) -> GraphInfo:
