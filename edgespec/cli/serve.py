@@ -139,6 +139,15 @@ def serve(
             raise click.UsageError("--ray-address deploys a fleet: add --replicas N or --autoscale")
         run(config, host, port, log_level)
         return
+    from edgespec.serve.state import FleetConfig, parse_autoscale
+
+    try:
+        scale = parse_autoscale(autoscale) if autoscale else None
+        fleet_config = FleetConfig(
+            replicas or 1, scale, ray_address=ray_address, cpus_per_replica=cpus_per_replica
+        )
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
     try:
         from edgespec.serve import fleet
     except ImportError as e:
@@ -146,11 +155,4 @@ def serve(
             f"--replicas needs the [fleet] extra ({e.name} is missing): "
             "pip install 'edgespec[fleet]'"
         ) from None
-    try:
-        scale = fleet.parse_autoscale(autoscale) if autoscale else None
-        fleet_config = fleet.FleetConfig(
-            replicas or 1, scale, ray_address=ray_address, cpus_per_replica=cpus_per_replica
-        )
-    except ValueError as e:
-        raise click.BadParameter(str(e)) from None
     fleet.run(config, fleet_config, host, port, log_level)

@@ -197,3 +197,43 @@ def load_state(config: ServerConfig) -> State:
         chat=chat,
         streams=Streams.for_model(config.max_streams, model),
     )
+
+
+# -- a fleet (`--replicas`, serve/fleet.py) -------------------------------------------------
+APP = "edgespec"
+
+
+@dataclass
+class FleetConfig:
+    replicas: int = 1
+    autoscale: tuple[int, int] | None = None  # (min, max) replicas; overrides `replicas`
+    target_sessions: float | None = None  # autoscaling: sessions per replica (default half full)
+    ray_address: str | None = None  # join this cluster; None: start a local Ray for the command
+    cpus_per_replica: float = 0.5
+    local_cpus: int | None = None  # logical CPUs of the local Ray (default: enough for replicas)
+    object_store_mb: int = 128  # local Ray only: replicas exchange small messages
+    report_period: float = 0.5  # seconds between a replica's reports to the board
+    name: str = APP
+
+    def __post_init__(self) -> None:
+        if self.autoscale is not None:
+            lo, hi = self.autoscale
+            if not 1 <= lo <= hi:
+                raise ValueError(
+                    f"--autoscale {lo}:{hi}: use MIN:MAX with 1 <= MIN <= MAX (e.g. 1:4)"
+                )
+        elif self.replicas < 1:
+            raise ValueError(f"--replicas {self.replicas}: at least 1")
+        if self.cpus_per_replica <= 0:
+            raise ValueError(f"{self.cpus_per_replica} CPUs per replica: must be more than 0")
+
+    @property
+    def most_replicas(self) -> int:
+        return self.autoscale[1] if self.autoscale else self.replicas
+
+
+def parse_autoscale(text: str) -> tuple[int, int]:
+    lo, sep, hi = text.partition(":")
+    if not (sep and lo.isdigit() and hi.isdigit()):
+        raise ValueError(f"--autoscale {text!r}: write MIN:MAX, e.g. 1:4")
+    return int(lo), int(hi)
