@@ -22,7 +22,7 @@ import { decode } from "./decode.js";
 import { EarlyExitDrafter, LookupDrafter, ModelDrafter, NoDrafter } from "./drafters.js";
 import { InputError } from "./errors.js";
 import type { BundleFiles } from "./files.js";
-import { GraphSession, Stack, type Ort } from "./graph.js";
+import { GraphSession, Stack, type KVOutputs, type Ort } from "./graph.js";
 import { LocalVerifier } from "./local.js";
 import { parsePolicy, type DraftLengthPolicy } from "./policies.js";
 import { samplingParams, type SamplingParams } from "./sampling.js";
@@ -41,6 +41,9 @@ export interface LoadOptions {
   exitLayer?: number;
   /** onnxruntime session options (execution providers, threads). */
   sessionOptions?: ortTypes.InferenceSession.SessionOptions;
+  /** How the onnxruntime binding returns KV outputs (`KVOutputs`): "bound" for
+   * onnxruntime-node (the default), "returned" for onnxruntime-web. */
+  kvOutputs?: KVOutputs;
   /** Called with a line per step while the bundle loads. */
   onProgress?: (message: string) => void;
 }
@@ -105,11 +108,21 @@ export async function loadModel(files: BundleFiles, ort: Ort, options: LoadOptio
     extra: { session: { intra_op: { allow_spinning: "0" } } },
     ...options.sessionOptions,
   };
+  // where onnxruntime cannot open files itself (browser, app assets), the graphs get the
+  // bundle's one weights file as external data: read once, shared by every graph
+  let weights: Promise<Uint8Array> | null = null;
   const open = async (role: string): Promise<GraphSession> => {
     const g = findGraph(manifest, role);
     progress(`opening ${g.file}`);
-    const source = files.path ? files.path(g.file) : await files.readBytes(g.file);
-    return GraphSession.open(ort, source, g, modelInfo(manifest, g), sessionOptions);
+    const kv = options.kvOutputs ?? "bound";
+    if (files.path) return GraphSession.open(ort, files.path(g.file), g, modelInfo(manifest, g), sessionOptions, kv);
+    if (!weights) {
+      progress(`reading ${manifest.weights_file}`);
+      weights = files.readBytes(manifest.weights_file);
+    }
+    const external = { externalData: [{ path: manifest.weights_file, data: await weights }] };
+    const bytes = await files.readBytes(g.file);
+    return GraphSession.open(ort, bytes, g, modelInfo(manifest, g), { ...sessionOptions, ...external }, kv);
   };
   let target: Stack, drafter: Drafter;
   if (mode === "self-spec") {
