@@ -5,11 +5,13 @@ The test builds the package and the page (`npm run build:web`: one ES module wit
 onnxruntime-web, and its wasm binary beside it), exports a tiny chat bundle for onnxruntime's
 JavaScript packages (`batched_verify=False`), serves page and bundle from
 `js/examples/web/serve.mjs` on loopback, and has `js/examples/web/check.mjs` (Playwright driving
-Debian's `chromium`) open the page once per speculative mode on wasm, and once more letting the
-page pick its backend (WebGPU where Chromium gives an adapter: here SwiftShader's, a CPU
-WebGPU, so few tokens). Each page generates with `ar` and then with its mode, streaming; every
-run's tokens must equal `Model.generate`'s, and the tokens must have come in more than one
-chunk. It skips when node or chromium is missing, saying how to install them.
+Debian's `chromium`) open the page once per mode on wasm: spec, self-spec, and split (the page
+drafts, a real `edgespec serve` on loopback verifies; no token: a browser's WebSocket cannot
+send one). One more page picks its own backend (WebGPU where Chromium gives an adapter: here
+SwiftShader's, a CPU WebGPU, so few tokens). Each page generates with `ar` and then with its
+mode, streaming; every run's tokens must equal `Model.generate`'s, and the tokens must have
+come in more than one chunk. It skips when node or chromium is missing, saying how to install
+them.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 from conftest import write_chat_checkpoint  # noqa: E402
+from split_server import start_server  # noqa: E402
 from test_js_conformance import JS, NODE, build_js  # noqa: E402
 
 CHROMIUM = shutil.which("chromium")
@@ -39,7 +42,7 @@ pytestmark = [
 WEB = JS / "examples" / "web"
 PROMPT = "def parse(x):\n    return"
 MAX_NEW = 40
-MODES = [("spec", "fixed:4", None), ("self-spec", "fixed:3", 2)]
+MODES = [("spec", "fixed:4", None), ("self-spec", "fixed:3", 2), ("split", "fixed:4", None)]
 WEBGPU_NEW = 4  # a software WebGPU adapter (SwiftShader) runs ~2 tokens per second
 
 
@@ -74,10 +77,18 @@ def served(bundle):
 
 
 @pytest.fixture(scope="module")
-def pages(served, tmp_path_factory) -> list[dict]:
+def pages(served, bundle, tmp_path_factory) -> list[dict]:
+    server = start_server(bundle, tmp_path_factory.mktemp("split"), None)
+    try:
+        return open_pages(served, server.url, tmp_path_factory)
+    finally:
+        server.stop()
+
+
+def open_pages(served: str, split_server: str, tmp_path_factory) -> list[dict]:
     urls = [
         served + "?" + urlencode(dict(mode=mode, policy=policy, prompt=PROMPT, max=MAX_NEW,
-                                      run=1, ignoreEos=1, provider="wasm"))
+                                      run=1, ignoreEos=1, provider="wasm", server=split_server))
         for mode, policy, _ in MODES
     ]  # fmt: skip
     # no provider: the page asks navigator.gpu for an adapter and says what it found
@@ -114,7 +125,9 @@ def test_the_page_streams_the_python_runtimes_greedy_tokens_on_wasm(pages, bundl
         first, second = page["runs"]
         assert (first["mode"], second["mode"], second["policy"]) == ("ar", mode, policy)
         assert first["tokens"] == ar, "ar in the browser"
-        assert second["tokens"] == python_tokens(bundle, mode, policy, exit_layer), mode
+        if mode != "split":  # split: the server's target, so ar's tokens (just above)
+            assert second["tokens"] == python_tokens(bundle, mode, policy, exit_layer), mode
+        assert second["tokens"] == ar, mode
         for run in (first, second):
             assert sum(run["chunks"]) == MAX_NEW and len(run["chunks"]) > 1  # streamed
         assert page["status"] == "done: the same tokens as ar"

@@ -7,7 +7,7 @@ import { loadFromUrl, pickBackend } from "../../dist/web.js";
 
 const $ = (id) => document.getElementById(id);
 const query = new URLSearchParams(location.search);
-for (const key of ["bundle", "mode", "policy", "max", "prompt"]) if (query.has(key)) $(key).value = query.get(key);
+for (const key of ["bundle", "mode", "policy", "max", "prompt", "server"]) if (query.has(key)) $(key).value = query.get(key);
 // the wasm files sit beside this script (npm run build:web copies them)
 ort.env.wasm.wasmPaths = new URL("./", import.meta.url).href;
 if (query.has("threads")) ort.env.wasm.numThreads = Number(query.get("threads"));
@@ -22,6 +22,9 @@ async function run(mode, policy, prompt, maxNewTokens, out) {
   out.textContent = "";
   const model = await loadFromUrl($("bundle").value, ort, {
     mode, draftPolicy: mode === "ar" ? undefined : policy, provider: backend.provider,
+    // split: the page drafts, `edgespec serve` at this address verifies (no token: a browser
+    // cannot send one)
+    split: mode === "split" ? { server: $("server").value } : undefined,
     onProgress: (line) => ($("status").textContent = line),
   });
   $("status").textContent = `generating (${mode})`;
@@ -39,6 +42,7 @@ async function run(mode, policy, prompt, maxNewTokens, out) {
     finishReason = chunk.finishReason ?? finishReason;
     await new Promise((r) => setTimeout(r, 0)); // let the page paint each chunk
   }
+  model.verifier.disconnect?.();
   return { mode, policy: mode === "ar" ? null : policy, tokens, text: out.textContent, chunks, finishReason,
     tokensPerSecond: decodeTokens / decodeSeconds, tokensPerRound: decodeTokens / rounds };
 }
