@@ -16,5 +16,6 @@ export { RemoteVerifier, SplitError } from "./remote.js";
 export type { SplitOptions, WebSocketClass } from "./remote.js";
 export { ProtocolError } from "./protocol.js";
 export type { BundleFiles } from "./files.js";
+export type { KVOutputs, Ort } from "./graph.js";
 export { GenerationStats } from "./round.js";
 export type { RoundStats } from "./round.js";
