@@ -249,14 +249,16 @@ def _skip_norm(gb: GraphBuilder, x: str, skip: str, name: str, norm: Norm) -> tu
 
 def _mlp(gb: GraphBuilder, h: str, name: str, lw: LayerWeights, activation: str) -> str:
     up = gb.linear(h, f"{name}.up", lw.up_w, lw.up_b)
+    # gate|up halves by explicit sizes: onnxruntime-web's WebGPU Split reads no num_outputs
+    halves = gb.const(np.array([lw.up_w.shape[1] // 2] * 2, np.int64))
     if activation == "silu":
-        gate, up = gb.op("Split", [up], 2, axis=-1, num_outputs=2)
+        gate, up = gb.op("Split", [up, halves], 2, axis=-1)
         act = gb.op1("Mul", [gate, gb.op1("Sigmoid", [gate])])
         inner = gb.op1("Mul", [act, up])
     elif activation == "gelu_tanh":
         inner = gb.op1("FastGelu", [up], domain="com.microsoft")
     elif activation == "gelu_tanh_gated":
-        gate, up = gb.op("Split", [up], 2, axis=-1, num_outputs=2)
+        gate, up = gb.op("Split", [up, halves], 2, axis=-1)
         inner = gb.op1("Mul", [gb.op1("FastGelu", [gate], domain="com.microsoft"), up])
     else:
         raise ValueError(f"unknown activation {activation}")
