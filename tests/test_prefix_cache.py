@@ -282,3 +282,46 @@ def test_an_unwritable_cache_dir_is_refused_by_name(tmp_path):
     (tmp_path / "file").write_text("x")
     with pytest.raises(ValueError, match="--cache-dir .*cannot write"):
         open_cache(tmp_path / "file" / "sub")
+
+
+def test_concurrent_requests_on_a_restarted_server_answer_as_a_cold_one(conversation, chat_bundle):
+    """Three next turns at once on two conversation slots, each restoring the kept prefix (or
+    sharing a slot's): every reply equals the cold server's; the folder ends within budget."""
+    c = conversation
+    if c["mode"] != "spec":
+        pytest.skip("one mode is enough (spec also restores the draft model's cache)")
+    follow = ["And paint?", "Where are the hammers?", "Do you sell seeds?"]
+    turns = [[*c["messages"][:-1], {"role": "user", "content": f}] for f in follow]
+    cold = start_server(chat_bundle, c["tmp"], TOKEN, *c["args"])
+    try:
+        want = [ask(cold, m)[0] for m in turns]
+    finally:
+        cold.stop()
+    folder = c["tmp"] / "concurrent"
+    shutil.copytree(c["folder"], folder)
+    server = start_server(chat_bundle, c["tmp"], TOKEN, *c["args"], "--cache-dir", str(folder))
+    got: dict[int, tuple] = {}
+    errors: list[BaseException] = []
+
+    def run(i: int) -> None:
+        try:
+            got[i] = ask(server, turns[i])
+        except BaseException as e:
+            errors.append(e)
+
+    try:
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(len(turns))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=180)
+        report = engine(server)["prefix_cache"]
+    finally:
+        stop_gracefully(server)
+    assert not errors, errors
+    assert [got[i][0] for i in range(len(turns))] == want
+    # each kept at least turn 1's prompt, from the file or from a slot a reply left
+    assert min(got[i][1].prompt_tokens_details.cached_tokens for i in got) >= (
+        c["turn1_tokens"] - 4
+    )
+    assert report["hits"] >= 1 and report["ignored"] == 0
