@@ -236,7 +236,9 @@ def test_a_longer_prefix_replaces_its_own_beginning_and_other_bundles_files_stay
     cache.store(snap(turn1))
     cache.flush()
     assert not cache.wants(turn1[:20])  # held by a longer file
-    cache.store(snap([*turn1, 7, 8, 9]))
+    assert not cache.wants([*turn1, 7, 8])  # fewer than min_tokens past a file it replaces
+    assert cache.wants([*turn1, 7, 8, 9, 6])
+    cache.store(snap([*turn1, 7, 8, 9, 6]))
     cache.close()
     r = cache.report()
     assert r["entries"] == 1 and r["replaced"] == 1

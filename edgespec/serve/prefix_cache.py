@@ -270,15 +270,17 @@ class PrefixCache:
 
     # -- store ------------------------------------------------------------------------------
     def wants(self, tokens: list[int]) -> bool:
-        """Whether a snapshot of these tokens would add anything (long enough, not already
-        held by a file whose tokens start with them)."""
+        """Whether a snapshot of these tokens would add enough: at least min_tokens, not held
+        by a file whose tokens start with them, and at least min_tokens past any file it would
+        replace (a conversation is not rewritten for every few tokens it grows)."""
         if len(tokens) < self.min_tokens:
             return False
         with self.lock:
-            return not any(
-                len(e.tokens) >= len(tokens) and shared(e.tokens, tokens) == len(tokens)
-                for e in self.entries.values()
-            )
+            for e in self.entries.values():
+                n = shared(e.tokens, tokens)
+                if n == len(tokens) or (n == len(e.tokens) and len(tokens) - n < self.min_tokens):
+                    return False
+            return True
 
     def store(self, snap: Snapshot) -> None:
         """Queue a snapshot for the writer (waits while QUEUED are queued)."""
