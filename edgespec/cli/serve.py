@@ -78,6 +78,27 @@ from edgespec.cli.common import _friendly, _read_token
     help="Split sessions the server decodes and streams at once (a device's STREAM); beyond "
     "it, or at 0, the server answers 'verify only' and devices draft themselves.",
 )
+@click.option(
+    "--cache-dir",
+    default=None,
+    type=click.Path(file_okay=False),
+    help="OpenAI endpoints: keep conversations' KV caches in this folder, so that a restarted "
+    "server prefills only what a prompt adds to a kept prefix (docs/server.md).",
+)
+@click.option(
+    "--cache-bytes",
+    default=1 << 30,
+    show_default=True,
+    type=int,
+    help="--cache-dir: at most this many bytes; the least recently used prefixes go first.",
+)
+@click.option(
+    "--cache-min-tokens",
+    default=64,
+    show_default=True,
+    type=int,
+    help="--cache-dir: prefixes shorter than this many tokens are not written.",
+)
 @click.option("--log-level", default="info", show_default=True)
 @click.option(
     "--replicas",

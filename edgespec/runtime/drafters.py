@@ -25,7 +25,13 @@ from time import perf_counter
 import numpy as np
 
 from edgespec.runtime.constraints import Constraint
-from edgespec.runtime.draft_q import DEFAULT_SUPPORT, DraftSupport, SparseQ, from_logits
+from edgespec.runtime.draft_q import (
+    DEFAULT_SUPPORT,
+    SCALE,
+    DraftSupport,
+    SparseQ,
+    from_logits,
+)
 from edgespec.runtime.graph_protocol import Graph
 from edgespec.runtime.round import Drafter, Plan, Proposal, TailInput, empty_proposal
 from edgespec.runtime.sampling import SamplingParams
@@ -66,10 +72,21 @@ def draft_tokens(
     """Run a drafting model one token at a time: `step(feed)` processes the new ids and
     returns the next-token logits; `allowed(drafts)`, under a grammar, the tokens it allows
     after the drafts so far. Returns (drafts, their q if sampling, the last feed, which the
-    model has not processed yet)."""
+    model has not processed yet). Where the grammar allows one token only, that token is
+    the draft (its masked distribution is a point mass there) and the model does not step:
+    it takes the token with the next step's feed, one forward for the whole run."""
     tokens: list[int] = []
     qs: list[SparseQ] = []
     while len(tokens) < plan.length:
+        if allowed is not None:
+            mask = allowed(tokens)
+            if np.count_nonzero(mask) == 1:
+                only = int(mask.argmax())
+                tokens.append(only)
+                if not params.greedy:
+                    qs.append(SparseQ(np.array([only], np.int32), np.array([SCALE])))
+                feed = [*feed, only]
+                continue
         logits = step(feed)
         if allowed is not None:
             logits = np.where(allowed(tokens)[: logits.shape[-1]], logits, -np.inf)

@@ -17,13 +17,16 @@ from starlette.websockets import WebSocket
 from edgespec import protocol as P
 from edgespec.bundle import Manifest
 from edgespec.errors import EdgespecError
+from edgespec.runtime.chat_store import bundle_identity
 from edgespec.runtime.graph import GraphSession
 from edgespec.runtime.kv_cache import KVPool
 from edgespec.runtime.opener import GraphOptions, open_bundle
 from edgespec.runtime.tokenizer import Tokenizer
 from edgespec.serve.auth import Gate
+from edgespec.serve.cache_rows import layouts
 from edgespec.serve.chat_engine import ChatEngine, load_model
 from edgespec.serve.pool_verifier import PoolVerifier
+from edgespec.serve.prefix_cache import PrefixCache
 from edgespec.serve.session import BatchStats, ServerSession, verify_rounds
 from edgespec.serve.streaming import Streams
 from edgespec.serve.worker import Worker
@@ -53,6 +56,9 @@ class ServerConfig:
     draft_policy: str | None = None  # OpenAI endpoints: the mode's policy (default: auto)
     conversations: int = 4  # OpenAI endpoints: conversations decoded at once, each its own cache
     max_streams: int = 4  # split sessions streamed at once (STREAM); 0: verify only
+    cache_dir: str | None = None  # OpenAI endpoints: keep conversations' KV caches here
+    cache_bytes: int = 1 << 30  # at most this much in cache_dir (least recently used go first)
+    cache_min_tokens: int = 64  # prefixes shorter than this are not written
 
     def __post_init__(self) -> None:
         _integer("max_sessions", self.max_sessions, 1)
@@ -65,6 +71,8 @@ class ServerConfig:
         _integer("prefill_chunk", self.prefill_chunk, 0)
         _integer("conversations", self.conversations, 1)
         _integer("max_streams", self.max_streams, 0)
+        _integer("cache_bytes", self.cache_bytes, 1)
+        _integer("cache_min_tokens", self.cache_min_tokens, 1)
         _seconds("idle_timeout", self.idle_timeout, positive=True)
         _seconds("drain_seconds", self.drain_seconds, positive=False)
         _seconds("header_timeout", self.header_timeout, positive=True)
@@ -183,6 +191,8 @@ def load_state(config: ServerConfig) -> State:
         for _ in range(config.conversations)
     ]
     chat = ChatEngine(model, rows, context)
+    if config.cache_dir is not None:
+        chat.keep_on_disk(open_prefix_cache(config, graphs.folder, graphs.manifest, chat, pool))
     return State(
         config,
         graphs.manifest,
@@ -237,3 +247,18 @@ def parse_autoscale(text: str) -> tuple[int, int]:
     if not (sep and lo.isdigit() and hi.isdigit()):
         raise ValueError(f"--autoscale {text!r}: write MIN:MAX, e.g. 1:4")
     return int(lo), int(hi)
+
+
+def open_prefix_cache(
+    config: ServerConfig, folder: str, manifest: Manifest, chat: ChatEngine, pool: KVPool
+) -> PrefixCache:
+    """--cache-dir: the files of this bundle there, for the engine's conversations."""
+    assert config.cache_dir is not None
+    identity = bundle_identity(folder, [manifest.weights_file, *(g.file for g in manifest.graphs)])
+    return PrefixCache(
+        config.cache_dir,
+        config.cache_bytes,
+        identity,
+        layouts(chat.sessions[0], pool),
+        config.cache_min_tokens,
+    )
