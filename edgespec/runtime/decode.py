@@ -10,7 +10,8 @@ One round (`speculative_round`), in order:
   3. submit   the verifier scores [last, d_1..d_γ] (locally: at once; remotely: sent)
   4. ahead    while a remote answer is in flight, keep drafting as if every draft were
               accepted (PEARL / SpecEdge style): d_{γ+1} guesses the verifier's next token
-  5. accept   the verdict: d_1..d_n accepted, then the target's token t
+  5. accept   the verdict: d_1..d_n accepted, then the target's token t (a drafter that
+              learns from the target's logits is shown the rows the verifier scored)
   6. truncate verifier and drafter caches to the accepted prefix (a length change, in
               `finally`, so a failing round leaves them as they were); drafts made ahead are
               kept only if n = γ and t = d_{γ+1}
@@ -35,7 +36,7 @@ import numpy as np
 from edgespec.runtime.constraints import Constraint
 from edgespec.runtime.draft_q import SCALE, SparseQ
 from edgespec.runtime.policies import DraftLengthPolicy
-from edgespec.runtime.round import Drafter, Plan, Proposal, Verifier
+from edgespec.runtime.round import Drafter, LearnsFromVerify, Plan, Proposal, Verifier
 from edgespec.runtime.sampling import SamplingParams
 from edgespec.runtime.stats import RoundStats, Step
 
@@ -172,6 +173,8 @@ def speculative_round(
         # 5. accept
         verdict = pending.result()
         n, token = verdict.accepted, verdict.token
+        if verdict.rows is not None and isinstance(drafter, LearnsFromVerify):
+            drafter.observe_verify([seq[-1], *proposal.tokens[:g]], verdict.rows)
         valid = base + n
         if n == g and nxt.tokens and nxt.tokens[0] == token and not verdict.streamed:
             share = (len(nxt.tokens) - 1) / len(nxt.tokens)

@@ -68,7 +68,7 @@ class LocalVerifier:
             logits = self.constraint.mask_rows(logits, seq, proposal.tokens)
         n, token = accept(proposal.tokens, proposal.q, logits, params, rng)
         head = proposal.tail.head_seconds if proposal.tail is not None else 0.0
-        return Done(Verdict(n, token, perf_counter() - start + head), g)
+        return Done(Verdict(n, token, perf_counter() - start + head, rows=logits), g)
 
     def catch_up(self, seq: list[int], capacity: int, synced: int) -> int:
         """Bring the cache to hold seq[:-1] from its first `synced` tokens (-1: a new cache);

@@ -1,0 +1,105 @@
+"""What a tree drafter adds to the drafter contract, and the expansion every model-free one shares.
+
+  TreeDrafter   a `Drafter` that can also propose a `TokenTree` after seq, given a node budget
+                and a maximum depth; its chain proposal (`propose`) is the tree's most likely
+                root path, so the same drafter serves chain verification today
+  greedy_chain  the most likely root path (each step: the most likely child): the chain
+  best_first    grows a tree from scored candidates: each node's children come with their
+                conditional probabilities, a node's score is the product along its root path
+                (the chance the target takes that path, if the scores are calibrated), and
+                the `budget` highest-scoring nodes within `max_depth` are kept (a parent always
+                scores at least as high as its children, so the kept set is a tree). The sum
+                of kept scores is the expected number of accepted drafts (SuffixDecoding's
+                frequency-scored speculation trees; Sequoia's node value)
+
+  shared        the one store (or table) of a bundle that every generation on it shares
+
+Node order is best-first order, so parents come before children as `TokenTree` requires, and
+among siblings the more likely child comes first (a child's rank is its index among its
+siblings: acceptance statistics per depth and rank read it from there).
+"""
+
+from __future__ import annotations
+
+import heapq
+import threading
+from collections.abc import Callable, Sequence
+from typing import Protocol, TypeVar, runtime_checkable
+from weakref import WeakKeyDictionary
+
+from edgespec.runtime.round import Drafter, Plan
+from edgespec.runtime.tree import TokenTree
+
+T = TypeVar("T")
+_SHARED: WeakKeyDictionary[object, dict[type, object]] = WeakKeyDictionary()
+_SHARED_LOCK = threading.Lock()
+
+
+def shared(owner: object, kind: Callable[[], T]) -> T:
+    """The one `kind()` of `owner` (a bundle's opened graphs): what model-free drafters learn
+    (a store of earlier replies, a table of recycled candidates) is shared by every
+    generation on that bundle (a conversation's turns, a server's requests), and goes with
+    it."""
+    with _SHARED_LOCK:
+        mine = _SHARED.setdefault(owner, {})
+        if kind not in mine:
+            mine[kind] = kind()  # type: ignore[index]
+        return mine[kind]  # type: ignore[index,return-value]
+
+
+# children of a node: (token, conditional probability, the node's key for its own children)
+Expand = Callable[[object], Sequence[tuple[int, float, object]]]
+
+
+@runtime_checkable
+class TreeDrafter(Drafter, Protocol):
+    def propose_tree(self, seq: list[int], budget: int, max_depth: int) -> TokenTree:
+        """At most `budget` nodes, at most `max_depth` deep, to follow seq (prompt + output so
+        far; committed tokens only). An empty tree when there is nothing to propose."""
+
+
+def best_first(
+    root: object, expand: Expand, budget: int, max_depth: int
+) -> tuple[TokenTree, list[float]]:
+    """The `budget` most likely nodes below `root` (see the module doc), and their scores."""
+    tokens: list[int] = []
+    parents: list[int] = []
+    scores: list[float] = []
+    # (-score, tie-break, parent node, depth, token, key)
+    heap: list[tuple[float, int, int, int, int, object]] = []
+    order = 0
+
+    def push(key: object, parent: int, depth: int, score: float) -> None:
+        nonlocal order
+        if depth > max_depth:
+            return
+        for token, p, child in expand(key):
+            if p > 0.0:
+                heapq.heappush(heap, (-score * p, order, parent, depth, token, child))
+                order += 1
+
+    push(root, -1, 1, 1.0)
+    while heap and len(tokens) < budget:
+        neg, _, parent, depth, token, key = heapq.heappop(heap)
+        tokens.append(token)
+        parents.append(parent)
+        scores.append(-neg)
+        push(key, len(tokens) - 1, depth + 1, -neg)
+    return TokenTree(tuple(tokens), tuple(parents)), scores
+
+
+def greedy_chain(root: object, expand: Expand, plan: Plan) -> list[int]:
+    """The most likely root path, `plan.length` long at most: from the root, each step takes
+    the most likely child (ties: the first), its probability the drafter's confidence (the
+    plan's confidence stop ends the chain after a token drafted below it)."""
+    out: list[int] = []
+    key = root
+    while len(out) < plan.length:
+        children = [c for c in expand(key) if c[1] > 0.0]
+        if not children:
+            break
+        token, p, key = max(children, key=lambda c: c[1])
+        out.append(token)
+        if not plan.keep_drafting(p):
+            break
+    return out
