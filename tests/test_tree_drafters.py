@@ -177,3 +177,22 @@ def test_trees_respect_their_budget_and_depth(budget, depth):
         assert len(tree) >= 1
     # a one-token match on 200 tokens of 4 ids has enough continuations to fill any budget
     assert len(short.propose_tree(seq, budget, depth)) == budget
+
+
+def test_replay_accepts_the_longest_matching_path_and_counts_each_depth_and_rank():
+    from benchmarks.lib.tree_replay import ReplayStats, replay, walk
+
+    tree = TokenTree((5, 6, 7, 8), (-1, -1, 1, 1))  # 5 | 6 -> 7 | 6 -> 8
+    stats = ReplayStats()
+    assert walk(tree, [6, 8, 9], stats) == 2
+    assert stats.offered == {1: 1, 2: 1}  # node 8 has no children: nothing offered at 3
+    assert stats.hits == {1: {1: 1}, 2: {1: 1}}
+    assert walk(tree, [4], stats) == 0 and stats.offered[1] == 2
+    # a period-5 text: after one period every round is a full chain, whatever the drafter
+    text = [1, 2, 3, 4, 5] * 8
+    for drafter in (LookupDrafter(), SuffixDrafter()):
+        for tree_mode in (False, True):
+            got = replay(drafter, text, 5, budget=8, max_depth=4, tree=tree_mode)
+            assert got.tokens == len(text) - 6  # the prefill made the first output token
+            assert got.tokens == sum(got.hits.get(d, {}).get(0, 0) for d in got.hits) + got.rounds
+            assert got.rounds < got.tokens / 3

@@ -118,7 +118,7 @@ class RecyclingDrafter:
         tokens: list[int] = []
         if seq and plan.length > 0:
             with self.table.lock:
-                tokens = greedy_chain(seq[-1], self.table.successors, plan)
+                tokens = greedy_chain(seq[-1], self.table.successors, plan)[0]
         if not tokens:
             return empty_proposal(perf_counter() - start)
         return Proposal(tokens, "point", None, perf_counter() - start)

@@ -152,6 +152,7 @@ class SuffixStore:
         self.trie = CountTrie(config.depth)
         self.texts: deque[tuple[int, ...]] = deque()
         self.tokens = 0
+        self.version = 0  # counts the texts added: a drafter's cached match is stale after one
         self.lock = threading.Lock()
 
     def add(self, tokens: Sequence[int]) -> None:
@@ -166,6 +167,7 @@ class SuffixStore:
             self.trie.add(text)
             self.texts.append(text)
             self.tokens += len(text)
+            self.version += 1
 
 
 class SuffixDrafter:
@@ -183,6 +185,7 @@ class SuffixDrafter:
         self.active = self.local.start()
         self.indexed: list[int] = []
         self.prompt_length = 0
+        self._found: tuple[tuple[int, int], list[_Node]] = ((-1, 0), [])
 
     def begin(
         self,
@@ -199,6 +202,7 @@ class SuffixDrafter:
         if cached < len(self.indexed):
             self._reset()
         self.prompt_length = len(prompt)
+        self._found = ((-1, 0), [])
 
     def _index(self, seq: list[int]) -> None:
         for t in seq[len(self.indexed) :]:
@@ -206,11 +210,17 @@ class SuffixDrafter:
             self.indexed.append(t)
 
     def _roots(self, seq: list[int]) -> list[_Node]:
+        """The matched nodes (this sequence's trie, then the store's), found once per sequence
+        length: `source` and `propose` of one round share them."""
+        key = (len(seq), self.store.version if self.store is not None else 0)
+        if self._found[0] == key:
+            return self._found[1]
         self._index(seq)
         c = self.config
         tries = [self.local] if self.store is None else [self.local, self.store.trie]
         found = (t.match(seq, c.max_match, c.min_match) for t in tries)
-        return [n for n in found if n is not None]
+        self._found = (key, [n for n in found if n is not None])
+        return self._found[1]
 
     def source(self, seq: list[int]) -> str | None:
         with self._guard():
@@ -235,9 +245,9 @@ class SuffixDrafter:
         start = perf_counter()
         if plan.length <= 0:
             return empty_proposal(perf_counter() - start)
-        with self._guard():
-            root, _ = self._best(seq, plan.length, plan.length)
-            tokens = greedy_chain(root, expand, plan) if root is not None else []
+        with self._guard():  # the chain that expects more accepted drafts
+            chains = [greedy_chain(root, expand, plan) for root in self._roots(seq)]
+            tokens = max(chains, key=lambda c: c[1], default=([], 0.0))[0]
         if not tokens:
             return empty_proposal(perf_counter() - start)
         return Proposal(tokens, "point", None, perf_counter() - start)

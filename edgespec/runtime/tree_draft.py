@@ -88,18 +88,21 @@ def best_first(
     return TokenTree(tuple(tokens), tuple(parents)), scores
 
 
-def greedy_chain(root: object, expand: Expand, plan: Plan) -> list[int]:
+def greedy_chain(root: object, expand: Expand, plan: Plan) -> tuple[list[int], float]:
     """The most likely root path, `plan.length` long at most: from the root, each step takes
     the most likely child (ties: the first), its probability the drafter's confidence (the
-    plan's confidence stop ends the chain after a token drafted below it)."""
+    plan's confidence stop ends the chain after a token drafted below it). Returns the tokens
+    and the expected number of them accepted (the sum of their path probabilities)."""
     out: list[int] = []
-    key = root
+    key, path, expected = root, 1.0, 0.0
     while len(out) < plan.length:
         children = [c for c in expand(key) if c[1] > 0.0]
         if not children:
             break
         token, p, key = max(children, key=lambda c: c[1])
         out.append(token)
+        path *= p
+        expected += path
         if not plan.keep_drafting(p):
             break
-    return out
+    return out, expected
