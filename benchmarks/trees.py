@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -88,7 +89,9 @@ CODE: dict[str, list[str]] = {
     "code-edit": [f"{c}\n\n# the same code, tidied\n{c.splitlines()[0]}\n" for c in SNIPPETS],
     "agent": [f"def {name}(path):\n    " for name in ("read_config", "load_rows", "parse_log")],
 }
-DRAFTERS = ("lookup", "suffix", "recycle")
+DRAFTERS = ("lookup", "suffix", "recycle")  # modes, end to end
+# replayed: the modes' drafters, and SuffixDecoding from the longest match alone
+REPLAYED = ("lookup", "suffix", "suffix-longest", "recycle")
 
 
 def requests(model: Any, ar: Any, workload: Any, chat: bool, n_new: int) -> list[list[int]]:
@@ -139,12 +142,13 @@ def verify_curve(ar: Any, widths: list[int], repeats: int) -> dict[int, float]:
 def new_drafter(name: str) -> Any:
     from edgespec.runtime.drafters import LookupDrafter
     from edgespec.runtime.recycling import RecyclingDrafter
-    from edgespec.runtime.suffix import SuffixDrafter, SuffixStore
+    from edgespec.runtime.suffix import SUFFIX, SuffixDrafter, SuffixStore
 
     if name == "lookup":
         return LookupDrafter()
-    if name == "suffix":
-        return SuffixDrafter(SuffixStore())
+    if name.startswith("suffix"):
+        config = replace(SUFFIX, backoff=name == "suffix")
+        return SuffixDrafter(SuffixStore(config), config)
     return RecyclingDrafter()
 
 
@@ -154,7 +158,7 @@ def replays(
     """Per drafter and shape ("chain:γ" or "tree:budget/depth"): the workload's requests
     replayed in order by one drafter (its store or table carried from request to request)."""
     out: dict[str, dict[str, ReplayStats]] = {}
-    for name in DRAFTERS:
+    for name in REPLAYED:
         for kind, budget, depth in shapes:
             drafter, total = new_drafter(name), ReplayStats()
             for tokens, prompt_length, rows in truths:

@@ -81,6 +81,20 @@ def test_suffix_trees_follow_the_most_frequent_continuations():
     assert drafter.source(seq) == "suffix" and drafter.source([7, 7, 7]) is None
 
 
+def test_shorter_matches_that_occurred_more_often_add_branches():
+    # "8 1 2" went on as 3 once; "1 2" (shorter) also went on as 5, twice
+    seq = [8, 1, 2, 3, 0, 1, 2, 5, 0, 1, 2, 5, 0, 8, 1, 2]
+    longest = SuffixDrafter(config=SuffixConfig(max_match=3, backoff=False))
+    backoff = SuffixDrafter(config=SuffixConfig(max_match=3))
+    for d in (longest, backoff):
+        d.begin([], 100)
+    assert longest.propose_tree(seq, 4, 1).tokens == (3,)
+    tree = backoff.propose_tree(seq, 4, 1)
+    assert tree.tokens == (3, 5)  # the longest match's continuation first (weight 1 vs 1/2)
+    trie = backoff.local
+    assert [sum(c.count for c in n.children.values()) for n in trie.matches(seq, 3, 2)] == [1, 3]
+
+
 def test_a_suffix_index_kept_across_turns_equals_one_built_afresh():
     rng = np.random.default_rng(3)
     first = [int(t) for t in rng.integers(0, 8, 60)]

@@ -10,8 +10,10 @@
   SuffixDrafter  matches the longest suffix of the sequence (up to `max_match` tokens, at least
                  `min_match`) in two tries: one of this sequence (prompt, earlier turns and the
                  output so far, kept across a conversation's turns) and the shared store; below
-                 the match each child's frequency among its siblings is its probability, and the
-                 tree (or chain) from the trie whose tree expects more accepted tokens wins
+                 the match each child's frequency among its siblings is its probability (with
+                 `backoff`, shorter matches that occurred more often add their continuations
+                 at half the weight each), and the tree (or chain) from the trie whose tree
+                 expects more accepted tokens wins
 
 A chain proposal is the most frequent continuation; a tree proposal keeps the `budget` most
 likely nodes (see `tree_draft.best_first`). Deterministic: q is a point mass, like lookup's.
@@ -45,6 +47,9 @@ class SuffixConfig:
     depth: int = 24
     # the shared store's size: ~depth trie nodes a token, ~100 bytes a node (~20 MB at 8,192)
     store_tokens: int = 8192
+    # shorter matches that occurred more often also propose (each half the weight of the
+    # next longer one): branches where the longest match knows one continuation
+    backoff: bool = True
 
 
 SUFFIX = SuffixConfig()
@@ -112,14 +117,21 @@ class CountTrie:
                 return None
         return node
 
-    def match(self, seq: Sequence[int], longest: int, shortest: int) -> _Node | None:
-        """The node of the longest suffix of seq (`longest`..`shortest` tokens) that occurred
-        with a continuation, or None."""
+    def matches(self, seq: Sequence[int], longest: int, shortest: int) -> list[_Node]:
+        """The nodes of the suffixes of seq (`longest`..`shortest` tokens) that occurred with
+        a continuation, longest first; a shorter one only where it occurred more often (it
+        adds occurrences the longer ones lack)."""
+        out: list[_Node] = []
+        seen = 0
         for m in range(min(longest, len(seq), self.depth - 1), shortest - 1, -1):
             node = self.find(seq[len(seq) - m :])
-            if node is not None and node.children:
-                return node
-        return None
+            if node is None or not node.children:
+                continue
+            total = sum(c.count for c in node.children.values())
+            if total > seen:
+                out.append(node)
+                seen = total
+        return out
 
     def counts(self) -> dict[tuple[int, ...], int]:
         """Every substring counted, with its count (tests compare it with a brute force)."""
@@ -137,11 +149,27 @@ def _size(node: _Node) -> int:
     return 1 + sum(_size(c) for c in node.children.values())
 
 
-def expand(node: object) -> list[tuple[int, float, object]]:
-    """A trie node's children with their frequency among their siblings."""
-    assert isinstance(node, _Node)
-    total = sum(c.count for c in node.children.values())
-    return [(t, c.count / total, c) for t, c in node.children.items()]
+# a point of the expansion: trie nodes reached by the same tokens from the matched suffixes,
+# with the weight each one's frequencies get
+Key = tuple[tuple[_Node, float], ...]
+
+
+def expand(key: object) -> list[tuple[int, float, object]]:
+    """The children of `key`'s nodes, each token's probability its weighted frequency among
+    them (one node: its frequency among its siblings)."""
+    assert isinstance(key, tuple)
+    merged: dict[int, list] = {}
+    weights = 0.0
+    for node, w in key:
+        total = sum(c.count for c in node.children.values())
+        if total == 0:
+            continue
+        weights += w
+        for t, c in node.children.items():
+            entry = merged.setdefault(t, [0.0, []])
+            entry[0] += w * c.count / total
+            entry[1].append((c, w))
+    return [(t, p / weights, tuple(below)) for t, (p, below) in merged.items()]
 
 
 class SuffixStore:
@@ -185,7 +213,7 @@ class SuffixDrafter:
         self.active = self.local.start()
         self.indexed: list[int] = []
         self.prompt_length = 0
-        self._found: tuple[tuple[int, int], list[_Node]] = ((-1, 0), [])
+        self._found: tuple[tuple[int, int], list[Key]] = ((-1, 0), [])
 
     def begin(
         self,
@@ -209,31 +237,35 @@ class SuffixDrafter:
             self.active = self.local.append(self.active, t)
             self.indexed.append(t)
 
-    def _roots(self, seq: list[int]) -> list[_Node]:
-        """The matched nodes (this sequence's trie, then the store's), found once per sequence
-        length: `source` and `propose` of one round share them."""
+    def _roots(self, seq: list[int]) -> list[Key]:
+        """Where to expand from, per trie (this sequence's, the store's): the matched nodes,
+        found once per sequence length (`source` and `propose` of one round share them)."""
         key = (len(seq), self.store.version if self.store is not None else 0)
         if self._found[0] == key:
             return self._found[1]
         self._index(seq)
         c = self.config
         tries = [self.local] if self.store is None else [self.local, self.store.trie]
-        found = (t.match(seq, c.max_match, c.min_match) for t in tries)
-        self._found = (key, [n for n in found if n is not None])
-        return self._found[1]
+        roots = []
+        for trie in tries:
+            nodes = trie.matches(seq, c.max_match, c.min_match)[: None if c.backoff else 1]
+            if nodes:
+                roots.append(tuple((n, 0.5**i) for i, n in enumerate(nodes)))
+        self._found = (key, roots)
+        return roots
 
     def source(self, seq: list[int]) -> str | None:
         with self._guard():
             return self.name if self._roots(seq) else None
 
-    def _best(self, seq: list[int], budget: int, max_depth: int) -> tuple[_Node | None, TokenTree]:
-        """The match whose tree expects more accepted drafts, and that tree."""
-        best: tuple[float, _Node | None, TokenTree] = (-1.0, None, TokenTree((), ()))
+    def _best(self, seq: list[int], budget: int, max_depth: int) -> TokenTree:
+        """The tree (from this sequence's trie or the store's) expecting more accepted drafts."""
+        best: tuple[float, TokenTree] = (-1.0, TokenTree((), ()))
         for root in self._roots(seq):
             tree, scores = best_first(root, expand, budget, max_depth)
             if sum(scores) > best[0]:
-                best = (sum(scores), root, tree)
-        return best[1], best[2]
+                best = (sum(scores), tree)
+        return best[1]
 
     def _guard(self) -> AbstractContextManager:
         """The shared store's lock (another generation may be adding a reply to it)."""
@@ -254,7 +286,7 @@ class SuffixDrafter:
 
     def propose_tree(self, seq: list[int], budget: int, max_depth: int) -> TokenTree:
         with self._guard():
-            return self._best(seq, budget, min(max_depth, self.config.depth - 1))[1]
+            return self._best(seq, budget, min(max_depth, self.config.depth - 1))
 
     def commit(self, valid: int) -> None:
         pass
