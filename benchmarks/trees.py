@@ -90,8 +90,9 @@ CODE: dict[str, list[str]] = {
     "agent": [f"def {name}(path):\n    " for name in ("read_config", "load_rows", "parse_log")],
 }
 DRAFTERS = ("lookup", "suffix", "recycle")  # modes, end to end
-# replayed: the modes' drafters, and SuffixDecoding from the longest match alone
-REPLAYED = ("lookup", "suffix", "suffix-longest", "recycle")
+# replayed: the modes' drafters, SuffixDecoding from the longest match alone, and Token
+# Recycling's trees scored by the recorded softmax instead of by rank
+REPLAYED = ("lookup", "suffix", "suffix-longest", "recycle", "recycle-softmax")
 
 
 def requests(model: Any, ar: Any, workload: Any, chat: bool, n_new: int) -> list[list[int]]:
@@ -141,7 +142,7 @@ def verify_curve(ar: Any, widths: list[int], repeats: int) -> dict[int, float]:
 
 def new_drafter(name: str) -> Any:
     from edgespec.runtime.drafters import LookupDrafter
-    from edgespec.runtime.recycling import RecyclingDrafter
+    from edgespec.runtime.recycling import RECYCLE, RecyclingDrafter
     from edgespec.runtime.suffix import SUFFIX, SuffixDrafter, SuffixStore
 
     if name == "lookup":
@@ -149,6 +150,8 @@ def new_drafter(name: str) -> Any:
     if name.startswith("suffix"):
         config = replace(SUFFIX, backoff=name == "suffix")
         return SuffixDrafter(SuffixStore(config), config)
+    if name == "recycle-softmax":
+        return RecyclingDrafter(config=replace(RECYCLE, rank_scores=()))
     return RecyclingDrafter()
 
 
@@ -162,7 +165,7 @@ def replays(
         for kind, budget, depth in shapes:
             drafter, total = new_drafter(name), ReplayStats()
             for tokens, prompt_length, rows in truths:
-                rows = rows if name == "recycle" else None
+                rows = rows if name.startswith("recycle") else None
                 total.add(
                     replay(drafter, tokens, prompt_length, budget, depth, kind == "tree", rows)
                 )

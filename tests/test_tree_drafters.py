@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from edgespec.runtime.drafters import LookupDrafter
-from edgespec.runtime.recycling import RecycleTable, RecyclingDrafter
+from edgespec.runtime.recycling import RecycleConfig, RecycleTable, RecyclingDrafter
 from edgespec.runtime.round import Plan
 from edgespec.runtime.sampling import SamplingParams
 from edgespec.runtime.suffix import CountTrie, SuffixConfig, SuffixDrafter, SuffixStore
@@ -157,8 +157,12 @@ def test_recycled_trees_grow_from_the_table_and_the_chain_is_their_best_path():
     drafter = RecyclingDrafter(table)
     tree = drafter.propose_tree([0, 1], budget=5, max_depth=3)
     check_tree(tree, 5, 3)
-    assert tree.tokens[:2] == (2, 4) and tree.parents[:2] == (-1, 0)
+    assert tree.tokens[:3] == (2, 4, 1) and tree.parents[:3] == (-1, 0, 1)  # top-1s first
     assert 3 in [tree.tokens[c] for c in tree.children(-1)]
+    by_softmax = RecyclingDrafter(table, RecycleConfig(top_k=2, rank_scores=()))
+    tree = by_softmax.propose_tree([0, 1], budget=5, max_depth=3)
+    check_tree(tree, 5, 3)
+    assert tree.tokens[:2] == (2, 4) and 3 in [tree.tokens[c] for c in tree.children(-1)]
     chain = drafter.propose([0, 1], Plan(3), GREEDY, RNG)
     assert chain.tokens[:2] == [2, 4]
     assert drafter.source([0, 9]) is None and drafter.source([0, 1]) == "recycle"
