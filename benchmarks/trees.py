@@ -212,6 +212,30 @@ def end_to_end(models: dict[str, Any], prompts: list[list[int]], n_new: int, rep
     return out
 
 
+def _best(rows: dict[str, Any], kind: str, curve: str) -> tuple[str, float]:
+    kept = {k: v["projected_tokens_per_s"][curve] for k, v in rows.items() if k.startswith(kind)}
+    label = max(kept, key=lambda k: kept[k])
+    return label, kept[label]
+
+
+def best_shapes(table: dict[str, Any]) -> dict[str, Any]:
+    """Per drafter and cost curve: the best chain and the best tree by projected tokens/s,
+    and the tree's ratio to the chain."""
+    out: dict[str, Any] = {}
+    for drafter in REPLAYED:
+        rows = {k.split(" ", 1)[1]: v for k, v in table.items() if k.split(" ", 1)[0] == drafter}
+        if not rows:
+            continue
+        for curve in ("measured", "flat"):
+            (chain, c), (tree, t) = _best(rows, "chain", curve), _best(rows, "tree", curve)
+            out.setdefault(drafter, {})[curve] = {
+                "chain": chain,
+                "tree": tree,
+                "tree_over_chain": round(t / c, 3),
+            }
+    return out
+
+
 def run_bundle(bundle: Path, chat: bool, args: Any) -> dict[str, Any]:
     from edgespec.runtime.model import Model
 
@@ -248,6 +272,14 @@ def run_bundle(bundle: Path, chat: bool, args: Any) -> dict[str, Any]:
                     f"projected tok/s measured {row['projected_tokens_per_s']['measured']:7.1f}"
                     f" flat {row['projected_tokens_per_s']['flat']:7.1f}"
                 )
+        best = best_shapes(table)
+        for drafter, curves in best.items():
+            log(
+                f"{name:10} {drafter:15} tree/chain measured "
+                f"{curves['measured']['tree_over_chain']:.2f}  flat "
+                f"{curves['flat']['tree_over_chain']:.2f} ({curves['flat']['tree']} vs "
+                f"{curves['flat']['chain']})"
+            )
         e2e = end_to_end(models, prompts, args.n_new, args.repeats)
         for mode, row in e2e.items():
             log(
@@ -259,6 +291,7 @@ def run_bundle(bundle: Path, chat: bool, args: Any) -> dict[str, Any]:
             "requests": len(prompts),
             "output_tokens": sum(len(t) - p for t, p, _ in truths),
             "replay": table,
+            "best": best,
             "end_to_end": e2e,
         }
     return result

@@ -214,3 +214,15 @@ def test_replay_accepts_the_longest_matching_path_and_counts_each_depth_and_rank
             assert got.tokens == len(text) - 6  # the prefill made the first output token
             assert got.tokens == sum(got.hits.get(d, {}).get(0, 0) for d in got.hits) + got.rounds
             assert got.rounds < got.tokens / 3
+
+
+def test_the_projection_prices_a_round_on_the_measured_and_on_a_flat_cost_curve():
+    from benchmarks.lib.tree_replay import ReplayStats, projected, verify_cost
+
+    costs = {1: 0.010, 4: 0.016, 16: 0.040}
+    assert verify_cost(costs, 2.5) == pytest.approx(0.013)
+    assert verify_cost(costs, 0.5) == 0.010 and verify_cost(costs, 64) == 0.040
+    stats = ReplayStats(rounds=10, tokens=30, nodes=30, draft_seconds=0.010)  # width 4
+    got = projected(stats, costs)
+    assert got["measured"] == pytest.approx(3 / (0.001 + 0.016))
+    assert got["flat"] == pytest.approx(3 / (0.001 + 0.010))
