@@ -226,3 +226,18 @@ def test_the_projection_prices_a_round_on_the_measured_and_on_a_flat_cost_curve(
     got = projected(stats, costs)
     assert got["measured"] == pytest.approx(3 / (0.001 + 0.016))
     assert got["flat"] == pytest.approx(3 / (0.001 + 0.010))
+
+
+def test_a_trees_first_children_are_its_most_likely_path_and_the_chain():
+    rng = np.random.default_rng(6)
+    seq = [int(t) for t in rng.integers(0, 5, 300)]
+    drafter = SuffixDrafter(config=SuffixConfig(max_match=2, min_match=1))
+    drafter.begin([], 400)
+    for end in range(250, 300, 7):
+        tree = drafter.propose_tree(seq[:end], 24, 5)
+        path, node = [], -1
+        while kids := tree.children(node):
+            node = kids[0]
+            path.append(tree.tokens[node])
+        chain = drafter.propose(seq[:end], Plan(len(path)), GREEDY, RNG).tokens
+        assert path and chain == path

@@ -10,8 +10,7 @@ One round (`speculative_round`), in order:
   3. submit   the verifier scores [last, d_1..d_γ] (locally: at once; remotely: sent)
   4. ahead    while a remote answer is in flight, keep drafting as if every draft were
               accepted (PEARL / SpecEdge style): d_{γ+1} guesses the verifier's next token
-  5. accept   the verdict: d_1..d_n accepted, then the target's token t (a drafter that
-              learns from the target's logits is shown the rows the verifier scored)
+  5. accept   the verdict: d_1..d_n accepted, then the target's token t
   6. truncate verifier and drafter caches to the accepted prefix (a length change, in
               `finally`, so a failing round leaves them as they were); drafts made ahead are
               kept only if n = γ and t = d_{γ+1}
@@ -21,8 +20,10 @@ allows) are taken as drafts that need no drafter and that acceptance cannot refu
 of them that ends the output (the grammar's end-of-sequence) ends it with no verifier call;
 drafts the grammar forbids (a lookup's) are cut before they are submitted.
 Each yielded `Step` carries the tokens a round produced and its `RoundStats`; the caller
-feeds the stats back to the policy. Greedy output equals the target's own greedy output,
-and sampled output follows the target's distribution, whatever the drafter proposes.
+feeds the stats back to the policy. A drafter that learns from the target's logits (Token
+Recycling) is shown the rows a local verifier scored once the verdict is in. Greedy output
+equals the target's own greedy output, and sampled output follows the target's
+distribution, whatever the drafter proposes.
 """
 
 from __future__ import annotations
@@ -173,12 +174,12 @@ def speculative_round(
         # 5. accept
         verdict = pending.result()
         n, token = verdict.accepted, verdict.token
-        if verdict.rows is not None and isinstance(drafter, LearnsFromVerify):
-            drafter.observe_verify([seq[-1], *proposal.tokens[:g]], verdict.rows)
         valid = base + n
         if n == g and nxt.tokens and nxt.tokens[0] == token and not verdict.streamed:
             share = (len(nxt.tokens) - 1) / len(nxt.tokens)
             kept = Ahead(nxt.tokens[1:], nxt.q[1:], nxt.seconds * share)
+        if verdict.rows is not None and isinstance(drafter, LearnsFromVerify):
+            drafter.observe_verify(verdict.rows.inputs, verdict.rows.logits)
     finally:
         # 6. truncate the caches to seq + d_1..d_n (a length change, never a copy)
         verifier.truncate(valid)

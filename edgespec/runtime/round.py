@@ -119,6 +119,15 @@ class Drafter(Protocol):
         """Only the first `valid` tokens of the sequence remain valid in the drafter's cache."""
 
 
+@dataclass(frozen=True)
+class ScoredRows:
+    """A verify's target logits: row i scored the token after `inputs[i]` (a chain:
+    [last, d_1..d_g]; a tree: the root, then each node)."""
+
+    inputs: list[int]
+    logits: np.ndarray
+
+
 @runtime_checkable
 class LearnsFromVerify(Protocol):
     """A drafter that learns from the target's verify logits (Token Recycling)."""
@@ -137,13 +146,13 @@ class Verdict:
     verifier: str = "local"  # "local" | "remote" | "stream" | "device" (RoundStats.verifier)
     resync: bool = False  # a new server session answered: the round's drafts were void
     channel: ChannelStats | None = None  # from a server: the channel as this round saw it
+    # the rows the target scored, when the verifier has them (local graphs): a drafter
+    # that learns from them reads them, nobody writes them
+    rows: ScoredRows | None = None
     # a streamed round: tokens the server decoded on its own, before `token` (accepted = 0:
     # the round's drafts, if any, are void)
     streamed: tuple[int, ...] = ()
     server_busy: bool = False  # the server refused to stream ("verify only")
-    # the target's logits of the rows it scored ([last, d_1..d_n..]), when the verifier has
-    # them (local graphs): a drafter that learns from them reads them, nobody writes them
-    rows: np.ndarray | None = None
 
     def fill(self, stats: RoundStats) -> RoundStats:
         stats.verifier = self.verifier

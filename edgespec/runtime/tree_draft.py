@@ -1,8 +1,8 @@
 """What a tree drafter adds to the drafter contract, and the expansion every model-free one shares.
 
   TreeDrafter   a `Drafter` that can also propose a `TokenTree` after seq, given a node budget
-                and a maximum depth; its chain proposal (`propose`) is the tree's most likely
-                root path, so the same drafter serves chain verification today
+                and a maximum depth (its chain proposals, `propose`, serve chain verification;
+                a tree's first children from the root down are its most likely root path)
   greedy_chain  the most likely root path (each step: the most likely child): the chain
   best_first    grows a tree from scored candidates: each node's children come with their
                 conditional probabilities, a node's score is the product along its root path
