@@ -45,7 +45,8 @@ class SuffixConfig:
     min_match: int = 2
     # substrings kept: max_match + the deepest draft (18 tokens is past any useful γ on a CPU)
     depth: int = 24
-    # the shared store's size: ~depth trie nodes a token, ~100 bytes a node (~20 MB at 8,192)
+    # the shared store's size: at most depth trie nodes a token, ~270 bytes a node (measured:
+    # 8,100 tokens of unrepetitive text, 182k nodes, 49 MB; repetitive text shares nodes)
     store_tokens: int = 8192
     # shorter matches that occurred more often also propose (each half the weight of the
     # next longer one): branches where the longest match knows one continuation
