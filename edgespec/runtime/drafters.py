@@ -45,7 +45,7 @@ from edgespec.runtime.round import (
 from edgespec.runtime.sampling import SamplingParams
 from edgespec.runtime.stack import Stack
 from edgespec.runtime.tree import TokenTree
-from edgespec.runtime.tree_draft import best_first
+from edgespec.runtime.tree_draft import merged_paths
 
 
 def _pick(
@@ -338,21 +338,8 @@ class LookupDrafter:
     def propose_tree(self, seq: list[int], budget: int, max_depth: int) -> TokenTree:
         """The continuations of the longest n-gram's last few matches, merged where they agree
         (a node's score: the share of matches through it; ties: the most recent first)."""
-        ends = self._matches(seq)
-        root: dict[int, tuple[int, dict]] = {}
-        for end in reversed(ends):
-            node = root
-            for t in seq[end + 1 : end + 1 + max_depth]:
-                count, below = node.get(t, (0, {}))
-                node[t] = (count + 1, below)
-                node = below
-
-        def expand(node: object) -> list[tuple[int, float, object]]:
-            assert isinstance(node, dict)
-            total = sum(c for c, _ in node.values())
-            return [(t, c / total, below) for t, (c, below) in node.items()]
-
-        return best_first(root, expand, budget, max_depth)[0]
+        ends = self._matches(seq)[::-1]
+        return merged_paths([seq[e + 1 : e + 1 + max_depth] for e in ends], budget, max_depth)
 
     def commit(self, valid: int) -> None:
         pass

@@ -12,6 +12,7 @@
                 of kept scores is the expected number of accepted drafts (SuffixDecoding's
                 frequency-scored speculation trees; Sequoia's node value)
 
+  merged_paths  candidate continuations (prompt lookup's matches) merged into one tree
   shared        the one store (or table) of a bundle that every generation on it shares
 
 Node order is best-first order, so parents come before children as `TokenTree` requires, and
@@ -106,3 +107,22 @@ def greedy_chain(root: object, expand: Expand, plan: Plan) -> tuple[list[int], f
         if not plan.keep_drafting(p):
             break
     return out, expected
+
+
+def merged_paths(paths: Sequence[Sequence[int]], budget: int, max_depth: int) -> TokenTree:
+    """Candidate continuations merged where they agree, as a tree of at most `budget` nodes
+    (a node's score: the share of the paths through it; ties: the earlier path first)."""
+    root: dict[int, tuple[int, dict]] = {}
+    for path in paths:
+        node = root
+        for t in path[:max_depth]:
+            count, below = node.get(t, (0, {}))
+            node[t] = (count + 1, below)
+            node = below
+
+    def expand(node: object) -> list[tuple[int, float, object]]:
+        assert isinstance(node, dict)
+        total = sum(c for c, _ in node.values())
+        return [(t, c / total, below) for t, (c, below) in node.items()]
+
+    return best_first(root, expand, budget, max_depth)[0]
