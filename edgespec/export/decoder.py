@@ -28,6 +28,7 @@ from onnx import TensorProto
 from edgespec.bundle import GraphInfo, TensorSpec
 from edgespec.export.builder import AttentionShape, GraphBuilder, io_specs
 from edgespec.export.gguf_blocks import PackedMatrix
+from edgespec.export.tree import tree_inputs
 
 
 @dataclass
@@ -126,6 +127,9 @@ def build_graph(w: DecoderWeights, role: str, gb: GraphBuilder) -> None:
     """Populate `gb` with the graph for `role` (full | draft | head@k | tail@k)."""
     kind = role.partition("@")[0]
     first, last = role_layers(role, len(w.layers))
+    if gb.tree and any(lw.window is not None for lw in w.layers[first:last]):
+        # the op's window counts cache slots, which a tree's nodes do not fill in order
+        raise ValueError("tree verification graphs do not support sliding-window attention yet")
     dt = gb.onnx_dtype
     p = w.prefix
 
@@ -139,14 +143,14 @@ def build_graph(w: DecoderWeights, role: str, gb: GraphBuilder) -> None:
         x = gb.add_input("hidden", dt, ["batch", "sequence", w.embed.shape[1]])
     else:
         ids = gb.add_input("input_ids", TensorProto.INT64, ["batch", "sequence"])
+    tree = tree_inputs(gb, total) if gb.tree else None
+    if kind != "tail":
         x = gb.embedding(ids, f"{p}embed", w.embed)
         if w.embed_scale != 1.0:
             x = gb.op1("Mul", [x, gb.const(np.array(w.embed_scale, gb.dtype))])
         if w.pos_embed is not None:
-            pos = gb.op1(
-                "Gather",
-                [gb.weight(f"{p}pos_embed.weight", w.pos_embed), gb.positions(seqlens, query, ids)],
-            )
+            at = tree[0] if tree is not None else gb.positions(seqlens, query, ids)
+            pos = gb.op1("Gather", [gb.weight(f"{p}pos_embed.weight", w.pos_embed), at])
             x = gb.op1("Add", [x, pos])
     tables = {"global": w.rotary, "local": w.rotary_local}
     rotary = {  # only the tables this role's layers use
@@ -175,6 +179,7 @@ def build_graph(w: DecoderWeights, role: str, gb: GraphBuilder) -> None:
             rotary.get(lw.rope) if lw.rope is not None else None,
             query,
             window=lw.window,
+            tree=tree,
         )
         a = gb.linear(a, f"{name}.o", lw.o_w, lw.o_b)
         if lw.post_attn_norm is not None:

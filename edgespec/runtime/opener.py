@@ -24,6 +24,7 @@ from edgespec.runtime.graph import GraphSession, session_options
 from edgespec.runtime.graph_protocol import Graph
 from edgespec.runtime.static import StaticGraphSession
 from edgespec.runtime.tokenizer import Tokenizer
+from edgespec.runtime.tree_verify import TreeGraphSession
 
 
 @dataclass
@@ -99,6 +100,40 @@ class BundleGraphs:
             self._session_options,
             self.kv_dtype,
         )
+
+    def open_tree(self, role: str) -> TreeGraphSession:
+        """role -> its tree-verification twin (opened once), or a BundleError saying why
+        this bundle, or these graphs, cannot verify token trees."""
+        key = f"tree:{role}"
+        if key not in self.opened:
+            if self.options.coreml:
+                raise BundleError(
+                    "Core ML packages cannot verify token trees: their attention has no "
+                    "mask input; drop the tree drafter, or run the ONNX graphs"
+                )
+            if self.options.static:
+                raise BundleError(
+                    "static (NPU) graphs cannot verify token trees yet: drop the tree "
+                    "drafter, or run the dynamic graphs"
+                )
+            m = self.manifest
+            graph = next((g for g in m.tree_graphs if g.role == role), None)
+            if graph is None:
+                raise BundleError(
+                    f"bundle {self.folder} has no tree-verification graph for '{role}'; "
+                    "re-export it with `edgespec export MODEL --out FOLDER --tree-verify`"
+                )
+            self.opened[key] = TreeGraphSession(
+                self.folder,
+                graph,
+                m.model_info(graph),
+                self._providers,
+                self._session_options,
+                self.kv_dtype,
+            )
+        session = self.opened[key]
+        assert isinstance(session, TreeGraphSession)
+        return session
 
     def tokenizer(self) -> Tokenizer:
         return Tokenizer.from_dir(self.folder)
