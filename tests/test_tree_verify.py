@@ -177,3 +177,45 @@ def test_a_bundle_without_tree_graphs_refuses_trees_naming_the_re_export(bundles
     model.drafter = TreeDrafter([1, 2, 3], 100, 0)
     with pytest.raises(BundleError, match="--tree-verify"):
         model.generate("hello", max_new_tokens=5, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def static_bundle(checkpoints: dict[str, Path], tmp_path_factory) -> Path:
+    from edgespec.export import export_bundle
+
+    out = tmp_path_factory.mktemp("tree_static") / "b"
+    export_bundle(
+        checkpoints["llama-gqa-tied"], out, static=True, max_context=96, verify_width=[1, 8]
+    )
+    return out
+
+
+def test_static_graphs_score_each_node_as_its_root_path(static_bundle):
+    """Static graphs take a tree through their own position and mask inputs."""
+    from edgespec.runtime.opener import GraphOptions
+
+    graphs = open_bundle(static_bundle, GraphOptions(static=True))
+    stack = Stack([graphs.open("full")], tree_stages=lambda: [graphs.open_tree("full")])
+    rng = np.random.default_rng(11)
+    prompt = [int(t) for t in rng.integers(0, stack.vocab_size, 13)]
+    tree = random_tree(rng, 7, stack.vocab_size)
+    prefilled(stack, prompt)
+    tree_logits = stack.forward_tree(*tree_feed(prompt[-1], tree, len(prompt)), keep=8)
+    for node in [-1, *range(len(tree))]:
+        prefilled(stack, prompt)
+        chain = np.asarray([prompt[-1], *tree.path_tokens(node)], np.int64)
+        want = stack.forward(chain, keep=1)[-1]
+        np.testing.assert_allclose(tree_logits[node + 1], want, rtol=1e-4, atol=1e-4)
+    prefilled(stack, prompt)
+    with pytest.raises(ValueError, match="wider than the static graphs' widest"):
+        stack.forward_tree(*tree_feed(1, random_tree(rng, 9, 50), len(prompt)), keep=1)
+
+
+def test_greedy_with_tree_proposals_on_static_graphs_is_ar(static_bundle):
+    prompt = "class Stack:\n    def"
+    ar = edgespec.load(static_bundle, mode="ar", static=True)
+    want = ar.generate(prompt, max_new_tokens=30, ignore_eos=True).tokens
+    model = edgespec.load(static_bundle, mode="lookup", static=True, draft_policy="fixed:6")
+    model.drafter = TreeDrafter(want, model.manifest.target.vocab_size, 1)
+    got = model.generate(prompt, max_new_tokens=30, ignore_eos=True)
+    assert got.tokens == want and got.stats.accepted > 0

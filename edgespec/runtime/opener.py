@@ -24,7 +24,7 @@ from edgespec.runtime.graph import GraphSession, session_options
 from edgespec.runtime.graph_protocol import Graph
 from edgespec.runtime.static import StaticGraphSession
 from edgespec.runtime.tokenizer import Tokenizer
-from edgespec.runtime.tree_verify import TreeGraphSession
+from edgespec.runtime.tree_verify import TreeGraph, TreeGraphSession
 
 
 @dataclass
@@ -101,7 +101,7 @@ class BundleGraphs:
             self.kv_dtype,
         )
 
-    def open_tree(self, role: str) -> TreeGraphSession:
+    def open_tree(self, role: str) -> TreeGraph:
         """role -> its tree-verification twin (opened once), or a BundleError saying why
         this bundle, or these graphs, cannot verify token trees."""
         key = f"tree:{role}"
@@ -111,11 +111,10 @@ class BundleGraphs:
                     "Core ML packages cannot verify token trees: their attention has no "
                     "mask input; drop the tree drafter, or run the ONNX graphs"
                 )
-            if self.options.static:
-                raise BundleError(
-                    "static (NPU) graphs cannot verify token trees yet: drop the tree "
-                    "drafter, or run the dynamic graphs"
-                )
+            if self.options.static:  # their position and mask inputs take a tree as it is
+                static = self.open(role)
+                assert isinstance(static, StaticGraphSession)
+                return static
             m = self.manifest
             graph = next((g for g in m.tree_graphs if g.role == role), None)
             if graph is None:

@@ -17,7 +17,7 @@ import numpy as np
 
 from edgespec.runtime.graph_protocol import Graph
 from edgespec.runtime.kv_cache import KVCache
-from edgespec.runtime.tree_verify import TreeGraphSession
+from edgespec.runtime.tree_verify import TreeGraph
 
 G = TypeVar("G", bound=Graph)
 
@@ -42,13 +42,13 @@ class Stack:
         self,
         stages: list[Graph],
         logits: str = "logits",
-        tree_stages: Callable[[], list[TreeGraphSession]] | None = None,
+        tree_stages: Callable[[], list[TreeGraph]] | None = None,
     ) -> None:
         self.stages = stages
         # opens the stages' tree-verification twins on first use (`forward_tree`); None: the
         # bundle has none (or they were not asked for)
         self._open_tree = tree_stages
-        self._tree: list[TreeGraphSession] | None = None
+        self._tree: list[TreeGraph] | None = None
         self.logits = logits  # "exit_logits" for a head@k run on its own
         self.cache: KVCache | None = None
         model = stages[-1].model
@@ -123,7 +123,7 @@ class Stack:
                 raise ValueError("these graphs cannot verify token trees")
             self._tree = self._open_tree()
 
-        def call(stage: TreeGraphSession, x: dict, last: bool) -> dict:
+        def call(stage: TreeGraph, x: dict, last: bool) -> dict:
             k = keep if last else 0
             return stage.run_tree(cache, cache.length, positions, mask, keep=k, **x)
 

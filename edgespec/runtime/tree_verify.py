@@ -2,17 +2,20 @@
 
 A bundle exported with `--tree-verify` holds, beside each dynamic graph, a twin that takes
 `position_ids` and a `tree_mask` (export/tree.py; `Manifest.tree_graphs`). `TreeGraphSession`
-runs one; `tree_feed` lays a tree out for it: the sequence's last token (the root: the cache
-holds the tokens before it) and then the nodes in node order, each at the position of its
-depth, each seeing the cache, the root and its own ancestors. The new keys and values land
-in the cache in feed order; once a root path is accepted, `KVCache.keep_rows` moves its rows
-to follow the root (a gather of at most the path's length), and the cache's length is cut
-to the path: what a chain of the path's tokens would have left there.
+runs one; static NPU graphs verify trees through their own position and mask inputs
+(`StaticGraphSession.run_tree`). `tree_feed` lays a tree out for either: the sequence's last
+token (the root: the cache holds the tokens before it), then the nodes in node order, each
+at the position of its depth, each seeing the cache, the root and its own ancestors. The
+new keys and values land in the cache in feed order; once a root path is accepted,
+`KVCache.keep_rows` moves its rows to follow the root (a gather of at most the path's
+length), and the cache's length is cut to the path: what a chain of the path's tokens would
+have left there.
 """
 
 from __future__ import annotations
 
 import threading
+from typing import Protocol
 
 import numpy as np
 
@@ -31,6 +34,26 @@ def tree_feed(last: int, tree: TokenTree, start: int) -> tuple[np.ndarray, np.nd
     mask[:, 0] = True
     mask[1:, 1:] = tree.ancestor_mask()
     return ids, positions, mask
+
+
+class TreeGraph(Protocol):
+    """A graph that verifies token trees: a `TreeGraphSession`, or a `StaticGraphSession`
+    (fixed-shape graphs take positions and a mask anyway)."""
+
+    def run_tree(
+        self,
+        cache: KVCache,
+        past: int,
+        positions: np.ndarray,
+        mask: np.ndarray,
+        *,
+        input_ids: np.ndarray | None = None,
+        hidden: np.ndarray | None = None,
+        keep: int = 1,
+    ) -> dict[str, np.ndarray]:
+        """`Graph.run` for S new positions at `positions` [S] that see the cache and the new
+        positions `mask` [S, S] allows (row i: those position i sees)."""
+        ...
 
 
 class TreeGraphSession(GraphSession):
@@ -55,8 +78,6 @@ class TreeGraphSession(GraphSession):
         hidden: np.ndarray | None = None,
         keep: int = 1,
     ) -> dict[str, np.ndarray]:
-        """`GraphSession.run` for S new positions at `positions` [S] that see the cache and
-        the new positions `mask` [S, S] allows (row i: those position i sees)."""
         s = (input_ids if input_ids is not None else hidden).shape[1]  # type: ignore[union-attr]
         if positions.shape != (s,) or mask.shape != (s, s):
             raise ValueError(
