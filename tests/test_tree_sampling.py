@@ -120,3 +120,75 @@ def test_the_same_test_rejects_an_acceptance_that_keeps_rejected_candidates():
     for make, seed in ((point_tree, 0), (sampled_tree, 1)):
         counts = first_two(make, biased, 20000, seed=seed)
         assert chi_square(counts, joint()) > CHI2_CRITICAL_P001_24
+
+
+class PointTrees:
+    """Random trees of distinct siblings (as a lookup's), from a generator of its own."""
+
+    drafts_ahead = False
+    name = "tree-test"
+
+    def __init__(self, vocab: int) -> None:
+        self.vocab, self.rng = vocab, np.random.default_rng(5)
+
+    def begin(self, prompt, capacity, cached=0, constraint=None) -> None:
+        pass
+
+    def source(self, seq):
+        return self.name
+
+    def propose(self, seq, plan, params, rng):
+        from edgespec.runtime.round import Proposal
+
+        if plan.length < 1:
+            return Proposal([], "point")
+        shape = [-1, -1, 0, 0, 1, 2][: plan.length]
+        tokens: list[int] = []
+        for i, parent in enumerate(shape):
+            taken = {tokens[j] for j in range(i) if shape[j] == parent}
+            tokens.append(int(self.rng.choice([t for t in range(self.vocab) if t not in taken])))
+        return Proposal.of_tree(TokenTree(tuple(tokens), tuple(shape)))
+
+    def commit(self, valid: int) -> None:
+        pass
+
+
+def test_decoding_with_tree_proposals_samples_the_targets_marginals(tiny_vocab_bundle, tmp_path):
+    """The whole path (tree graphs, cache gather, acceptance) under sampling: the 2nd and 3rd
+    generated tokens have the target's exact marginals, computed by enumeration."""
+    import edgespec
+    from edgespec.bundle import load_manifest
+    from edgespec.export import export_bundle
+
+    source = load_manifest(tiny_vocab_bundle).source["model"]
+    bundle = tmp_path / "tree"
+    export_bundle(source, bundle, tree_verify=True)
+    params = SamplingParams(temperature=1.0, top_p=0.95)
+    prompt = [3, 7, 1, 3, 7]
+    t = edgespec.load(bundle, mode="ar").target
+
+    def dist(ids: list[int]) -> np.ndarray:
+        t.reset(16)
+        return probabilities(t.forward(np.array(ids), keep=1)[-1], params)
+
+    p1, p2, p3 = dist(prompt), np.zeros(16), np.zeros(16)
+    for a in np.flatnonzero(p1):
+        p2_given = dist([*prompt, a])
+        p2 += p1[a] * p2_given
+        for b in np.flatnonzero(p2_given):
+            p3 += p1[a] * p2_given[b] * dist([*prompt, a, b])
+    model = edgespec.load(bundle, mode="lookup", draft_policy="fixed:6")
+    model.drafter = PointTrees(16)
+    second, third = np.zeros(16), np.zeros(16)
+    for seed in range(1500):
+        out = model.generate(
+            prompt, max_new_tokens=6, temperature=1.0, top_p=0.95, seed=seed, ignore_eos=True
+        ).tokens
+        second[out[1]] += 1
+        third[out[2]] += 1
+    for counts, p in ((second, p2), (third, p3)):
+        expected = p * counts.sum()
+        assert counts[expected == 0].sum() == 0
+        seen = expected > 0
+        chi2 = float(((counts[seen] - expected[seen]) ** 2 / expected[seen]).sum())
+        assert chi2 < 37.70  # chi-square quantile at p = 0.001, 15 degrees of freedom
