@@ -5,7 +5,9 @@ Is a tree forward dearer than a chain forward of the same width? For each `--wid
 positions per call, the root included) on a `--shape` model (`lib.models.SHAPES`, random
 weights, exported with `--tree-verify`) after a `--past`-token cache: the CPU time of one
 call (time.process_time of a single-threaded run: the other processes on a shared machine
-do not count), median over `--repeats` calls, each followed by a truncation back to the past.
+do not count), median over `--repeats` calls, each followed by a truncation back to the
+past; the three calls take turns, and the ratio is the median of each turn's ratio (with
+its interquartile range: the run's spread).
 
     python -m benchmarks.tree_cost --shape smollm2-135m --widths 1,2,4,8,16 \\
         --json benchmarks/results/tree_cost.json
@@ -50,38 +52,53 @@ def main() -> None:
     stack.reset(args.past + 64)
     stack.forward(np.arange(args.past, dtype=np.int64) % 1000 + 5, keep=0)
 
-    def cpu_ms(call) -> float:
-        times = []
-        for _ in range(args.repeats + 3):
-            t = time.process_time()
-            call()
-            times.append(time.process_time() - t)
-            stack.truncate(args.past)
-        return 1000 * statistics.median(times[3:])  # the first calls bind and allocate
+    def cpu_ms(calls: list) -> list[list[float]]:
+        """Per call, its CPU ms in each repeat; the calls take turns, so a busy spell of the
+        machine falls on all of them alike."""
+        times: list[list[float]] = [[] for _ in calls]
+        for r in range(args.repeats + 3):
+            for j, call in enumerate(calls):
+                t = time.process_time()
+                call()
+                if r >= 3:  # the first calls bind and allocate
+                    times[j].append(1000 * (time.process_time() - t))
+                stack.truncate(args.past)
+        return times
 
     rows, start = [], args.past + 1
     for w in flags.listed(args.widths, int):
         ids = np.arange(w, dtype=np.int64) + 5
-        chain = TokenTree.chain(ids[1:].tolist())
-        tree = TokenTree(*bushy(w))
-        c = cpu_ms(lambda ids=ids, w=w: stack.forward(ids, keep=w))
-        tc = cpu_ms(lambda t=chain, w=w: stack.forward_tree(*tree_feed(5, t, start), keep=w))
-        tb = cpu_ms(lambda t=tree, w=w: stack.forward_tree(*tree_feed(5, t, start), keep=w))
-        rows.append(
-            {"width": w, "chain_ms": c, "tree_graph_chain_ms": tc, "tree_graph_bushy_ms": tb}
+        chain, tree = TokenTree.chain(ids[1:].tolist()), TokenTree(*bushy(w))
+        c, tc, tb = cpu_ms(
+            [
+                lambda ids=ids, w=w: stack.forward(ids, keep=w),
+                lambda t=chain, w=w: stack.forward_tree(*tree_feed(5, t, start), keep=w),
+                lambda t=tree, w=w: stack.forward_tree(*tree_feed(5, t, start), keep=w),
+            ]
         )
-        log(f"w={w}: chain {c:.2f} ms, tree graph (chain) {tc:.2f} ms, (bushy) {tb:.2f} ms")
+        ratio = [b / a for a, b in zip(c, tb, strict=True)]
+        q1, _, q3 = statistics.quantiles(ratio, n=4)
+        row = {
+            "width": w,
+            "chain_ms": statistics.median(c),
+            "tree_graph_chain_ms": statistics.median(tc),
+            "tree_graph_bushy_ms": statistics.median(tb),
+            "bushy_over_chain": statistics.median(ratio),
+            "bushy_over_chain_iqr": [q1, q3],
+        }
+        rows.append(row)
+        log(f"w={w}: {row}")
     setup = f"{args.shape}, fp32, {args.threads} thread(s), past {args.past}"
     print(f"{setup}; {cpu_name()}; {load_line()}")
     print(
         table(
             ["width", "chain graph ms", "tree graph, chain ms", "tree graph, bushy ms",
-             "bushy / chain"],
-            "rrrrr",
+             "bushy / chain (median of pairs)", "IQR"],
+            "rrrrrr",
             [
                 [r["width"], f"{r['chain_ms']:.2f}", f"{r['tree_graph_chain_ms']:.2f}",
-                 f"{r['tree_graph_bushy_ms']:.2f}",
-                 f"{r['tree_graph_bushy_ms'] / r['chain_ms']:.2f}"]
+                 f"{r['tree_graph_bushy_ms']:.2f}", f"{r['bushy_over_chain']:.2f}",
+                 "{:.2f}-{:.2f}".format(*r["bushy_over_chain_iqr"])]
                 for r in rows
             ],
         )

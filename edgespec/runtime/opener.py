@@ -73,6 +73,8 @@ class BundleGraphs:
 
     def _open(self, role: str) -> Graph:
         m = self.manifest
+        if role.startswith("tree:"):  # see open_tree
+            return self._open_tree(role.removeprefix("tree:"))
         if self.options.coreml:
             variants = m.coreml
             assert variants is not None
@@ -102,37 +104,37 @@ class BundleGraphs:
         )
 
     def open_tree(self, role: str) -> TreeGraph:
-        """role -> its tree-verification twin (opened once), or a BundleError saying why
-        this bundle, or these graphs, cannot verify token trees."""
-        key = f"tree:{role}"
-        if key not in self.opened:
-            if self.options.coreml:
-                raise BundleError(
-                    "Core ML packages cannot verify token trees: their attention has no "
-                    "mask input; drop the tree drafter, or run the ONNX graphs"
-                )
-            if self.options.static:  # their position and mask inputs take a tree as it is
-                static = self.open(role)
-                assert isinstance(static, StaticGraphSession)
-                return static
-            m = self.manifest
-            graph = next((g for g in m.tree_graphs if g.role == role), None)
-            if graph is None:
-                raise BundleError(
-                    f"bundle {self.folder} has no tree-verification graph for '{role}'; "
-                    "re-export it with `edgespec export MODEL --out FOLDER --tree-verify`"
-                )
-            self.opened[key] = TreeGraphSession(
-                self.folder,
-                graph,
-                m.model_info(graph),
-                self._providers,
-                self._session_options,
-                self.kv_dtype,
+        """role -> its tree-verification twin (opened once, as `open` opens a role), or a
+        BundleError saying why this bundle, or these graphs, cannot verify token trees."""
+        if self.options.coreml:
+            raise BundleError(
+                "Core ML packages cannot verify token trees: their attention has no "
+                "mask input; drop the tree drafter, or run the ONNX graphs"
             )
-        session = self.opened[key]
+        if self.options.static:  # their position and mask inputs take a tree as it is
+            static = self.open(role)
+            assert isinstance(static, StaticGraphSession)
+            return static
+        session = self.open(f"tree:{role}")
         assert isinstance(session, TreeGraphSession)
         return session
+
+    def _open_tree(self, role: str) -> TreeGraphSession:
+        m = self.manifest
+        graph = next((g for g in m.tree_graphs if g.role == role), None)
+        if graph is None:
+            raise BundleError(
+                f"bundle {self.folder} has no tree-verification graph for '{role}'; "
+                "re-export it with `edgespec export MODEL --out FOLDER --tree-verify`"
+            )
+        return TreeGraphSession(
+            self.folder,
+            graph,
+            m.model_info(graph),
+            self._providers,
+            self._session_options,
+            self.kv_dtype,
+        )
 
     def tokenizer(self) -> Tokenizer:
         return Tokenizer.from_dir(self.folder)
