@@ -219,3 +219,31 @@ def test_greedy_with_tree_proposals_on_static_graphs_is_ar(static_bundle):
     model.drafter = TreeDrafter(want, model.manifest.target.vocab_size, 1)
     got = model.generate(prompt, max_new_tokens=30, ignore_eos=True)
     assert got.tokens == want and got.stats.accepted > 0
+
+
+@pytest.mark.parametrize("family", ["qwen3", "gemma2", "gemma3", "phi3"])
+def test_sliding_window_families_score_each_node_past_the_window(family, tmp_path):
+    """Windows of 16 positions, a 23-token prompt: the window is in the tree's bias, by
+    position (the op's own window counts slots)."""
+    from family_configs import FAMILIES, family_prompt
+
+    from edgespec.export import export_bundle
+    from edgespec.export.builtin import write_checkpoint
+
+    model_type, dims = FAMILIES[family]
+    dims = dict(dims)
+    tie = dims.pop("tie_word_embeddings", True)
+    ckpt = write_checkpoint(tmp_path / "ckpt", model_type, tie=tie, **dims)
+    export_bundle(ckpt, tmp_path / "b", exit_layers=[2], tree_verify=True, verify=False)
+    for roles in (["full"], ["head@2", "tail@2"]):
+        stack = target_stack(tmp_path / "b", roles)
+        rng = np.random.default_rng(5)
+        prompt = family_prompt()
+        tree = random_tree(rng, 10, stack.vocab_size)
+        prefilled(stack, prompt)
+        tree_logits = stack.forward_tree(*tree_feed(prompt[-1], tree, len(prompt)), keep=11)
+        for node in [-1, *range(len(tree))]:
+            prefilled(stack, prompt)
+            chain = np.asarray([prompt[-1], *tree.path_tokens(node)], np.int64)
+            want = stack.forward(chain, keep=1)[-1]
+            np.testing.assert_allclose(tree_logits[node + 1], want, rtol=1e-4, atol=1e-4)

@@ -60,7 +60,7 @@ from edgespec.cli.common import ExportProgress, _friendly, _report_compat
     "--tree-verify",
     is_flag=True,
     help="Also write tree-verification graphs: token-tree drafters verify every candidate "
-    "in one forward (not for sliding-window families yet).",
+    "in one forward.",
 )
 @click.option("--revision", default=None, help="Hub revision (branch, tag or commit).")
 @click.option("--no-verify", is_flag=True, help="Skip the check against transformers.")

@@ -53,7 +53,7 @@ class ExportConfig:
     onnxruntime installed here loads.
     tree_verify: also write each dynamic role's tree-verification graph (`Manifest.tree_graphs`:
     the same graph taking `position_ids` and a `tree_mask`, so a token tree is verified in one
-    forward; the chain graphs stay as they are). Not for sliding-window families yet.
+    forward; the chain graphs stay as they are).
     gguf_weights: a GGUF file's quantized tensors as "blocks" (kept as MatMulNBits blocks, the
     file's own integers and scales; `accuracy_level` sets their compute) or "float" (their
     exact dequantized values as float weights: float compute, larger and slower than blocks).

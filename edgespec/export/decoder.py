@@ -28,7 +28,7 @@ from onnx import TensorProto
 from edgespec.bundle import GraphInfo, TensorSpec
 from edgespec.export.builder import AttentionShape, GraphBuilder, io_specs
 from edgespec.export.gguf_blocks import PackedMatrix
-from edgespec.export.tree import tree_inputs
+from edgespec.export.tree import tree_inputs, window_bias
 
 
 @dataclass
@@ -127,9 +127,6 @@ def build_graph(w: DecoderWeights, role: str, gb: GraphBuilder) -> None:
     """Populate `gb` with the graph for `role` (full | draft | head@k | tail@k)."""
     kind = role.partition("@")[0]
     first, last = role_layers(role, len(w.layers))
-    if gb.tree and any(lw.window is not None for lw in w.layers[first:last]):
-        # the op's window counts cache slots, which a tree's nodes do not fill in order
-        raise ValueError("tree verification graphs do not support sliding-window attention yet")
     dt = gb.onnx_dtype
     p = w.prefix
 
@@ -160,6 +157,7 @@ def build_graph(w: DecoderWeights, role: str, gb: GraphBuilder) -> None:
     }
 
     delta: str | None = None  # the MLP output not yet added to the residual stream x
+    windowed: dict[int, tuple[str, str]] = {}  # a tree graph's inputs per sliding window
     for i in range(first, last):
         lw, name = w.layers[i], f"{p}layers.{i}"
         if lw.attn_norm is None:
@@ -170,6 +168,11 @@ def build_graph(w: DecoderWeights, role: str, gb: GraphBuilder) -> None:
         else:
             h, x = _skip_norm(gb, delta, x, f"{name}.attn_norm", lw.attn_norm)
         qkv = gb.linear(h, f"{name}.qkv", lw.qkv_w, lw.qkv_b)
+        layer_tree, window = tree, lw.window
+        if tree is not None and window is not None:  # the window in the bias
+            if window not in windowed:
+                windowed[window] = (tree[0], window_bias(gb, tree, total, window))
+            layer_tree, window = windowed[window], None
         a = gb.attention(
             _qk_norms(gb, qkv, name, lw, w.attn),
             i,
@@ -178,8 +181,8 @@ def build_graph(w: DecoderWeights, role: str, gb: GraphBuilder) -> None:
             total,
             rotary.get(lw.rope) if lw.rope is not None else None,
             query,
-            window=lw.window,
-            tree=tree,
+            window=window,
+            tree=layer_tree,
         )
         a = gb.linear(a, f"{name}.o", lw.o_w, lw.o_b)
         if lw.post_attn_norm is not None:

@@ -149,10 +149,7 @@ def export_bundle(
             graphs.append(sink.write(weights, role, "target", c.quant, qdq))
         for role in roles if c.tree_verify else []:
             steps(f"building {role} tree-verification graph")
-            try:
-                tree_graphs.append(sink.write(weights, role, "target", c.quant, qdq, tree=True))
-            except ValueError as e:
-                raise ExportError(f"--tree-verify: {e}; export without it") from None
+            tree_graphs.append(sink.write(weights, role, "target", c.quant, qdq, tree=True))
         if draft_model is not None:
             steps("building draft graph")
             draft_weights = extract(draft_model, prefix="draft.")
