@@ -247,3 +247,18 @@ def test_sliding_window_families_score_each_node_past_the_window(family, tmp_pat
             chain = np.asarray([prompt[-1], *tree.path_tokens(node)], np.int64)
             want = stack.forward(chain, keep=1)[-1]
             np.testing.assert_allclose(tree_logits[node + 1], want, rtol=1e-4, atol=1e-4)
+
+
+def test_the_cli_exports_tree_graphs_and_inspect_names_them(checkpoints, tmp_path):
+    from click.testing import CliRunner
+
+    from edgespec.cli import main
+
+    out = tmp_path / "b"
+    runner = CliRunner()
+    args = ["export", str(checkpoints["gpt2"]), "--out", str(out), "--tree-verify", "--no-verify"]
+    r = runner.invoke(main, args)
+    assert r.exit_code == 0, r.output
+    assert (out / "tree_full.onnx").exists()
+    r = runner.invoke(main, ["inspect", str(out)])
+    assert r.exit_code == 0 and "token trees" in r.output and "full" in r.output
