@@ -262,3 +262,9 @@ def test_the_cli_exports_tree_graphs_and_inspect_names_them(checkpoints, tmp_pat
     assert (out / "tree_full.onnx").exists()
     r = runner.invoke(main, ["inspect", str(out)])
     assert r.exit_code == 0 and "token trees" in r.output and "full" in r.output
+
+
+def test_chains_never_open_the_tree_graphs(tree_bundles):
+    model = edgespec.load(tree_bundles["qwen2"], mode="lookup")
+    model.generate("abc abc abc abc", max_new_tokens=12, ignore_eos=True)
+    assert not any(role.startswith("tree:") for role in model.graphs.opened)
