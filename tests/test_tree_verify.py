@@ -268,3 +268,20 @@ def test_chains_never_open_the_tree_graphs(tree_bundles):
     model = edgespec.load(tree_bundles["qwen2"], mode="lookup")
     model.generate("abc abc abc abc", max_new_tokens=12, ignore_eos=True)
     assert not any(role.startswith("tree:") for role in model.graphs.opened)
+
+
+@pytest.mark.parametrize(
+    "options", [{"dtype": "fp16"}, {"quantize": "int4"}, {"quantize": "qdq-int8"}]
+)
+def test_fp16_and_quantized_tree_graphs_decode_as_ar(checkpoints, options, tmp_path):
+    from edgespec.export import export_bundle
+
+    export_bundle(checkpoints["llama-gqa-tied"], tmp_path / "b", tree_verify=True, **options)
+    prompt = "def f(x):"
+    want = edgespec.load(tmp_path / "b", mode="ar").generate(
+        prompt, max_new_tokens=30, ignore_eos=True
+    )
+    model = edgespec.load(tmp_path / "b", mode="lookup", draft_policy="fixed:6")
+    model.drafter = TreeDrafter(want.tokens, model.manifest.target.vocab_size, 0)
+    got = model.generate(prompt, max_new_tokens=30, ignore_eos=True)
+    assert got.tokens == want.tokens and got.stats.accepted > 0
