@@ -336,7 +336,8 @@ class GraphBuilder:
         ins += list(rotary) if rotary is not None else ["", ""]
         if rotary is not None:
             attrs |= {"do_rotary": 1, "rotary_interleaved": 0}
-        ins += list(tree) if tree is not None else ["", ""]  # position_ids, attention_bias
+        if tree is not None or query_seqlens is not None:  # inputs 9, 10
+            ins += list(tree) if tree is not None else ["", ""]  # position_ids, attention_bias
         if query_seqlens is not None:  # head_sink .. k_norm_weight unused; then input 16
             ins += [""] * 5 + [query_seqlens]
         if shape.scale is not None:
