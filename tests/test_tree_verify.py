@@ -285,3 +285,24 @@ def test_fp16_and_quantized_tree_graphs_decode_as_ar(checkpoints, options, tmp_p
     model.drafter = TreeDrafter(want.tokens, model.manifest.target.vocab_size, 0)
     got = model.generate(prompt, max_new_tokens=30, ignore_eos=True)
     assert got.tokens == want.tokens and got.stats.accepted > 0
+
+
+def test_under_a_grammar_tree_proposals_verify_their_main_path(tree_bundles):
+    """A grammar masks chains: a tree proposal turns into its main path, and the output is
+    the constrained `ar` output."""
+    pytest.importorskip("llguidance")
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string", "maxLength": 8}, "ok": {"type": "boolean"}},
+        "required": ["name", "ok"],
+        "additionalProperties": False,
+    }
+    fmt = {"type": "json_schema", "json_schema": {"name": "p", "schema": schema}}
+    prompt = "def person(name):\n    return {'name': name}\n\n"
+    bundle = tree_bundles["llama-gqa-tied"]
+    want = edgespec.load(bundle, mode="ar").generate(prompt, max_new_tokens=40, response_format=fmt)
+    model = edgespec.load(bundle, mode="lookup", draft_policy="fixed:4")
+    model.drafter = TreeDrafter(want.tokens, model.manifest.target.vocab_size, 2)
+    got = model.generate(prompt, max_new_tokens=40, response_format=fmt)
+    assert got.tokens == want.tokens
+    assert not any(role.startswith("tree:") for role in model.graphs.opened)
