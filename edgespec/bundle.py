@@ -30,7 +30,7 @@ class BundleError(EdgespecError, ValueError):
 @dataclass(frozen=True)
 class TensorSpec:
     name: str
-    dtype: str  # "float32" | "float16" | "int64" | "int32"
+    dtype: str  # "float32" | "float16" | "int64" | "int32" | "bool"
     shape: list[int | str]  # ints are fixed, strings are named dynamic axes
 
 
@@ -187,6 +187,10 @@ class Manifest:
     # optional (bundles exported before chat support have none): the chat template and
     # generation defaults; chat calls refuse a bundle without a template
     chat: ChatFormat | None = None
+    # optional (exported with --tree-verify): per dynamic role, its twin taking `position_ids`
+    # [batch, sequence] int64 and `tree_mask` [sequence, sequence] bool, which verifies a token
+    # tree in one forward (runtime/tree_verify.py)
+    tree_graphs: list[GraphInfo] = field(default_factory=list)
 
     def graph(self, role: str) -> GraphInfo:
         for g in self.graphs:
@@ -324,6 +328,7 @@ def _from_json(raw: dict[str, Any]) -> Manifest:
         backbone_layers=backbone_layers,
         backbone=raw.get("backbone"),
         chat=_chat_from_json(raw.get("chat")),
+        tree_graphs=[_graph_from_json(g) for g in raw.get("tree_graphs", [])],
     )
 
 
@@ -373,6 +378,7 @@ def _coreml_from_json(raw: dict[str, Any] | None) -> CoreMLVariants | None:
 
 def _check_files(manifest: Manifest, folder: Path) -> None:
     needed = [manifest.weights_file, *manifest.tokenizer_files, *(g.file for g in manifest.graphs)]
+    needed += [g.file for g in manifest.tree_graphs]
     if manifest.static is not None:
         needed += [g.file for g in manifest.static.graphs]
     if manifest.coreml is not None:

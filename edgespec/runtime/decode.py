@@ -10,7 +10,8 @@ One round (`speculative_round`), in order:
   3. submit   the verifier scores [last, d_1..d_γ] (locally: at once; remotely: sent)
   4. ahead    while a remote answer is in flight, keep drafting as if every draft were
               accepted (PEARL / SpecEdge style): d_{γ+1} guesses the verifier's next token
-  5. accept   the verdict: d_1..d_n accepted, then the target's token t
+  5. accept   the verdict: d_1..d_n accepted, then the target's token t (a token tree:
+              d_1..d_n the root path it kept, `Verdict.tree_path`)
   6. truncate verifier and drafter caches to the accepted prefix (a length change, in
               `finally`, so a failing round leaves them as they were); drafts made ahead are
               kept only if n = γ and t = d_{γ+1}
@@ -150,6 +151,8 @@ def speculative_round(
             else:
                 ahead = Ahead(ahead.tokens[len(forced) :], ahead.q[len(forced) :], ahead.seconds)
         proposal = _draft(drafter, plan, [*seq, *forced], ahead, params, rng)
+        if proposal.tree is not None and (constraint is not None or forced):
+            proposal = replace(proposal, tree=None, tree_q=None)  # its main path, masked
         if constraint is not None:
             proposal = _within_grammar(constraint, drafter, [*seq, *forced], proposal)
         proposal = _with_forced(forced, proposal)
@@ -174,6 +177,9 @@ def speculative_round(
         # 5. accept
         verdict = pending.result()
         n, token = verdict.accepted, verdict.token
+        drafts = proposal.tokens[:n] if verdict.tree_path is None else verdict.tree_path
+        if verdict.tree_path is not None:
+            g = pending.sent  # every node of the tree was verified
         valid = base + n
         if n == g and nxt.tokens and nxt.tokens[0] == token and not verdict.streamed:
             share = (len(nxt.tokens) - 1) / len(nxt.tokens)
@@ -202,7 +208,7 @@ def speculative_round(
         catchup_seconds=proposal.catchup_seconds,
         forced=f,
     )
-    return [*proposal.tokens[:n], *streamed, token], verdict.fill(stats), kept
+    return [*drafts, *streamed, token], verdict.fill(stats), kept
 
 
 def _within_grammar(

@@ -261,11 +261,15 @@ class _Builder:
 
     def target(self, spec: str) -> Stack:
         if spec == "full":
-            return Stack([self.open("full")])
-        if spec.startswith("exit:"):
+            roles = ["full"]
+        elif spec.startswith("exit:"):
             k = _exit(spec, self.exits, "verifier", check=False)
-            return Stack([self.open(f"head@{k}"), self.open(f"tail@{k}")])
-        raise InputError(f"verifier {spec!r} is not one of: full, exit:K")
+            roles = [f"head@{k}", f"tail@{k}"]
+        else:
+            raise InputError(f"verifier {spec!r} is not one of: full, exit:K")
+        # token trees: the roles' tree-verification twins, opened (or refused) on first use
+        trees = lambda: [self.graphs.open_tree(r) for r in roles]  # noqa: E731
+        return Stack([self.open(r) for r in roles], tree_stages=trees)
 
 
 def build(graphs: BundleGraphs, config: LoadConfig) -> Decoder:
