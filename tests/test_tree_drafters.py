@@ -9,6 +9,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
+from test_tree_verify import tree_bundles  # noqa: F401  (the bundles with tree graphs)
 
 from edgespec.runtime.drafters import LookupDrafter
 from edgespec.runtime.recycling import RecycleConfig, RecycleTable, RecyclingDrafter
@@ -241,3 +242,21 @@ def test_a_trees_first_children_are_its_most_likely_path_and_the_chain():
             path.append(tree.tokens[node])
         chain = drafter.propose(seq[:end], Plan(len(path)), GREEDY, RNG).tokens
         assert path and chain == path
+
+
+@pytest.mark.parametrize("kind", ["suffix", "lookup"])
+def test_model_free_trees_verified_in_one_forward_give_ar_output(kind, tree_bundles):  # noqa: F811
+    """The drafters' trees through the tree verifier (`AsTree`: plan.length nodes): greedy
+    output is `ar`'s token for token, and some rounds accept more than one draft."""
+    import edgespec
+    from edgespec.runtime.tree_draft import AsTree
+
+    prompt = "def f(a, b):\n    return a + b\n\ndef g(a, b):\n    return a + b\n\ndef f(a"
+    bundle = tree_bundles["qwen2"]
+    want = edgespec.load(bundle, mode="ar").generate(prompt, max_new_tokens=40, ignore_eos=True)
+    model = edgespec.load(bundle, mode="lookup", draft_policy="fixed:8")
+    inner = SuffixDrafter(config=SuffixConfig(min_match=1)) if kind == "suffix" else LookupDrafter()
+    model.drafter = AsTree(inner, max_depth=4)
+    got = model.generate(prompt, max_new_tokens=40, ignore_eos=True)
+    assert got.tokens == want.tokens
+    assert got.stats.accepted > 0

@@ -1,12 +1,10 @@
 """The one name table: every user-facing choice, spelled the same in the Python API, the CLI
 and split mode, mapped to what implements it; conflicting choices are refused here, once.
 
-  modes      ar | spec | self-spec | lookup | suffix | recycle | split: defaults for the
-             three choices below
-  drafters   none | draft | exit:K ("exit": the default exit) | lookup | suffix
-             (SuffixDecoding) | recycle (Token Recycling), and chains joined
-             by "+" (`lookup+draft`: prompt lookup first, the draft model where it finds
-             nothing), in every mode
+  modes      ar | spec | self-spec | lookup | suffix | recycle | split: defaults below
+  drafters   none | draft | exit:K ("exit": the default exit) | lookup | suffix | recycle,
+             and chains joined by "+" (`lookup+draft`: prompt lookup first, the draft
+             model where it finds nothing), in every mode
   verifiers  full | exit:K (head@K then tail@K) on the device; split mode verifies on the
              server (`remote`), falling back to `full` when the link fails
   policies   fixed:N | confidence:T | acceptance | auto | dynamic-exit | channel-aware[:J]

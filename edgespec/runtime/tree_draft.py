@@ -13,6 +13,8 @@
                 frequency-scored speculation trees; Sequoia's node value)
 
   merged_paths  candidate continuations (prompt lookup's matches) merged into one tree
+  AsTree        a tree drafter proposing trees through the chain contract: `plan.length` is
+                the node budget (a verifier that cannot verify trees takes the main path)
   shared        the one store (or table) of a bundle that every generation on it shares
 
 Node order is best-first order, so parents come before children as `TokenTree` requires, and
@@ -25,10 +27,15 @@ from __future__ import annotations
 import heapq
 import threading
 from collections.abc import Callable, Sequence
+from time import perf_counter
 from typing import Protocol, TypeVar, runtime_checkable
 from weakref import WeakKeyDictionary
 
-from edgespec.runtime.round import Drafter, Plan
+import numpy as np
+
+from edgespec.runtime.constraints import Constraint
+from edgespec.runtime.round import Drafter, LearnsFromVerify, Plan, Proposal
+from edgespec.runtime.sampling import SamplingParams
 from edgespec.runtime.tree import TokenTree
 
 T = TypeVar("T")
@@ -126,3 +133,41 @@ def merged_paths(paths: Sequence[Sequence[int]], budget: int, max_depth: int) ->
         return [(t, c / total, below) for t, (c, below) in node.items()]
 
     return best_first(root, expand, budget, max_depth)[0]
+
+
+class AsTree:
+    """`drafter`'s trees as its proposals: at most `plan.length` nodes, `max_depth` deep,
+    through `Proposal.of_tree` (the main path is the most likely root path)."""
+
+    def __init__(self, drafter: TreeDrafter, max_depth: int = 8) -> None:
+        self.drafter, self.max_depth = drafter, max_depth
+        self.drafts_ahead = False
+        self.name = drafter.name
+
+    def begin(
+        self,
+        prompt: list[int],
+        capacity: int,
+        cached: int = 0,
+        constraint: Constraint | None = None,
+    ) -> None:
+        self.drafter.begin(prompt, capacity, cached, constraint)
+
+    def source(self, seq: list[int]) -> str | None:
+        return self.drafter.source(seq)
+
+    def propose(
+        self, seq: list[int], plan: Plan, params: SamplingParams, rng: np.random.Generator
+    ) -> Proposal:
+        start = perf_counter()
+        if plan.length <= 0:
+            return Proposal([], "point", None, perf_counter() - start)
+        tree = self.drafter.propose_tree(seq, plan.length, self.max_depth)
+        return Proposal.of_tree(tree, seconds=perf_counter() - start)
+
+    def observe_verify(self, inputs: list[int], logits: np.ndarray) -> None:
+        if isinstance(self.drafter, LearnsFromVerify):
+            self.drafter.observe_verify(inputs, logits)
+
+    def commit(self, valid: int) -> None:
+        self.drafter.commit(valid)
