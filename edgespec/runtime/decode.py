@@ -21,8 +21,10 @@ allows) are taken as drafts that need no drafter and that acceptance cannot refu
 of them that ends the output (the grammar's end-of-sequence) ends it with no verifier call;
 drafts the grammar forbids (a lookup's) are cut before they are submitted.
 Each yielded `Step` carries the tokens a round produced and its `RoundStats`; the caller
-feeds the stats back to the policy. Greedy output equals the target's own greedy output,
-and sampled output follows the target's distribution, whatever the drafter proposes.
+feeds the stats back to the policy. A drafter that learns from the target's logits (Token
+Recycling) is shown the rows a local verifier scored once the verdict is in. Greedy output
+equals the target's own greedy output, and sampled output follows the target's
+distribution, whatever the drafter proposes.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ import numpy as np
 from edgespec.runtime.constraints import Constraint
 from edgespec.runtime.draft_q import SCALE, SparseQ
 from edgespec.runtime.policies import DraftLengthPolicy
-from edgespec.runtime.round import Drafter, Plan, Proposal, Verifier
+from edgespec.runtime.round import Drafter, LearnsFromVerify, Plan, Proposal, Verifier
 from edgespec.runtime.sampling import SamplingParams
 from edgespec.runtime.stats import RoundStats, Step
 
@@ -182,6 +184,8 @@ def speculative_round(
         if n == g and nxt.tokens and nxt.tokens[0] == token and not verdict.streamed:
             share = (len(nxt.tokens) - 1) / len(nxt.tokens)
             kept = Ahead(nxt.tokens[1:], nxt.q[1:], nxt.seconds * share)
+        if verdict.rows is not None and isinstance(drafter, LearnsFromVerify):
+            drafter.observe_verify(verdict.rows.inputs, verdict.rows.logits)
     finally:
         # 6. truncate the caches to seq + d_1..d_n (a length change, never a copy)
         verifier.truncate(valid)

@@ -15,7 +15,7 @@ import numpy as np
 
 from edgespec.runtime.accept import accept
 from edgespec.runtime.constraints import Constraint
-from edgespec.runtime.round import Done, Proposal, Verdict
+from edgespec.runtime.round import Done, Proposal, ScoredRows, Verdict
 from edgespec.runtime.sampling import SamplingParams, next_token
 from edgespec.runtime.stack import Stack
 from edgespec.runtime.stats import RoundStats
@@ -72,7 +72,8 @@ class LocalVerifier:
             logits = self.constraint.mask_rows(logits, seq, proposal.tokens)
         n, token = accept(proposal.tokens, proposal.q, logits, params, rng)
         head = proposal.tail.head_seconds if proposal.tail is not None else 0.0
-        return Done(Verdict(n, token, perf_counter() - start + head), g)
+        rows = ScoredRows([seq[-1], *proposal.tokens], logits)
+        return Done(Verdict(n, token, perf_counter() - start + head, rows=rows), g)
 
     def _submit_tree(
         self,

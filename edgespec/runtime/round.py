@@ -18,7 +18,9 @@ what a verifier answers.
             or a prefix when a server's request limit left the rest out), then the verdict
   Verdict   the verifier's answer: accepted count, the target's next token, and timings
             (and, from a server, the channel as the round saw it); a streamed round's
-            verdict carries the tokens the server decoded on its own before `token`
+            verdict carries the tokens the server decoded on its own before `token`; a
+            local one the rows of logits it scored, which a drafter that
+            `LearnsFromVerify` is shown (Token Recycling)
 
 Drafters and verifiers never consult the policy: the decode loop asks it once per round.
 """
@@ -26,7 +28,7 @@ Drafters and verifiers never consult the policy: the decode loop asks it once pe
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Literal, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -142,6 +144,23 @@ class Drafter(Protocol):
         """Only the first `valid` tokens of the sequence remain valid in the drafter's cache."""
 
 
+@dataclass(frozen=True)
+class ScoredRows:
+    """A verify's target logits: row i scored the token after `inputs[i]` (a chain:
+    [last, d_1..d_g]; a tree: the root, then each node)."""
+
+    inputs: list[int]
+    logits: np.ndarray
+
+
+@runtime_checkable
+class LearnsFromVerify(Protocol):
+    """A drafter that learns from the target's verify logits (Token Recycling)."""
+
+    def observe_verify(self, inputs: list[int], logits: np.ndarray) -> None:
+        """Row i of `logits` is the target's score of the token after `inputs[i]`."""
+
+
 @dataclass
 class Verdict:
     """A verifier's answer to a round: drafts d_1..d_n accepted, then `token`."""
@@ -152,6 +171,9 @@ class Verdict:
     verifier: str = "local"  # "local" | "remote" | "stream" | "device" (RoundStats.verifier)
     resync: bool = False  # a new server session answered: the round's drafts were void
     channel: ChannelStats | None = None  # from a server: the channel as this round saw it
+    # the rows the target scored, when the verifier has them (local graphs): a drafter
+    # that learns from them reads them, nobody writes them
+    rows: ScoredRows | None = None
     # a streamed round: tokens the server decoded on its own, before `token` (accepted = 0:
     # the round's drafts, if any, are void)
     streamed: tuple[int, ...] = ()
