@@ -244,10 +244,11 @@ def test_a_trees_first_children_are_its_most_likely_path_and_the_chain():
         assert path and chain == path
 
 
-@pytest.mark.parametrize("kind", ["suffix", "lookup"])
+@pytest.mark.parametrize("kind", ["suffix", "lookup", "recycle"])
 def test_model_free_trees_verified_in_one_forward_give_ar_output(kind, tree_bundles):  # noqa: F811
     """The drafters' trees through the tree verifier (`AsTree`: plan.length nodes): greedy
-    output is `ar`'s token for token, and some rounds accept more than one draft."""
+    output is `ar`'s token for token, and some rounds accept more than one draft (Token
+    Recycling learns only from verify rows, so the tree verifier's rows reach it)."""
     import edgespec
     from edgespec.runtime.tree_draft import AsTree
 
@@ -255,7 +256,11 @@ def test_model_free_trees_verified_in_one_forward_give_ar_output(kind, tree_bund
     bundle = tree_bundles["qwen2"]
     want = edgespec.load(bundle, mode="ar").generate(prompt, max_new_tokens=40, ignore_eos=True)
     model = edgespec.load(bundle, mode="lookup", draft_policy="fixed:8")
-    inner = SuffixDrafter(config=SuffixConfig(min_match=1)) if kind == "suffix" else LookupDrafter()
+    inner = {
+        "suffix": lambda: SuffixDrafter(config=SuffixConfig(min_match=1)),
+        "lookup": LookupDrafter,
+        "recycle": RecyclingDrafter,
+    }[kind]()
     model.drafter = AsTree(inner, max_depth=4)
     got = model.generate(prompt, max_new_tokens=40, ignore_eos=True)
     assert got.tokens == want.tokens

@@ -94,7 +94,9 @@ class LocalVerifier:
         assert self.target.cache is not None
         self.target.cache.keep_rows(len(seq), path)  # node i's row is len(seq) + i
         tokens = [tree.tokens[i] for i in path]
-        verdict = Verdict(len(path), token, perf_counter() - start, tree_path=tokens)
+        # each row scores what follows its own token: Token Recycling learns from every node
+        rows = ScoredRows([seq[-1], *tree.tokens], logits)
+        verdict = Verdict(len(path), token, perf_counter() - start, tree_path=tokens, rows=rows)
         return Done(verdict, len(tree))
 
     def catch_up(self, seq: list[int], capacity: int, synced: int) -> int:
