@@ -188,7 +188,8 @@ def test_the_default_placement_is_lossless_wherever_it_decodes(bundle, server, a
 def test_stream_messages_round_trip_and_malformed_ones_are_refused():
     from edgespec import protocol as P
 
-    for msg in (P.Stream(17, 64), P.Tokens([5, 6, 7], 20, 0.25, final=True), P.Stop()):
+    shed = P.Tokens([5], 21, 0.25, final=True, shed=True)  # FINAL: the server got busy
+    for msg in (P.Stream(17, 64), P.Tokens([5, 6, 7], 20, 0.25, final=True), shed, P.Stop()):
         msg.session, msg.round = 3, 9
         assert P.decode(P.encode(msg)) == msg
     empty = P.encode(P.Tokens([], 20, 0.0))
