@@ -82,9 +82,16 @@ def chat_device(host: str, port: int, ids: dict[str, list[int]], n_new: int) -> 
     def once(prompt: str, dev: Device) -> list[tuple[float, int]]:
         body = {"prompt": ids[prompt], "max_tokens": n_new, "stream": True, "ignore_eos": True,
                 "temperature": 0}  # fmt: skip
-        conn.request("POST", "/v1/completions", json.dumps(body),
-                     {"Content-Type": "application/json"})  # fmt: skip
-        r = conn.getresponse()
+        for attempt in (0, 1):  # a keep-alive connection the server closed while idle: again
+            try:
+                conn.request("POST", "/v1/completions", json.dumps(body),
+                             {"Content-Type": "application/json"})  # fmt: skip
+                r = conn.getresponse()
+                break
+            except (http.client.RemoteDisconnected, ConnectionError):
+                conn.close()
+                if attempt:
+                    raise
         if r.status != 200:
             raise RuntimeError(f"HTTP {r.status}: {r.read()[:200]!r}")
         arrivals = []
