@@ -109,13 +109,16 @@ def chat_device(host: str, port: int, ids: dict[str, list[int]], n_new: int) -> 
 
 def run_devices(devices: list[Callable], prompts: list[str], seconds: float) -> list[Device]:
     """Every device (a `once(prompt, Device)`) in its own thread, generating over the prompts
-    in turn until `seconds` pass (the generation running then is finished and counted)."""
+    in turn until `seconds` pass (the generation running then is finished and counted; at
+    least one each)."""
     out = [Device() for _ in devices]
-    stop_at = time.monotonic() + seconds
+    go = threading.Event()  # every thread started first: with many devices starting them
+    stop_at = [0.0]  # takes a while, and the window must not close on the last ones
 
     def run(i: int) -> None:
         k = i
-        while time.monotonic() < stop_at:
+        go.wait()
+        while True:  # at least one generation each (seconds = 0: exactly one)
             prompt = prompts[k % len(prompts)]
             k += 1
             start = time.perf_counter()
@@ -123,10 +126,14 @@ def run_devices(devices: list[Callable], prompts: list[str], seconds: float) -> 
                 out[i].add(start, devices[i](prompt, out[i]))
             except Exception:  # noqa: BLE001 - a lost generation is a result
                 out[i].lost += 1
+            if time.monotonic() >= stop_at[0]:
+                break
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(len(devices))]
     for t in threads:
         t.start()
+    stop_at[0] = time.monotonic() + seconds
+    go.set()
     for t in threads:
         t.join()
     return out
