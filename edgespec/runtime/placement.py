@@ -59,6 +59,7 @@ class Placement:
     _queue: list[Where] = field(default_factory=list)  # rounds still to run there, in order
     rtt: float | None = None  # seconds: the last START's round trip, less the server's work
     offer: float = 0.0  # tokens/s the server's streams ran at, as it said (0: not known)
+    _split_cache: tuple[int, float] | None = None  # (split rounds seen, its price then)
 
     # -- prices -------------------------------------------------------------------------------
     def _local_rate(self) -> float | None:
@@ -91,12 +92,20 @@ class Placement:
             stream: float | None = tokens / seconds
         else:
             stream = self.offer or None
-        split = self.split.best().tokens_per_s if self._measured.get("split") else None
+        split = self._split_rate() if self._measured.get("split") else None
         return {
             "split": split if split is not None else self._split_guess(),
             "stream": stream,
             "local": self._local_rate(),
         }
+
+    def _split_rate(self) -> float:
+        """The channel-aware policy's best N(γ)/T(γ), priced again only after a split round
+        (pricing every γ costs about as much as a small model's decode step)."""
+        seen = self.split.remote_rounds
+        if self._split_cache is None or self._split_cache[0] != seen:
+            self._split_cache = (seen, self.split.best().tokens_per_s)
+        return self._split_cache[1]
 
     def joules_per_token(self, where: str, rate: float) -> float:
         e = self.split.energy
