@@ -181,3 +181,16 @@ def test_placement_is_a_split_mode_policy():
         make_policy("auto", energy_budget=0.1)
     assert placement(energy_budget=0.2).energy_budget == 0.2
     assert make_policy("placement:0.3").energy_budget == 0.3
+
+
+def test_a_streams_start_up_round_trip_does_not_price_the_stream():
+    world = World(stream_rate=300, local_rate=40)
+    policy = placement()
+    policy.observe(world.start(offer=0.0))
+    run(policy, world, PRIORS.placement_probe)  # its own speed first
+    assert policy.plan().where == "stream"
+    first = world.stats("stream", 0)
+    first.seconds += 0.5  # the STREAM's round trip and the server's queue
+    policy.observe(first)
+    run(policy, world, 3)
+    assert policy.rates()["stream"] == pytest.approx(300)

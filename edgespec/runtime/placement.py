@@ -60,6 +60,7 @@ class Placement:
     rtt: float | None = None  # seconds: the last START's round trip, less the server's work
     offer: float = 0.0  # tokens/s the server's streams ran at, as it said (0: not known)
     _split_cache: tuple[int, float] | None = None  # (split rounds seen, its price then)
+    _streamed: bool = False  # the last decode round was a streamed one placed there
 
     # -- prices -------------------------------------------------------------------------------
     def _local_rate(self) -> float | None:
@@ -181,6 +182,7 @@ class Placement:
         if stats.server_busy:
             self._busy_until = self._round + self.priors.placement_busy
         if stats.phase != "decode":
+            self._streamed = False  # a new generation: its stream starts anew
             return
         place = {"remote": "split", "stream": "stream", "local": "local", "device": "local"}.get(
             stats.verifier
@@ -188,9 +190,14 @@ class Placement:
         if place is None:
             return
         self._measured[place] = self._round
+        # a stream's first round carries its STREAM's round trip, and a round placed
+        # elsewhere that reads a stream's last tokens carries the STOP's: switching costs
+        # (the margin's business), not the stream's speed
+        steady = self.where == "stream" and self._streamed
+        self._streamed = place == "stream" and self.where == "stream"
         if place == "local":
             self.local.observe(stats)
-        elif place == "stream":
+        elif place == "stream" and steady:
             keep = 1 - self.priors.stream_decay
             tokens, seconds, down = self._stream
             self._stream = (
