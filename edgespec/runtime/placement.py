@@ -17,7 +17,8 @@ streaming offer in that answer (`RoundStats.stream_rate`: tokens/s its streams r
 plus that round trip. So the first decision needs no learning rounds on the link: only a
 place with no price at all (a server that has not streamed yet) is probed, and a place
 the guesses send a round to is measured there (`placement_learn` split rounds,
-`placement_probe` others) before its measured price replaces the guess. After that every
+`placement_probe` others) before its measured price replaces the guess (a stream's by its
+steady rounds: not the first, which carries the STREAM's round trip). After that every
 round goes to the fastest place, switching only for a price `placement_margin` better than
 the current one's (a run's spread is not a reason to move), and every `placement_reprobe`
 rounds the place measured longest ago gets `placement_probe` rounds again (a link or a load
