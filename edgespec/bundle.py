@@ -30,7 +30,7 @@ class BundleError(EdgespecError, ValueError):
 @dataclass(frozen=True)
 class TensorSpec:
     name: str
-    dtype: str  # "float32" | "float16" | "int64" | "int32"
+    dtype: str  # "float32" | "float16" | "int64" | "int32" | "bool"
     shape: list[int | str]  # ints are fixed, strings are named dynamic axes
 
 
@@ -187,9 +187,12 @@ class Manifest:
     # optional (bundles exported before chat support have none): the chat template and
     # generation defaults; chat calls refuse a bundle without a template
     chat: ChatFormat | None = None
-    # every call of the target runs a multiple of this many positions: 2 where its activations
-    # are quantized (int8 MatMulNBits compute, QDQ), so a one-token step matches a verify round
-    # bitwise (runtime/stack.py). Absent in older bundles: 2 if their weights are quantized
+    # optional (exported with --tree-verify): per dynamic role, its twin taking `position_ids`
+    # [batch, sequence] int64 and `tree_mask` [sequence, sequence] bool, which verifies a token
+    # tree in one forward (runtime/tree_verify.py)
+    tree_graphs: list[GraphInfo] = field(default_factory=list)
+    # target calls run a multiple of this many positions: 2 where activations are quantized
+    # (runtime/stack.py). Absent in older bundles: 2 if their weights are quantized
     step_width: int = 1
 
     def graph(self, role: str) -> GraphInfo:
@@ -306,6 +309,8 @@ def _from_json(raw: dict[str, Any]) -> Manifest:
     ):
         raise ValueError("no 'full' or 'tail@k' graph: nothing can verify")
     draft = raw.get("draft")
+    gguf = str(raw.get("extra", {}).get("gguf", {}).get("weights", ""))  # its kept blocks
+    quantized = "MatMulNBits" in gguf or raw.get("quantization") in ("int8", "int4", "qdq-int8")
     return Manifest(
         source=raw["source"],
         target=ModelInfo(**raw["target"]),
@@ -328,13 +333,9 @@ def _from_json(raw: dict[str, Any]) -> Manifest:
         backbone_layers=backbone_layers,
         backbone=raw.get("backbone"),
         chat=_chat_from_json(raw.get("chat")),
-        step_width=int(raw.get("step_width", 2 if _quantized(raw) else 1)),
+        tree_graphs=[_graph_from_json(g) for g in raw.get("tree_graphs", [])],
+        step_width=int(raw.get("step_width", 2 if quantized else 1)),
     )
-
-
-def _quantized(raw: dict[str, Any]) -> bool:
-    blocks = "MatMulNBits" in str(raw.get("extra", {}).get("gguf", {}).get("weights", ""))
-    return blocks or raw.get("quantization") in ("int8", "int4", "qdq-int8")
 
 
 def _chat_from_json(raw: dict[str, Any] | None) -> ChatFormat | None:
@@ -383,6 +384,7 @@ def _coreml_from_json(raw: dict[str, Any] | None) -> CoreMLVariants | None:
 
 def _check_files(manifest: Manifest, folder: Path) -> None:
     needed = [manifest.weights_file, *manifest.tokenizer_files, *(g.file for g in manifest.graphs)]
+    needed += [g.file for g in manifest.tree_graphs]
     if manifest.static is not None:
         needed += [g.file for g in manifest.static.graphs]
     if manifest.coreml is not None:

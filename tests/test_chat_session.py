@@ -17,6 +17,8 @@ MODES = {
     "self-spec": dict(mode="self-spec", draft_policy="fixed:3"),
     "lookup": dict(mode="lookup", draft_policy="fixed:3"),
     "lookup+draft": dict(mode="spec", drafter="lookup+draft", draft_policy="fixed:3"),
+    "suffix": dict(mode="suffix", draft_policy="fixed:3"),
+    "recycle": dict(mode="recycle", draft_policy="fixed:3"),
 }
 USERS = ["Write a function that adds two numbers.", "Now make it multiply.", "Thanks, bye."]
 

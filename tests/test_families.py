@@ -31,6 +31,8 @@ MODES = [
     ("self-spec", {"draft_policy": "fixed:3", "exit_layer": 1}),
     ("self-spec", {"draft_policy": "dynamic-exit"}),
     ("lookup", {"draft_policy": "fixed:5"}),
+    ("suffix", {"draft_policy": "fixed:4"}),
+    ("recycle", {"draft_policy": "fixed:3"}),
 ]
 
 

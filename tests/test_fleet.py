@@ -25,7 +25,7 @@ import edgespec  # noqa: E402
 from edgespec import protocol as P  # noqa: E402
 from edgespec.runtime.stats import GenerationStats  # noqa: E402
 from edgespec.serve import fleet as F  # noqa: E402
-from edgespec.serve.state import ServerConfig  # noqa: E402
+from edgespec.serve.state import FleetConfig, ServerConfig  # noqa: E402
 from edgespec.tools.channel import Channel, ChannelConfig  # noqa: E402
 
 ARCH = "llama-gqa-tied"
@@ -36,7 +36,7 @@ N = 120
 @dataclass
 class Fleet:
     config: ServerConfig
-    fleet: F.FleetConfig
+    fleet: FleetConfig
     port: int
 
     @property
@@ -81,7 +81,7 @@ def fleet(bundle):
         threads=1,
         drain_seconds=5.0,
     )
-    fleet_config = F.FleetConfig(replicas=2, report_period=0.25, local_cpus=3)
+    fleet_config = FleetConfig(replicas=2, report_period=0.25, local_cpus=3)
     F.connect(fleet_config)
     f = Fleet(config, fleet_config, free_port())
     try:
@@ -293,7 +293,7 @@ def test_a_replica_stopped_on_purpose_drains_and_its_devices_resume_elsewhere(
         h = fleet.wait(lambda h: h["sessions"] >= len(PROMPTS), 10)
         pids = _pids(h)
         t0 = time.monotonic()
-        F.deploy(fleet.config, F.FleetConfig(replicas=1, report_period=0.25), port=fleet.port)
+        F.deploy(fleet.config, FleetConfig(replicas=1, report_period=0.25), port=fleet.port)
         after = fleet.wait(lambda h: h["replicas"] == 1, 30)
         gone = pids - _pids(after)
         while any(_alive(pid) for pid in gone) and time.monotonic() - t0 < 60:

@@ -309,7 +309,8 @@ def test_js_cli_generates_with_stats(js_bundles):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--mode", "split"], "mode 'split' is not one of"),
+        (["--mode", "split"], "split mode needs a server"),
+        (["--mode", "spec", "--server", "ws://127.0.0.1:1"], "split and drafter are split mode's"),
         (["--mode", "spec", "--draft-policy", "dynamic-exit"], "runs in the Python runtime"),
         (["--mode", "ar", "--draft-policy", "fixed:2"], "mode 'ar' drafts nothing"),
         (["--mode", "self-spec", "--exit-layer", "3"], "exit layer 3 is not in this bundle"),

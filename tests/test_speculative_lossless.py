@@ -30,6 +30,11 @@ CONFIGS = [
     ("self-spec", "auto", {"exit_layer": 1}),
     ("lookup", "auto", {}),
     ("lookup", "acceptance", {"verifier": "exit:2"}),
+    ("suffix", "fixed:4", {}),
+    ("suffix", "auto", {}),
+    ("recycle", "fixed:3", {}),
+    ("recycle", "auto", {}),
+    ("spec", "fixed:3", {"drafter": "suffix+recycle+draft"}),
 ]
 
 
@@ -70,6 +75,17 @@ def test_greedy_speculative_equals_transformers(
     s = got.stats
     assert s.decode_tokens == N_NEW - 1 and s.rounds >= 1
     assert s.decode_tokens == s.accepted + s.rounds  # each round: accepted drafts + one token
+
+
+@pytest.mark.parametrize("mode", ["suffix", "recycle"])
+def test_model_free_drafters_draft_and_are_accepted_as_chains(mode, spec_bundles, references):
+    """SuffixDecoding and Token Recycling draft from what the run itself showed them (the
+    repeated stretch, the target's own earlier top-k): greedy output stays the target's, and
+    some of their drafts pass."""
+    model = edgespec.load(spec_bundles["qwen2"], mode=mode, draft_policy="fixed:4")
+    got = model.generate(repetitive_prompt(1), max_new_tokens=N_NEW, ignore_eos=True)
+    assert got.tokens == references["qwen2"]
+    assert got.stats.drafted > 0 and got.stats.accepted > 0
 
 
 def test_all_drafts_accepted_when_the_draft_is_the_target(spec_bundles, hf_models):

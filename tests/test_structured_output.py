@@ -139,6 +139,27 @@ def _chi_square(counts: np.ndarray, p: np.ndarray) -> tuple[float, int]:
     return stat, int(keep.sum()) - 1
 
 
+def test_tokens_the_grammar_alone_decides_inside_a_draft_cost_no_draft_step(spec_bundles):
+    """A draft position where the grammar allows one token takes that token without a step
+    of the draft model (it rides in the next step's feed): fewer drafting steps than drafted
+    tokens, and the output is still the masked target's greedy output (the test above)."""
+    model = edgespec.load(spec_bundles["llama-gqa-tied"], mode="spec", draft_policy="fixed:3")
+    stack = model.drafter.model
+    forward, steps = stack.forward, []
+
+    def counted(ids, keep=1):  # the real forward; drafting steps are the keep=1 calls
+        steps.append((len(ids), keep))
+        return forward(ids, keep)
+
+    stack.forward = counted
+    got = model.generate(PROMPT, max_new_tokens=60, response_format=FORMAT)
+    drafting = [n for n, keep in steps if keep == 1]
+    assert got.stats.drafted > 0
+    assert len(drafting) < got.stats.drafted  # every drafted token used to cost a step
+    ar = edgespec.load(spec_bundles["llama-gqa-tied"])
+    assert got.tokens == ar.generate(PROMPT, max_new_tokens=60, response_format=FORMAT).tokens
+
+
 def _critical(df: int) -> float:
     """The chi-square quantile at p = 0.001 (Wilson-Hilferty; within 1% for df >= 3)."""
     z = 3.0902

@@ -15,7 +15,8 @@ from split_server import TOKEN, start_server
 
 import edgespec
 from edgespec.runtime.chat_template import ChatTemplate
-from edgespec.runtime.tools import ToolStream, parse, style_of
+from edgespec.runtime.tool_stream import INCREMENTAL, ToolStream
+from edgespec.runtime.tools import parse, style_of
 
 pytest.importorskip("llguidance")
 jsonschema = pytest.importorskip("jsonschema")
@@ -88,19 +89,58 @@ def test_each_familys_calls_are_read_back(family):
     assert all(c.id.startswith("call_") for c in calls) and calls[0].id != calls[1].id
 
 
+def assemble(events) -> list[tuple[str, str]]:
+    """(name, arguments) per call from ToolStream's events, as an OpenAI client adds up the
+    deltas; each call announced before its arguments."""
+    calls: list[list[str]] = []
+    for kind, value in events:
+        if kind == "call":
+            assert value.arguments == "" and value.id.startswith("call_")
+            calls.append([value.name, ""])
+        elif kind == "arguments":
+            index, piece = value
+            assert 0 <= index < len(calls) and piece
+            calls[index][1] += piece
+    return [(n, a) for n, a in calls]
+
+
 @pytest.mark.parametrize("style", list(REPLIES))
 def test_streamed_calls_equal_the_whole_reply_in_any_chunking(style):
     text = REPLIES[style]
+    whole = [(c.name, c.arguments) for c in parse(text, style)[1]]
+    assert [(n, json.loads(a)) for n, a in whole] == WANT
     rng = np.random.default_rng(0)
     for _ in range(5):
         cuts = sorted(rng.choice(np.arange(1, len(text)), 12, replace=False))
         pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]
         stream = ToolStream(style)
         events = [e for p in pieces for e in stream.push(p)] + list(stream.push("", final=True))
-        calls = [(v.name, json.loads(v.arguments)) for k, v in events if k == "call"]
+        assert assemble(events) == whole  # the same text, piece by piece
         content = "".join(v for k, v in events if k == "content")
-        assert calls == WANT
         assert content.strip() == (parse(text, style)[0] or "")
+
+
+@pytest.mark.parametrize("style", INCREMENTAL)
+def test_arguments_stream_as_they_decode_in_the_json_formats(style):
+    """Character by character: a call is announced once its name is complete, before its
+    arguments are; the arguments come in many pieces, each sent as soon as it is written."""
+    text = REPLIES[style]
+    stream = ToolStream(style)
+    announced_at, pieces = {}, []
+    for i, ch in enumerate(text):
+        for kind, value in stream.push(ch):
+            if kind == "call":
+                announced_at[value.name] = i
+            elif kind == "arguments":
+                pieces.append((i, value))
+    tail = list(stream.push("", final=True))
+    assert [k for k, _ in tail] == []  # everything was out before the end
+    first = text.index('"get_weather"') + len('"get_weather"')
+    assert announced_at["get_weather"] == first - 1  # the name's closing quote
+    assert len([p for p in pieces if p[1][0] == 0]) > 10
+    # each piece leaves as its character arrives (nothing held back inside the arguments)
+    args0 = text.index('{"city"')
+    assert pieces[0] == (args0, (0, "{"))
 
 
 @pytest.mark.parametrize("style", list(REPLIES))
@@ -205,13 +245,58 @@ def test_openai_tool_calls_come_back_whole_and_streamed(client, tool_bundle):
             stream=True,
         )
     )
+    assert streamed_calls(chunks) == [
+        (c.function.name, c.function.arguments) for c in msg.tool_calls
+    ]
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+def streamed_calls(chunks) -> list[tuple[str, str]]:
+    """The calls of a streamed reply as the OpenAI client's deltas add up; checks that each
+    call's first delta carries its id and name (and no arguments) and the rest only pieces of
+    arguments, several of them (the arguments stream as they decode)."""
     calls: dict[int, dict] = {}
     for ch in chunks:
         for d in (ch.choices[0].delta.tool_calls or []) if ch.choices else []:
-            entry = calls.setdefault(d.index, {"name": "", "arguments": ""})
-            entry["name"] += d.function.name or ""
-            entry["arguments"] += d.function.arguments or ""
-    assert [(c["name"], c["arguments"]) for _, c in sorted(calls.items())] == [
+            if d.index not in calls:
+                assert d.id.startswith("call_") and d.type == "function" and d.function.name
+                assert d.function.arguments == ""
+                calls[d.index] = {"name": d.function.name, "arguments": "", "pieces": 0}
+                continue
+            assert d.id is None and d.function.name is None and d.function.arguments
+            calls[d.index]["arguments"] += d.function.arguments
+            calls[d.index]["pieces"] += 1
+    assert calls and all(c["pieces"] > 1 for c in calls.values())
+    return [(c["name"], c["arguments"]) for _, c in sorted(calls.items())]
+
+
+@pytest.fixture(scope="module")
+def mistral_client(tool_bundle, tmp_path_factory):
+    """The tool bundle with a Mistral-style template: calls are `[TOOL_CALLS] [{..}, ..]`."""
+    import shutil
+
+    from edgespec.bundle import load_manifest
+
+    root = tmp_path_factory.mktemp("mistral-tools")
+    bundle = root / "b"
+    shutil.copytree(tool_bundle, bundle)
+    chat = load_manifest(bundle).chat
+    assert chat is not None
+    (bundle / chat.templates["default"]).write_text(MISTRAL)
+    srv = start_server(bundle, root, TOKEN, "--mode", "ar", "--conversations", "1")
+    yield openai.OpenAI(base_url=f"{srv.http}/v1", api_key=TOKEN, max_retries=0, timeout=60)
+    srv.stop()
+
+
+def test_openai_streams_mistral_call_arguments_in_pieces(mistral_client):
+    args = {"model": "m", "messages": MESSAGES, "tools": TOOLS, "tool_choice": "required"}
+    r = mistral_client.chat.completions.create(**args, max_tokens=400)
+    msg = r.choices[0].message
+    assert r.choices[0].finish_reason == "tool_calls" and msg.tool_calls
+    for c in msg.tool_calls:
+        jsonschema.validate(json.loads(c.function.arguments), SCHEMAS[c.function.name])
+    chunks = list(mistral_client.chat.completions.create(**args, max_tokens=400, stream=True))
+    assert streamed_calls(chunks) == [
         (c.function.name, c.function.arguments) for c in msg.tool_calls
     ]
     assert chunks[-1].choices[0].finish_reason == "tool_calls"

@@ -136,7 +136,8 @@ def decoding_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             type=click.Choice(MODES),
             default=None,
             help="ar, spec (draft model), self-spec (early exit), lookup (prompt lookup), "
-            "split (draft here, verify on --server). Default: the mode this bundle's "
+            "suffix (SuffixDecoding), recycle (Token Recycling), split (draft here, verify on "
+            "--server). Default: the mode this bundle's "
             "calibration here favours (`edgespec bench B --calibrate`), else its draft model, "
             "else prompt lookup.",
         ),

@@ -56,6 +56,12 @@ from edgespec.cli.common import ExportProgress, _friendly, _report_compat
     "onnxruntime >= 1.32); --no-batched-verify: graphs for older onnxruntime, e.g. "
     "onnxruntime-gpu 1.31.  [default: what the onnxruntime installed here loads]",
 )
+@click.option(
+    "--tree-verify",
+    is_flag=True,
+    help="Also write tree-verification graphs: token-tree drafters verify every candidate "
+    "in one forward.",
+)
 @click.option("--revision", default=None, help="Hub revision (branch, tag or commit).")
 @click.option("--no-verify", is_flag=True, help="Skip the check against transformers.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing bundle in --out.")
@@ -110,6 +116,7 @@ def export(
     accuracy_level: int,
     gguf_weights: str,
     batched_verify: bool | None,
+    tree_verify: bool,
     revision: str | None,
     no_verify: bool,
     overwrite: bool,
@@ -157,6 +164,7 @@ def export(
             accuracy_level=accuracy_level,
             gguf_weights=gguf_weights,
             batched_verify=batched_verify,
+            tree_verify=tree_verify,
             revision=revision,
             verify=not no_verify,
             overwrite=overwrite,

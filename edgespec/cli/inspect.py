@@ -95,6 +95,9 @@ def inspect(bundle: str | None, compat: tuple[str, str] | None) -> None:
                 + ", ".join(dict.fromkeys(g.role for g in m.static.graphs)),
             )
         )
+    if m.tree_graphs:
+        roles = ", ".join(g.role for g in m.tree_graphs)
+        rows.append(("token trees", f"verified in one forward: {roles}"))
     if m.coreml is not None:
         rows.append(
             (

@@ -50,7 +50,7 @@ from edgespec.cli.common import _friendly, _read_token
 @click.option("--device", default="cpu", show_default=True, help="A device profile or auto.")
 @click.option(
     "--mode",
-    type=click.Choice(["ar", "spec", "self-spec", "lookup"]),
+    type=click.Choice(["ar", "spec", "self-spec", "lookup", "suffix", "recycle"]),
     default=None,
     help="How the OpenAI endpoints decode (default: the mode this bundle's calibration here "
     "favours, `edgespec bench B --calibrate`; uncalibrated: spec if it has a draft model, else "
@@ -77,6 +77,35 @@ from edgespec.cli.common import _friendly, _read_token
     type=click.IntRange(0),
     help="Split sessions the server decodes and streams at once (a device's STREAM); beyond "
     "it, or at 0, the server answers 'verify only' and devices draft themselves.",
+)
+@click.option(
+    "--cache-dir",
+    default=None,
+    type=click.Path(file_okay=False),
+    help="OpenAI endpoints: keep conversations' KV caches in this folder, so that a restarted "
+    "server prefills only what a prompt adds to a kept prefix (docs/server.md).",
+)
+@click.option(
+    "--cache-bytes",
+    default=1 << 30,
+    show_default=True,
+    type=int,
+    help="--cache-dir: at most this many bytes; the least recently used prefixes go first.",
+)
+@click.option(
+    "--cache-min-tokens",
+    default=64,
+    show_default=True,
+    type=int,
+    help="--cache-dir: prefixes shorter than this many tokens are not written.",
+)
+@click.option(
+    "--stream-below",
+    default=0,
+    show_default=True,
+    type=click.IntRange(0),
+    help="Stream only while fewer sessions are open: at this many, new STREAMs get 'verify "
+    "only' and running streams are handed back to their devices (0: no such bound).",
 )
 @click.option("--log-level", default="info", show_default=True)
 @click.option(
@@ -139,6 +168,15 @@ def serve(
             raise click.UsageError("--ray-address deploys a fleet: add --replicas N or --autoscale")
         run(config, host, port, log_level)
         return
+    from edgespec.serve.state import FleetConfig, parse_autoscale
+
+    try:
+        scale = parse_autoscale(autoscale) if autoscale else None
+        fleet_config = FleetConfig(
+            replicas or 1, scale, ray_address=ray_address, cpus_per_replica=cpus_per_replica
+        )
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
     try:
         from edgespec.serve import fleet
     except ImportError as e:
@@ -146,11 +184,4 @@ def serve(
             f"--replicas needs the [fleet] extra ({e.name} is missing): "
             "pip install 'edgespec[fleet]'"
         ) from None
-    try:
-        scale = fleet.parse_autoscale(autoscale) if autoscale else None
-        fleet_config = fleet.FleetConfig(
-            replicas or 1, scale, ray_address=ray_address, cpus_per_replica=cpus_per_replica
-        )
-    except ValueError as e:
-        raise click.BadParameter(str(e)) from None
     fleet.run(config, fleet_config, host, port, log_level)

@@ -45,12 +45,8 @@ NP_TO_ONNX = {
     np.dtype(np.int8): TensorProto.INT8,
     np.dtype(np.uint8): TensorProto.UINT8,
 }
-ONNX_TO_NAME = {
-    TensorProto.FLOAT: "float32",
-    TensorProto.FLOAT16: "float16",
-    TensorProto.INT64: "int64",
-    TensorProto.INT32: "int32",
-}
+ONNX_TO_NAME = {TensorProto.FLOAT: "float32", TensorProto.FLOAT16: "float16"}
+ONNX_TO_NAME |= {TensorProto.INT64: "int64", TensorProto.INT32: "int32", TensorProto.BOOL: "bool"}
 
 
 class WeightStore:
@@ -111,6 +107,7 @@ class GraphBuilder:
     matmul_head: bool = False  # LM head as a plain MatMul on a transposed copy (for QDQ)
     # attention takes query_seqlens (batched verify rounds; onnxruntime >= 1.32 loads it)
     query_seqlens: bool = True
+    tree: bool = False  # takes a token tree's positions and mask (export/tree.py)
     nodes: list[onnx.NodeProto] = field(default_factory=list)
     inputs: list[onnx.ValueInfoProto] = field(default_factory=list)
     outputs: list[onnx.ValueInfoProto] = field(default_factory=list)
@@ -321,6 +318,7 @@ class GraphBuilder:
         rotary: tuple[str, str] | None,
         query_seqlens: str | None,
         window: int | None = None,
+        tree: tuple[str, str] | None = None,
     ) -> str:
         """GroupQueryAttention over a packed QKV projection (or separate q, k, v), KV written
         in place; `window`: a query sees itself and the window - 1 positions before it.
@@ -329,7 +327,8 @@ class GraphBuilder:
         rows of one call take different numbers of new positions after different pasts: a
         batch of verify rounds runs at full width in one call (without it onnxruntime
         refuses batch > 1 with more than one new position after a past). None: graphs for
-        onnxruntime < 1.32, whose attention has no such input."""
+        onnxruntime < 1.32, whose attention has no such input. `tree`: (position_ids,
+        attention_bias) of export/tree.py (rotary at those positions, the bias added)."""
         past_k = self.add_input(f"past_key.{layer}", self.onnx_dtype, kv_shape(shape))
         past_v = self.add_input(f"past_value.{layer}", self.onnx_dtype, kv_shape(shape))
         q_k_v = [qkv, "", ""] if isinstance(qkv, str) else list(qkv)
@@ -338,9 +337,10 @@ class GraphBuilder:
         ins += list(rotary) if rotary is not None else ["", ""]
         if rotary is not None:
             attrs |= {"do_rotary": 1, "rotary_interleaved": 0}
-        if query_seqlens is not None:
-            # position_ids .. k_norm_weight unused; query_seqlens is input 16 of the contrib op
-            ins += [""] * 7 + [query_seqlens]
+        if tree is not None or query_seqlens is not None:  # inputs 9, 10
+            ins += list(tree) if tree is not None else ["", ""]  # position_ids, attention_bias
+        if query_seqlens is not None:  # head_sink .. k_norm_weight unused; then input 16
+            ins += [""] * 5 + [query_seqlens]
         if shape.scale is not None:
             attrs["scale"] = float(shape.scale)
         if shape.softcap is not None:

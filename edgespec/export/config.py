@@ -51,6 +51,9 @@ class ExportConfig:
     need onnxruntime >= 1.32 to load. False: graphs for older onnxruntime (onnxruntime-gpu's
     newest release is 1.31); a server then verifies rounds one by one. None: whichever the
     onnxruntime installed here loads.
+    tree_verify: also write each dynamic role's tree-verification graph (`Manifest.tree_graphs`:
+    the same graph taking `position_ids` and a `tree_mask`, so a token tree is verified in one
+    forward; the chain graphs stay as they are).
     gguf_weights: a GGUF file's quantized tensors as "blocks" (kept as MatMulNBits blocks, the
     file's own integers and scales; `accuracy_level` sets their compute) or "float" (their
     exact dequantized values as float weights: float compute, larger and slower than blocks).
@@ -77,6 +80,7 @@ class ExportConfig:
     fit_exit_adapter: str | Path | None = None
     adapter_steps: int = 300
     batched_verify: bool | None = None
+    tree_verify: bool = False
     gguf_weights: str = "blocks"
     on_progress: Callable[[str], None] | None = None
     # derived in __post_init__: the weight quantization of the target and of the draft, checked

@@ -28,6 +28,7 @@ from onnx import TensorProto
 from edgespec.bundle import GraphInfo, TensorSpec
 from edgespec.export.builder import AttentionShape, GraphBuilder, io_specs
 from edgespec.export.gguf_blocks import PackedMatrix
+from edgespec.export.tree import tree_inputs, window_bias
 
 
 @dataclass
@@ -139,14 +140,14 @@ def build_graph(w: DecoderWeights, role: str, gb: GraphBuilder) -> None:
         x = gb.add_input("hidden", dt, ["batch", "sequence", w.embed.shape[1]])
     else:
         ids = gb.add_input("input_ids", TensorProto.INT64, ["batch", "sequence"])
+    tree = tree_inputs(gb, total) if gb.tree else None
+    if kind != "tail":
         x = gb.embedding(ids, f"{p}embed", w.embed)
         if w.embed_scale != 1.0:
             x = gb.op1("Mul", [x, gb.const(np.array(w.embed_scale, gb.dtype))])
         if w.pos_embed is not None:
-            pos = gb.op1(
-                "Gather",
-                [gb.weight(f"{p}pos_embed.weight", w.pos_embed), gb.positions(seqlens, query, ids)],
-            )
+            at = tree[0] if tree is not None else gb.positions(seqlens, query, ids)
+            pos = gb.op1("Gather", [gb.weight(f"{p}pos_embed.weight", w.pos_embed), at])
             x = gb.op1("Add", [x, pos])
     tables = {"global": w.rotary, "local": w.rotary_local}
     rotary = {  # only the tables this role's layers use
@@ -156,6 +157,7 @@ def build_graph(w: DecoderWeights, role: str, gb: GraphBuilder) -> None:
     }
 
     delta: str | None = None  # the MLP output not yet added to the residual stream x
+    windowed: dict[int, tuple[str, str]] = {}  # a tree graph's inputs per sliding window
     for i in range(first, last):
         lw, name = w.layers[i], f"{p}layers.{i}"
         if lw.attn_norm is None:
@@ -166,6 +168,11 @@ def build_graph(w: DecoderWeights, role: str, gb: GraphBuilder) -> None:
         else:
             h, x = _skip_norm(gb, delta, x, f"{name}.attn_norm", lw.attn_norm)
         qkv = gb.linear(h, f"{name}.qkv", lw.qkv_w, lw.qkv_b)
+        layer_tree, window = tree, lw.window
+        if tree is not None and window is not None:  # the window in the bias
+            if window not in windowed:
+                windowed[window] = (tree[0], window_bias(gb, tree, total, window))
+            layer_tree, window = windowed[window], None
         a = gb.attention(
             _qk_norms(gb, qkv, name, lw, w.attn),
             i,
@@ -174,7 +181,8 @@ def build_graph(w: DecoderWeights, role: str, gb: GraphBuilder) -> None:
             total,
             rotary.get(lw.rope) if lw.rope is not None else None,
             query,
-            window=lw.window,
+            window=window,
+            tree=layer_tree,
         )
         a = gb.linear(a, f"{name}.o", lw.o_w, lw.o_b)
         if lw.post_attn_norm is not None:
@@ -249,14 +257,16 @@ def _skip_norm(gb: GraphBuilder, x: str, skip: str, name: str, norm: Norm) -> tu
 
 def _mlp(gb: GraphBuilder, h: str, name: str, lw: LayerWeights, activation: str) -> str:
     up = gb.linear(h, f"{name}.up", lw.up_w, lw.up_b)
+    # gate|up halves by explicit sizes: onnxruntime-web's WebGPU Split reads no num_outputs
+    halves = gb.const(np.array([lw.up_w.shape[1] // 2] * 2, np.int64))
     if activation == "silu":
-        gate, up = gb.op("Split", [up], 2, axis=-1, num_outputs=2)
+        gate, up = gb.op("Split", [up, halves], 2, axis=-1)
         act = gb.op1("Mul", [gate, gb.op1("Sigmoid", [gate])])
         inner = gb.op1("Mul", [act, up])
     elif activation == "gelu_tanh":
         inner = gb.op1("FastGelu", [up], domain="com.microsoft")
     elif activation == "gelu_tanh_gated":
-        gate, up = gb.op("Split", [up], 2, axis=-1, num_outputs=2)
+        gate, up = gb.op("Split", [up, halves], 2, axis=-1)
         inner = gb.op1("Mul", [gb.op1("FastGelu", [gate], domain="com.microsoft"), up])
     else:
         raise ValueError(f"unknown activation {activation}")

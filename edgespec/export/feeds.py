@@ -3,8 +3,8 @@
 an empty KV cache, every position's logits kept.
 
 Built from the graph's declared inputs, so it fits any role (`full`, `head@k` with its k
-layers' caches, `tail@k` on `hidden`) and a bundle with or without batched verify
-(`query_seqlens`, onnxruntime 1.32+).
+layers' caches, `tail@k` on `hidden`), a bundle with or without batched verify
+(`query_seqlens`, onnxruntime 1.32+), and tree-verification graphs (the prompt as a chain).
 """
 
 from __future__ import annotations
@@ -61,6 +61,10 @@ def prefill_feed(
             feed[name] = np.array(s, np.int64)
         elif name == "query_seqlens":
             feed[name] = np.array([s], np.int32)
+        elif name == "position_ids":  # a tree-verification graph: the prompt as a chain
+            feed[name] = np.arange(s, dtype=np.int64)[None]
+        elif name == "tree_mask":
+            feed[name] = np.tri(s, dtype=bool)
         elif name.startswith("past_"):
             feed[name] = np.zeros((1, shape[1], 0, shape[3]), dtype)
         else:

@@ -132,6 +132,7 @@ def export_bundle(
     store = WeightStore(out / WEIGHTS_FILE)
     graphs: list[GraphInfo] = []
     static_graphs: list[GraphInfo] = []
+    tree_graphs: list[GraphInfo] = []
     packages = []
     qdq = None
     sink = GraphSink(out, store, c.dtype, batched=bool(c.batched_verify))
@@ -146,6 +147,9 @@ def export_bundle(
         for role in roles:
             steps(f"building {role} graph")
             graphs.append(sink.write(weights, role, "target", c.quant, qdq))
+        for role in roles if c.tree_verify else []:
+            steps(f"building {role} tree-verification graph")
+            tree_graphs.append(sink.write(weights, role, "target", c.quant, qdq, tree=True))
         if draft_model is not None:
             steps("building draft graph")
             draft_weights = extract(draft_model, prefix="draft.")
@@ -196,6 +200,7 @@ def export_bundle(
         backbone=backbone_record(tokenizer, weights),
         chat=save_chat_format(tokenizer, target, out),
         step_width=c.step_width(),
+        tree_graphs=tree_graphs,
     )
     if c.quant is not None:
         manifest.extra["quantization"] = c.quant.describe()

@@ -67,8 +67,10 @@ class GraphSink:
         model: str,
         quant: QuantConfig | None,
         qdq: QdqCalibration | None = None,
+        tree: bool = False,
     ) -> GraphInfo:
-        """Build `role`'s graph of `weights` (quantized as `quant` says), save it, describe it."""
+        """Build `role`'s graph of `weights` (quantized as `quant` says), save it, describe it;
+        `tree`: its tree-verification twin (`GraphBuilder.tree`), saved as `tree_<file>`."""
         weight_only = quant.method if quant is not None and qdq is None else None
         kw: dict[str, Any] = {"accuracy_level": self.accuracy_level}
         if quant is not None:
@@ -79,6 +81,7 @@ class GraphSink:
                 dtype=np.dtype(DTYPES[self.dtype]),
                 quantize=weight_only,
                 query_seqlens=self.batched,
+                tree=tree,
                 **kw,
             )
             build_graph(weights, role, gb)
@@ -91,12 +94,13 @@ class GraphSink:
                     dtype=np.dtype(np.float32),
                     matmul_head=True,
                     query_seqlens=self.batched,
+                    tree=tree,
                 )
                 build_graph(weights, role, gb)
                 scratch.close()
                 proto = gb.model(f"edgespec_{role}")
                 onnx.load_external_data_for_model(proto, tmp)
             proto = externalize(qdq.quantize(proto, role), self.store)
-        file = role.replace("@", "_at_") + ".onnx"
+        file = ("tree_" if tree else "") + role.replace("@", "_at_") + ".onnx"
         onnx.save(proto, str(self.out / file))
         return graph_info(role, file, model, len(weights.layers), gb)

@@ -90,7 +90,13 @@ def save(session: ChatSession, path: str | os.PathLike) -> None:
         "messages": session.messages,
         "system": session.system,
     }
-    arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), np.uint8)
+    write(path, meta, arrays)
+
+
+def write(path: str | os.PathLike, meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> int:
+    """Write `meta` (JSON) and `arrays` to `path` atomically: a temporary file beside it,
+    flushed to disk, renamed over it. Returns the bytes written."""
+    arrays = {**arrays, "meta": np.frombuffer(json.dumps(meta).encode(), np.uint8)}
     target = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent or ".")
     try:
@@ -98,19 +104,39 @@ def save(session: ChatSession, path: str | os.PathLike) -> None:
             np.savez(f, **arrays)
             f.flush()
             os.fsync(f.fileno())
+            size = f.tell()
         os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    return size
 
 
-def load(session: ChatSession, path: str | os.PathLike) -> None:
+def read_meta(path: str | os.PathLike) -> dict[str, Any]:
+    """The JSON part of a file `write` wrote (the arrays are not read)."""
+    with np.load(path) as data:
+        meta = json.loads(bytes(data["meta"]).decode())
+    if not isinstance(meta, dict):
+        raise ValueError("its meta is not a JSON object")
+    return meta
+
+
+def read(path: str | os.PathLike, what: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """(meta, arrays) of a file `write` wrote; an `InputError` naming `what` it should have
+    been if it cannot be read whole (a zip member's checksum is checked as it is read)."""
     try:
         with np.load(path) as data:
             meta: dict[str, Any] = json.loads(bytes(data["meta"]).decode())
             arrays = {k: data[k] for k in data.files if k != "meta"}
-    except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:
-        raise InputError(f"{path} is not a saved conversation ({e})") from None
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:
+        raise InputError(f"{path} is not {what} ({e})") from None
+    if not isinstance(meta, dict):
+        raise InputError(f"{path} is not {what} (its meta is not a JSON object)")
+    return meta, arrays
+
+
+def load(session: ChatSession, path: str | os.PathLike) -> None:
+    meta, arrays = read(path, "a saved conversation")
     if meta.get("format") != FORMAT or meta.get("version") != VERSION:
         raise InputError(
             f"{path} is format {meta.get('format')} version {meta.get('version')}; this "

@@ -10,7 +10,8 @@ One round (`speculative_round`), in order:
   3. submit   the verifier scores [last, d_1..d_γ] (locally: at once; remotely: sent)
   4. ahead    while a remote answer is in flight, keep drafting as if every draft were
               accepted (PEARL / SpecEdge style): d_{γ+1} guesses the verifier's next token
-  5. accept   the verdict: d_1..d_n accepted, then the target's token t
+  5. accept   the verdict: d_1..d_n accepted, then the target's token t (a token tree:
+              d_1..d_n the root path it kept, `Verdict.tree_path`)
   6. truncate verifier and drafter caches to the accepted prefix (a length change, in
               `finally`, so a failing round leaves them as they were); drafts made ahead are
               kept only if n = γ and t = d_{γ+1}
@@ -20,8 +21,10 @@ allows) are taken as drafts that need no drafter and that acceptance cannot refu
 of them that ends the output (the grammar's end-of-sequence) ends it with no verifier call;
 drafts the grammar forbids (a lookup's) are cut before they are submitted.
 Each yielded `Step` carries the tokens a round produced and its `RoundStats`; the caller
-feeds the stats back to the policy. Greedy output equals the target's own greedy output,
-and sampled output follows the target's distribution, whatever the drafter proposes.
+feeds the stats back to the policy. A drafter that learns from the target's logits (Token
+Recycling) is shown the rows a local verifier scored once the verdict is in. Greedy output
+equals the target's own greedy output, and sampled output follows the target's
+distribution, whatever the drafter proposes.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ import numpy as np
 from edgespec.runtime.constraints import Constraint
 from edgespec.runtime.draft_q import SCALE, SparseQ
 from edgespec.runtime.policies import DraftLengthPolicy
-from edgespec.runtime.round import Drafter, Plan, Proposal, Verifier
+from edgespec.runtime.round import Drafter, LearnsFromVerify, Plan, Proposal, Verifier
 from edgespec.runtime.sampling import SamplingParams
 from edgespec.runtime.stats import RoundStats, Step
 
@@ -148,6 +151,8 @@ def speculative_round(
             else:
                 ahead = Ahead(ahead.tokens[len(forced) :], ahead.q[len(forced) :], ahead.seconds)
         proposal = _draft(drafter, plan, [*seq, *forced], ahead, params, rng)
+        if proposal.tree is not None and (constraint is not None or forced):
+            proposal = replace(proposal, tree=None, tree_q=None)  # its main path, masked
         if constraint is not None:
             proposal = _within_grammar(constraint, drafter, [*seq, *forced], proposal)
         proposal = _with_forced(forced, proposal)
@@ -172,10 +177,15 @@ def speculative_round(
         # 5. accept
         verdict = pending.result()
         n, token = verdict.accepted, verdict.token
+        drafts = proposal.tokens[:n] if verdict.tree_path is None else verdict.tree_path
+        if verdict.tree_path is not None:
+            g = pending.sent  # every node of the tree was verified
         valid = base + n
         if n == g and nxt.tokens and nxt.tokens[0] == token and not verdict.streamed:
             share = (len(nxt.tokens) - 1) / len(nxt.tokens)
             kept = Ahead(nxt.tokens[1:], nxt.q[1:], nxt.seconds * share)
+        if verdict.rows is not None and isinstance(drafter, LearnsFromVerify):
+            drafter.observe_verify(verdict.rows.inputs, verdict.rows.logits)
     finally:
         # 6. truncate the caches to seq + d_1..d_n (a length change, never a copy)
         verifier.truncate(valid)
@@ -198,7 +208,7 @@ def speculative_round(
         catchup_seconds=proposal.catchup_seconds,
         forced=f,
     )
-    return [*proposal.tokens[:n], *streamed, token], verdict.fill(stats), kept
+    return [*drafts, *streamed, token], verdict.fill(stats), kept
 
 
 def _within_grammar(

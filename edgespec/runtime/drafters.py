@@ -7,7 +7,8 @@
                      KV and hidden states are the target's, so verification runs only
                      `tail@k` and never recomputes layers 0..k-1 (LayerSkip-style reuse)
   LookupDrafter      model-free: continues an n-gram of the recent text where it occurred
-                     earlier in the prompt or output (prompt lookup)
+                     earlier in the prompt or output (prompt lookup); as a tree, the last
+                     few places it occurred are its branches
   Chain              drafters tried in order (`lookup+draft`): the first that proposes wins
 
 A drafter sees the committed sequence (prompt + output so far) and feeds itself whatever it
@@ -25,11 +26,26 @@ from time import perf_counter
 import numpy as np
 
 from edgespec.runtime.constraints import Constraint
-from edgespec.runtime.draft_q import DEFAULT_SUPPORT, DraftSupport, SparseQ, from_logits
+from edgespec.runtime.draft_q import (
+    DEFAULT_SUPPORT,
+    SCALE,
+    DraftSupport,
+    SparseQ,
+    from_logits,
+)
 from edgespec.runtime.graph_protocol import Graph
-from edgespec.runtime.round import Drafter, Plan, Proposal, TailInput, empty_proposal
+from edgespec.runtime.round import (
+    Drafter,
+    LearnsFromVerify,
+    Plan,
+    Proposal,
+    TailInput,
+    empty_proposal,
+)
 from edgespec.runtime.sampling import SamplingParams
 from edgespec.runtime.stack import Stack, pad_call
+from edgespec.runtime.tree import TokenTree
+from edgespec.runtime.tree_draft import merged_paths
 
 
 def _pick(
@@ -66,10 +82,21 @@ def draft_tokens(
     """Run a drafting model one token at a time: `step(feed)` processes the new ids and
     returns the next-token logits; `allowed(drafts)`, under a grammar, the tokens it allows
     after the drafts so far. Returns (drafts, their q if sampling, the last feed, which the
-    model has not processed yet)."""
+    model has not processed yet). Where the grammar allows one token only, that token is
+    the draft (its masked distribution is a point mass there) and the model does not step:
+    it takes the token with the next step's feed, one forward for the whole run."""
     tokens: list[int] = []
     qs: list[SparseQ] = []
     while len(tokens) < plan.length:
+        if allowed is not None:
+            mask = allowed(tokens)
+            if np.count_nonzero(mask) == 1:
+                only = int(mask.argmax())
+                tokens.append(only)
+                if not params.greedy:
+                    qs.append(SparseQ(np.array([only], np.int32), np.array([SCALE])))
+                feed = [*feed, only]
+                continue
         logits = step(feed)
         if allowed is not None:
             logits = np.where(allowed(tokens)[: logits.shape[-1]], logits, -np.inf)
@@ -257,9 +284,10 @@ class LookupDrafter:
     drafts_ahead = False
     name = "lookup"
 
-    def __init__(self, max_ngram: int = 3, min_ngram: int = 2) -> None:
-        self.max_ngram, self.min_ngram = max_ngram, min_ngram
-        self.last_end: dict[tuple[int, ...], int] = {}
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 2, branches: int = 4) -> None:
+        self.max_ngram, self.min_ngram, self.branches = max_ngram, min_ngram, branches
+        # where each n-gram ended, the last `branches` times (most recent last)
+        self.ends: dict[tuple[int, ...], list[int]] = {}
         self.indexed = 0
 
     def begin(
@@ -272,7 +300,7 @@ class LookupDrafter:
         # the index covers the last sequence up to `indexed`: still exact if the prompt
         # shares all of it (a conversation's next turn), else rebuilt (lazily, in propose)
         if cached < self.indexed:
-            self.last_end, self.indexed = {}, 0
+            self.ends, self.indexed = {}, 0
 
     def source(self, seq: list[int]) -> str | None:
         return self.name if self._match(seq) is not None else None
@@ -289,19 +317,32 @@ class LookupDrafter:
 
     def _match(self, seq: list[int]) -> int | None:
         """Where the longest recent n-gram last ended before, or None."""
+        ends = self._matches(seq)
+        return ends[-1] if ends else None
+
+    def _matches(self, seq: list[int]) -> list[int]:
+        """Where the longest recent n-gram ended before, its last few times (oldest first)."""
         self._index(seq, upto=len(seq) - 1)  # n-grams ending before the current last token
         for n in range(self.max_ngram, self.min_ngram - 1, -1):
-            end = self.last_end.get(tuple(seq[-n:])) if len(seq) > n else None
-            if end is not None:
-                return end
-        return None
+            ends = self.ends.get(tuple(seq[-n:])) if len(seq) > n else None
+            if ends:
+                return ends
+        return []
 
     def _index(self, seq: list[int], upto: int) -> None:
         for end in range(self.indexed, upto):
             for n in range(self.min_ngram, self.max_ngram + 1):
                 if end + 1 >= n:
-                    self.last_end[tuple(seq[end + 1 - n : end + 1])] = end
+                    ends = self.ends.setdefault(tuple(seq[end + 1 - n : end + 1]), [])
+                    ends.append(end)
+                    del ends[: -self.branches]
         self.indexed = max(self.indexed, upto)
+
+    def propose_tree(self, seq: list[int], budget: int, max_depth: int) -> TokenTree:
+        """The continuations of the longest n-gram's last few matches, merged where they agree
+        (a node's score: the share of matches through it; ties: the most recent first)."""
+        ends = self._matches(seq)[::-1]
+        return merged_paths([seq[e + 1 : e + 1 + max_depth] for e in ends], budget, max_depth)
 
     def commit(self, valid: int) -> None:
         pass
@@ -340,6 +381,11 @@ class Chain:
                 break
             seconds = proposal.seconds
         return proposal
+
+    def observe_verify(self, inputs: list[int], logits: np.ndarray) -> None:
+        for d in self.drafters:
+            if isinstance(d, LearnsFromVerify):
+                d.observe_verify(inputs, logits)
 
     def commit(self, valid: int) -> None:
         for d in self.drafters:

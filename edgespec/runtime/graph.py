@@ -46,6 +46,7 @@ ORT_TYPES = {
     "tensor(float16)": "float16",
     "tensor(int64)": "int64",
     "tensor(int32)": "int32",
+    "tensor(bool)": "bool",
 }
 
 

@@ -95,6 +95,29 @@ class KVCache:
             raise ValueError(f"cannot truncate a cache of length {self.length} to {length}")
         self.length = length
 
+    def keep_rows(self, start: int, rows: list[int]) -> None:
+        """Positions start + rows[j] move to start + j, and the length becomes
+        start + len(rows): a verified token tree's accepted path, its nodes' rows in feed
+        order (`rows` ascending), kept as a chain of them would have left the cache. Rows
+        already in place are not copied: a chain's path is a length change."""
+        if any(b <= a for a, b in zip(rows, rows[1:], strict=False)) or (rows and rows[0] < 0):
+            raise ValueError(f"rows to keep must ascend from 0 or more, got {rows}")
+        if start + (rows[-1] if rows else -1) >= self.length:
+            raise ValueError(f"row {start + rows[-1]} is past the cache's {self.length}")
+        moved = [j for j, r in enumerate(rows) if r != j]
+        if moved:
+            src = np.asarray([start + rows[j] for j in moved])
+            dst = np.asarray([start + j for j in moved])
+            if self.device is None:
+                for buf in self.keys + self.values:
+                    buf[:, :, dst] = buf[:, :, src]  # fancy indexing reads before it writes
+            else:  # through host memory (a device cache)
+                for value in self.bound.values():
+                    host = value.numpy()
+                    host[:, :, dst] = host[:, :, src]
+                    value.update_inplace(host)
+        self.length = start + len(rows)
+
 
 def _names(layers: list[int]) -> list[str]:
     return [f"{kind}.{i}" for i in layers for kind in ("key", "value")]

@@ -15,10 +15,12 @@ import numpy as np
 
 from edgespec.runtime.accept import accept
 from edgespec.runtime.constraints import Constraint
-from edgespec.runtime.round import Done, Proposal, Verdict
+from edgespec.runtime.round import Done, Proposal, ScoredRows, Verdict
 from edgespec.runtime.sampling import SamplingParams, next_token
 from edgespec.runtime.stack import Stack
 from edgespec.runtime.stats import RoundStats
+from edgespec.runtime.tree_accept import accept_tree
+from edgespec.runtime.tree_verify import tree_feed
 
 
 class LocalVerifier:
@@ -59,6 +61,8 @@ class LocalVerifier:
     ) -> Done:
         start = perf_counter()
         g = len(proposal.tokens)
+        if proposal.tree is not None and proposal.tail is None and self.target.verifies_trees:
+            return self._submit_tree(seq, proposal, params, rng, start)
         if proposal.tail is not None:
             logits = self.target.forward_tail(proposal.tail.tail, proposal.tail.hidden, g + 1)
         else:
@@ -68,7 +72,32 @@ class LocalVerifier:
             logits = self.constraint.mask_rows(logits, seq, proposal.tokens)
         n, token = accept(proposal.tokens, proposal.q, logits, params, rng)
         head = proposal.tail.head_seconds if proposal.tail is not None else 0.0
-        return Done(Verdict(n, token, perf_counter() - start + head), g)
+        rows = ScoredRows([seq[-1], *proposal.tokens], logits)
+        return Done(Verdict(n, token, perf_counter() - start + head, rows=rows), g)
+
+    def _submit_tree(
+        self,
+        seq: list[int],
+        proposal: Proposal,
+        params: SamplingParams,
+        rng: np.random.Generator,
+        start: float,
+    ) -> Done:
+        """Score every node of the proposal's tree in one forward, accept a root path, and
+        leave the cache holding seq + that path (its rows gathered into place)."""
+        tree = proposal.tree
+        assert tree is not None
+        ids, positions, mask = tree_feed(seq[-1], tree, len(seq))
+        logits = self.target.forward_tree(ids, positions, mask, keep=len(ids))
+        q = proposal.tree_q if proposal.kind == "sampled" else None
+        path, token = accept_tree(tree, q, logits, params, rng)
+        assert self.target.cache is not None
+        self.target.cache.keep_rows(len(seq), path)  # node i's row is len(seq) + i
+        tokens = [tree.tokens[i] for i in path]
+        # each row scores what follows its own token: Token Recycling learns from every node
+        rows = ScoredRows([seq[-1], *tree.tokens], logits)
+        verdict = Verdict(len(path), token, perf_counter() - start, tree_path=tokens, rows=rows)
+        return Done(verdict, len(tree))
 
     def catch_up(self, seq: list[int], capacity: int, synced: int) -> int:
         """Bring the cache to hold seq[:-1] from its first `synced` tokens (-1: a new cache);

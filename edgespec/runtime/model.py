@@ -75,7 +75,8 @@ class Model:
 
         mode: "ar" | "spec" (the bundle's draft model) | "self-spec" (early exit at
         `exit_layer`, default the deepest exported; "dynamic-exit" policy picks per round) |
-        "lookup" (prompt lookup) | "split" (verify on `server`). drafter: any mode's drafter
+        "lookup" (prompt lookup) | "suffix" (SuffixDecoding) | "recycle" (Token Recycling) |
+        "split" (verify on `server`). drafter: any mode's drafter
         by name, chains such as "lookup+draft" included (`runtime.registry`). draft_policy
         default: "auto" (speculates only while it is measured to win; split: channel-aware).
         static / coreml: run the bundle's fixed-shape (NPU) graphs or Core ML packages; a

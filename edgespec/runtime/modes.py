@@ -19,5 +19,7 @@ MODES: dict[str, ModeDefaults] = {
     "spec": ModeDefaults("draft", "auto"),
     "self-spec": ModeDefaults("exit", "auto"),
     "lookup": ModeDefaults("lookup", "auto"),
+    "suffix": ModeDefaults("suffix", "auto"),  # SuffixDecoding (runtime/suffix.py)
+    "recycle": ModeDefaults("recycle", "auto"),  # Token Recycling (runtime/recycling.py)
     "split": ModeDefaults("", "placement"),  # drafter: the best the bundle has
 }

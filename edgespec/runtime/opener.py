@@ -24,6 +24,7 @@ from edgespec.runtime.graph import GraphSession, session_options
 from edgespec.runtime.graph_protocol import Graph
 from edgespec.runtime.static import StaticGraphSession
 from edgespec.runtime.tokenizer import Tokenizer
+from edgespec.runtime.tree_verify import TreeGraph, TreeGraphSession
 
 
 @dataclass
@@ -72,6 +73,8 @@ class BundleGraphs:
 
     def _open(self, role: str) -> Graph:
         m = self.manifest
+        if role.startswith("tree:"):  # see open_tree
+            return self._open_tree(role.removeprefix("tree:"))
         if self.options.coreml:
             variants = m.coreml
             assert variants is not None
@@ -92,6 +95,39 @@ class BundleGraphs:
             )
         graph = m.graph(role)
         return GraphSession(
+            self.folder,
+            graph,
+            m.model_info(graph),
+            self._providers,
+            self._session_options,
+            self.kv_dtype,
+        )
+
+    def open_tree(self, role: str) -> TreeGraph:
+        """role -> its tree-verification twin (opened once, as `open` opens a role), or a
+        BundleError saying why this bundle, or these graphs, cannot verify token trees."""
+        if self.options.coreml:
+            raise BundleError(
+                "Core ML packages cannot verify token trees: their attention has no "
+                "mask input; drop the tree drafter, or run the ONNX graphs"
+            )
+        if self.options.static:  # their position and mask inputs take a tree as it is
+            static = self.open(role)
+            assert isinstance(static, StaticGraphSession)
+            return static
+        session = self.open(f"tree:{role}")
+        assert isinstance(session, TreeGraphSession)
+        return session
+
+    def _open_tree(self, role: str) -> TreeGraphSession:
+        m = self.manifest
+        graph = next((g for g in m.tree_graphs if g.role == role), None)
+        if graph is None:
+            raise BundleError(
+                f"bundle {self.folder} has no tree-verification graph for '{role}'; "
+                "re-export it with `edgespec export MODEL --out FOLDER --tree-verify`"
+            )
+        return TreeGraphSession(
             self.folder,
             graph,
             m.model_info(graph),

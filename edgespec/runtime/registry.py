@@ -1,19 +1,18 @@
 """The one name table: every user-facing choice, spelled the same in the Python API, the CLI
 and split mode, mapped to what implements it; conflicting choices are refused here, once.
 
-  modes      ar | spec | self-spec | lookup | split: defaults for the three choices below
-  drafters   none | draft | exit:K ("exit": the default exit) | lookup, and chains joined
-             by "+" (`lookup+draft`: prompt lookup first, the draft model where it finds
-             nothing), in every mode
+  modes      ar | spec | self-spec | lookup | suffix | recycle | split: defaults below
+  drafters   none | draft | exit:K ("exit": the default exit) | lookup | suffix | recycle,
+             and chains joined by "+" (`lookup+draft`: prompt lookup first, the draft
+             model where it finds nothing), in every mode
   verifiers  full | exit:K (head@K then tail@K) on the device; split mode verifies on the
              server (`remote`), falling back to `full` when the link fails
   policies   fixed:N | confidence:T | acceptance | auto | dynamic-exit | channel-aware[:J]
 
 `build(graphs, config)` turns a `LoadConfig` into a `Decoder`: the (verifier, drafter, policy)
-of one generation loop, with the local target and the split link it holds named as fields.
-Every build has caches, estimates and a server connection of its own over the graph
-sessions `graphs` opened once: a conversation is a second build (`runtime.chat`).
-"""
+of one generation loop, naming the local target and split link it holds. Each build has its
+own caches, estimates and server connection over the sessions `graphs` opened once: a
+conversation is a second build (`runtime.chat`)."""
 
 from __future__ import annotations
 
@@ -50,9 +49,12 @@ from edgespec.runtime.policies import (
     FixedLength,
     PerSource,
 )
+from edgespec.runtime.recycling import RecycleTable, RecyclingDrafter
 from edgespec.runtime.remote import FallbackVerifier, RemoteVerifier
 from edgespec.runtime.round import Drafter, Verifier
 from edgespec.runtime.stack import Stack
+from edgespec.runtime.suffix import SuffixDrafter, SuffixStore
+from edgespec.runtime.tree_draft import shared
 
 
 @dataclass
@@ -71,7 +73,8 @@ class Decoder:
         return self.split.remote if self.split is not None else None
 
 
-DRAFTERS = ("none", "draft", "exit:K", "lookup")
+MODEL_FREE = ("lookup", "suffix", "recycle")  # deterministic drafts: q is a point mass
+DRAFTERS = ("none", "draft", "exit:K", "lookup", "suffix", "recycle")
 
 
 @dataclass(frozen=True)
@@ -232,6 +235,10 @@ class _Builder:
             return NoDrafter()
         if spec == "lookup":
             return LookupDrafter()
+        if spec == "suffix":  # earlier replies on this bundle: one shared, bounded store
+            return SuffixDrafter(shared(self.graphs, SuffixStore))
+        if spec == "recycle":  # the target's earlier top-k: one shared table
+            return RecyclingDrafter(shared(self.graphs, RecycleTable))
         if spec == "draft":
             return ModelDrafter(Stack([self.open("draft")]), self.config.draft_support)
         if spec.startswith("exit:"):
@@ -250,13 +257,17 @@ class _Builder:
         )
 
     def target(self, spec: str) -> Stack:
-        width = self.config.step_width or self.graphs.manifest.step_width
         if spec == "full":
-            return Stack([self.open("full")], step_width=width)
-        if spec.startswith("exit:"):
+            roles = ["full"]
+        elif spec.startswith("exit:"):
             k = _exit(spec, self.exits, "verifier", check=False)
-            return Stack([self.open(f"head@{k}"), self.open(f"tail@{k}")], step_width=width)
-        raise InputError(f"verifier {spec!r} is not one of: full, exit:K")
+            roles = [f"head@{k}", f"tail@{k}"]
+        else:
+            raise InputError(f"verifier {spec!r} is not one of: full, exit:K")
+        # token trees: the roles' tree-verification twins, opened (or refused) on first use
+        trees = lambda: [self.graphs.open_tree(r) for r in roles]  # noqa: E731
+        width = self.config.step_width or self.graphs.manifest.step_width
+        return Stack([self.open(r) for r in roles], tree_stages=trees, step_width=width)
 
 
 def build(graphs: BundleGraphs, config: LoadConfig) -> Decoder:
@@ -365,7 +376,7 @@ def _split_verifier(b: _Builder, drafter: str) -> FallbackVerifier:
     if m.variant == "shared-backbone":
         fingerprint = hello(m)  # the server checks its target's lower layers against it
     # sampled drafts carry their q (at most this many ids each), except prompt lookup's
-    q_ids = None if drafter == "lookup" else b.config.draft_support.max_ids(m.target.vocab_size)
+    q_ids = None if drafter in MODEL_FREE else b.config.draft_support.max_ids(m.target.vocab_size)
     late = {}
     if c.late_after is not None:  # a fixed deadline instead of the adaptive one
         if isinstance(c.late_after, bool) or not (

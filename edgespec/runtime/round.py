@@ -7,7 +7,9 @@ what a verifier answers.
   Proposal  the drafts and how they were made: `kind` says whether they are the drafter's
             argmax ("greedy"), samples from the rows in `q` ("sampled"), or a deterministic
             guess with no distribution ("point", prompt lookup); `tail` carries the hidden
-            states an early-exit head computed, for a verifier that runs only `tail@k`
+            states an early-exit head computed, for a verifier that runs only `tail@k`;
+            `tree` a token tree (`Proposal.of_tree`) whose main path (first children) is
+            `tokens`: a verifier that verifies trees scores every node, any other the path
   Drafter   begin / source(seq) / propose(seq, plan) / commit: it is told how many tokens
             to propose; `source` names who will propose them (a chain's member), so the
             policy can price each member apart
@@ -16,7 +18,9 @@ what a verifier answers.
             or a prefix when a server's request limit left the rest out), then the verdict
   Verdict   the verifier's answer: accepted count, the target's next token, and timings
             (and, from a server, the channel as the round saw it); a streamed round's
-            verdict carries the tokens the server decoded on its own before `token`
+            verdict carries the tokens the server decoded on its own before `token`; a
+            local one the rows of logits it scored, which a drafter that
+            `LearnsFromVerify` is shown (Token Recycling)
 
 Drafters and verifiers never consult the policy: the decode loop asks it once per round.
 """
@@ -24,7 +28,7 @@ Drafters and verifiers never consult the policy: the decode loop asks it once pe
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Literal, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -33,6 +37,7 @@ from edgespec.runtime.draft_q import SparseQ
 from edgespec.runtime.graph_protocol import Graph
 from edgespec.runtime.sampling import SamplingParams
 from edgespec.runtime.stats import ChannelStats, RoundStats
+from edgespec.runtime.tree import TokenTree
 
 # where a round's tokens are decoded (split mode; a local verifier is always "local"):
 # "split" the device drafts, the server verifies; "stream" the server decodes on its own
@@ -77,10 +82,32 @@ class Proposal:
     tail: TailInput | None = None
     catchup_seconds: float = 0.0  # feeding tokens the drafter had skipped (not in `seconds`)
     where: Where = "split"  # where the policy placed this round (the decode loop sets it)
+    tree: TokenTree | None = None  # several candidates per position; `tokens` its main path
+    tree_q: list[SparseQ] | None = None  # kind "sampled": each node's q (siblings' alike)
 
     @property
     def exit_layer(self) -> int | None:
         return self.tail.exit_layer if self.tail is not None else None
+
+    @classmethod
+    def of_tree(
+        cls,
+        tree: TokenTree,
+        kind: Literal["greedy", "sampled", "point"] = "point",
+        q: list[SparseQ] | None = None,
+        seconds: float = 0.0,
+    ) -> Proposal:
+        """A tree proposal: `tokens` (and `q`) follow its main path, each node's first child
+        from the root down, so a verifier of chains verifies that path alone."""
+        if q is not None and len(q) != len(tree):
+            raise ValueError(f"a tree of {len(tree)} nodes needs one q per node, got {len(q)}")
+        path, node = [], -1
+        while children := tree.children(node):
+            node = children[0]
+            path.append(node)
+        chain_q = [q[i] for i in path] if q is not None else None
+        tokens = [tree.tokens[i] for i in path]
+        return cls(tokens, kind, chain_q, seconds, tree=tree, tree_q=q)
 
 
 def empty_proposal(seconds: float = 0.0) -> Proposal:
@@ -117,6 +144,23 @@ class Drafter(Protocol):
         """Only the first `valid` tokens of the sequence remain valid in the drafter's cache."""
 
 
+@dataclass(frozen=True)
+class ScoredRows:
+    """A verify's target logits: row i scored the token after `inputs[i]` (a chain:
+    [last, d_1..d_g]; a tree: the root, then each node)."""
+
+    inputs: list[int]
+    logits: np.ndarray
+
+
+@runtime_checkable
+class LearnsFromVerify(Protocol):
+    """A drafter that learns from the target's verify logits (Token Recycling)."""
+
+    def observe_verify(self, inputs: list[int], logits: np.ndarray) -> None:
+        """Row i of `logits` is the target's score of the token after `inputs[i]`."""
+
+
 @dataclass
 class Verdict:
     """A verifier's answer to a round: drafts d_1..d_n accepted, then `token`."""
@@ -127,15 +171,22 @@ class Verdict:
     verifier: str = "local"  # "local" | "remote" | "stream" | "device" (RoundStats.verifier)
     resync: bool = False  # a new server session answered: the round's drafts were void
     channel: ChannelStats | None = None  # from a server: the channel as this round saw it
+    # the rows the target scored, when the verifier has them (local graphs): a drafter
+    # that learns from them reads them, nobody writes them
+    rows: ScoredRows | None = None
     # a streamed round: tokens the server decoded on its own, before `token` (accepted = 0:
     # the round's drafts, if any, are void)
     streamed: tuple[int, ...] = ()
-    server_busy: bool = False  # the server refused to stream ("verify only")
+    server_busy: bool = False  # the server refused to stream ("verify only") or shed it
+    stream_rate: float | None = None  # a START's answer: its streams' tokens/s (0: none yet)
+    # a verified token tree: the accepted root path's tokens (d_1..d_n are not the
+    # proposal's `tokens` then); None: the verifier verified `tokens`
+    tree_path: list[int] | None = None
 
     def fill(self, stats: RoundStats) -> RoundStats:
         stats.verifier = self.verifier
         stats.reconnected = self.resync  # counted as GenerationStats.reconnects
-        stats.server_busy = self.server_busy
+        stats.server_busy, stats.stream_rate = self.server_busy, self.stream_rate
         if self.channel is not None:
             stats.set_channel(self.channel)
         return stats

@@ -27,6 +27,7 @@ import numpy as np
 
 from edgespec.runtime.graph_protocol import Graph
 from edgespec.runtime.kv_cache import KVCache
+from edgespec.runtime.tree_verify import TreeGraph
 
 G = TypeVar("G", bound=Graph)
 
@@ -57,8 +58,18 @@ def run_stages(
 
 
 class Stack:
-    def __init__(self, stages: list[Graph], logits: str = "logits", step_width: int = 1) -> None:
+    def __init__(
+        self,
+        stages: list[Graph],
+        logits: str = "logits",
+        tree_stages: Callable[[], list[TreeGraph]] | None = None,
+        step_width: int = 1,
+    ) -> None:
         self.stages = stages
+        # opens the stages' tree-verification twins on first use (`forward_tree`); None: the
+        # bundle has none (or they were not asked for)
+        self._open_tree = tree_stages
+        self._tree: list[TreeGraph] | None = None
         self.logits = logits  # "exit_logits" for a head@k run on its own
         self.cache: KVCache | None = None
         model = stages[-1].model
@@ -124,6 +135,37 @@ class Stack:
         out = run_stages(self.stages, feed[None, :], call)
         cache.length += len(ids)
         return out[self.logits][0][wanted]
+
+    def forward_tree(
+        self, ids: np.ndarray, positions: np.ndarray, mask: np.ndarray, keep: int
+    ) -> np.ndarray:
+        """`forward` for the token tree `tree_verify.tree_feed` laid out: ids [S] at
+        `positions`, each seeing the cache and the new positions `mask` allows."""
+        cache = self.cache
+        assert cache is not None, "call reset() first"
+        if self._tree is None:
+            if self._open_tree is None:
+                raise ValueError("these graphs cannot verify token trees")
+            self._tree = self._open_tree()
+        n = len(ids)
+        pad, rows, wanted = pad_call(n, keep, self.step_width)
+        if pad:  # a copy of the last node, seeing what it sees and itself; no node sees it
+            ids, positions = np.append(ids, ids[-1]), np.append(positions, positions[-1])
+            grown = np.zeros((n + 1, n + 1), bool)
+            grown[:n, :n], grown[n, :n], grown[n, n] = mask, mask[n - 1], True
+            mask = grown
+
+        def call(stage: TreeGraph, x: dict, last: bool) -> dict:
+            k = rows if last else 0
+            return stage.run_tree(cache, cache.length, positions, mask, keep=k, **x)
+
+        out = run_stages(self._tree, ids[None, :], call)
+        cache.length += n
+        return out[self.logits][0][wanted]
+
+    @property
+    def verifies_trees(self) -> bool:
+        return self._open_tree is not None
 
     def forward_tail(self, tail: Graph, hidden: np.ndarray, keep: int) -> np.ndarray:
         """Logits for hidden states [S, H] that a head already computed (its layers' KV are in

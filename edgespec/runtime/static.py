@@ -106,6 +106,38 @@ class StaticGraphSession:
             for name, rows in parts.items()
         }
 
+    def run_tree(
+        self,
+        cache: KVCache,
+        past: int,
+        positions: np.ndarray,
+        mask: np.ndarray,
+        *,
+        input_ids: np.ndarray | None = None,
+        hidden: np.ndarray | None = None,
+        keep: int = 1,
+    ) -> dict[str, np.ndarray]:
+        """`run` for a token tree (`tree_verify.tree_feed`): S new positions at `positions`,
+        each seeing the cache and the new positions `mask` [S, S] allows, in one call of the
+        narrowest graph that takes them all (the graphs' own position and mask inputs)."""
+        given = input_ids if input_ids is not None else hidden
+        assert given is not None, "pass input_ids or hidden"
+        s = given.shape[1]
+        call = next((c for c in self.calls if c.width >= s), None)
+        if call is None:
+            raise ValueError(
+                f"a token tree of {s} positions is wider than the static graphs' widest verify "
+                f"width {self.width}: draft smaller trees, or re-export with a larger "
+                "`--verify-width`"
+            )
+        if cache.capacity != self.fixed_capacity or past + s > self.fixed_capacity:
+            raise ValueError(f"static context full: {past + s} > {self.fixed_capacity}")
+        outputs = call(cache, past, given[0], (positions, mask))
+        return {
+            name: outputs[name][:, (0 if name == "hidden" else s - keep) : s].copy()
+            for name in self.output_names
+        }
+
 
 class _FixedWidth:
     """One static graph of width W: its session, buffers bound once, and one call."""
@@ -170,9 +202,17 @@ class _FixedWidth:
             )
         self._bound_cache = cache
 
-    def __call__(self, cache: KVCache, past: int, chunk: np.ndarray) -> dict[str, np.ndarray]:
+    def __call__(
+        self,
+        cache: KVCache,
+        past: int,
+        chunk: np.ndarray,
+        tree: tuple[np.ndarray, np.ndarray] | None = None,
+    ) -> dict[str, np.ndarray]:
         """One call for up to W positions starting at `past`; the real new keys/values are
-        copied into the cache; returns the output buffers (overwritten by the next call)."""
+        copied into the cache; returns the output buffers (overwritten by the next call).
+        `tree`: the chunk's positions and [n, n] mask among its new positions (a token tree)
+        instead of consecutive positions and a causal mask."""
         if cache is not self._bound_cache or self._rebind:
             self._bind(cache)
         n, w, c = len(chunk), self.width, self.capacity
@@ -183,10 +223,15 @@ class _FixedWidth:
         mask[:n, :past] = 0.0  # real rows see the valid cache ...
         mask[:n, past:c] = MASKED  # ... and nothing beyond it
         mask[n:, :c] = MASKED  # padding rows see no cache (only new columns, never kept)
+        if tree is not None:
+            self._positions[0, :n] = tree[0]
+            mask[:n, c : c + n] = np.where(tree[1], 0.0, MASKED)
         if self._rebind:
             for name, value in self._inputs.items():
                 self._io.bind_ortvalue_input(name, value)
         self.session.run_with_iobinding(self._io)
+        if tree is not None:  # the causal mask back for the next call
+            mask[:n, c : c + n] = np.where(np.tri(n, dtype=bool), 0.0, MASKED)
         for keys, values, new_k, new_v in self._slots:
             keys[:, :, past : past + n] = new_k[:, :, :n]
             values[:, :, past : past + n] = new_v[:, :, :n]

@@ -13,9 +13,10 @@ them. Formats, by what the template writes:
              or `; ` between calls allowed)
   pythonic   Gemma (and Llama 3.2's alternative): `[get_weather(city="Paris"), ..]` or a
              ```tool_code``` block of such calls; arguments are Python literals
-A reply that does not parse as calls is content, never an error. `ToolStream` does the same
-on streamed text: content is released as it comes except what may open a call, and each call
-is released whole once its text is complete (OpenAI's deltas: index, id, name, arguments).
+A reply that does not parse as calls is content, never an error. A call's `arguments` is the
+text the model wrote for its arguments object (as OpenAI sends it; a JSON string's value when
+the model wrote one), checked to be a JSON object; `runtime.tool_stream` streams the same text
+in pieces as it decodes.
 `required_grammar` builds the llguidance grammar (Lark with inline JSON schemas) that makes
 the reply one or more calls of the given tools in the family's format, the arguments valid
 against each tool's parameters schema.
@@ -27,11 +28,13 @@ import ast
 import json
 import re
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from edgespec.runtime import partial_json
 from edgespec.runtime.grammar import JSON_OPTIONS, Grammar, from_lark, from_response_format
+from edgespec.runtime.partial_json import Node
 
 TokenId = Callable[[str], "int | None"]
 
@@ -91,35 +94,79 @@ def check_tools(tools: Any) -> dict[str, dict]:
 
 
 # -- reading calls ------------------------------------------------------------------------
-def _call(obj: Any, args_key: str = "arguments") -> ToolCall:
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+def _call(node: Node, text: str) -> ToolCall:
+    """A complete call object: {"name": .., "arguments" | "parameters": {..}}, or OpenAI's
+    {"type": "function", "function": {..}}."""
+    name, args, ident = call_parts(node, text)
+    if name is None or not node.done:
         raise ValueError("not a call")
-    if isinstance(obj.get("function"), dict):  # {"type": "function", "function": {...}}
-        return _call(obj["function"])
-    args = obj.get(args_key, obj.get("arguments", obj.get("parameters", {})))
-    if isinstance(args, str):
-        args = json.loads(args)
-    if not isinstance(args, dict):
+    arguments = arguments_text(args, text, done=True)
+    if arguments is None or not isinstance(json.loads(arguments), dict):
         raise ValueError("arguments are not an object")
-    return ToolCall(obj["name"], json.dumps(args, ensure_ascii=False), str(obj.get("id") or ""))
+    return ToolCall(name, arguments, ident)
 
 
-def _json_values(text: str) -> list[Any]:
-    """Consecutive JSON values in text (separated by whitespace, `;` or `,`)."""
-    dec, i, out = json.JSONDecoder(), 0, []
-    while True:
-        while i < len(text) and text[i] in " \t\r\n;,":
-            i += 1
-        if i >= len(text):
-            return out
-        value, i = dec.raw_decode(text, i)
-        out.append(value)
+def call_parts(node: Node, text: str) -> tuple[str | None, Node | None, str]:
+    """(name once complete, the arguments' node, the id) of a call object read so far."""
+    if node.kind != "object":
+        raise ValueError("not a call")
+    wrapped = node.members.get("function")
+    if wrapped is not None and wrapped.kind == "object":
+        return call_parts(wrapped, text)
+    name = node.members.get("name")
+    if name is not None and name.done and not isinstance(name.value, str):
+        raise ValueError("a call's name is not a string")
+    args = node.members.get("arguments", node.members.get("parameters"))
+    ident = node.members.get("id")
+    return (
+        name.value if name is not None and name.done else None,
+        args,
+        str(ident.value) if ident is not None and ident.done and ident.value else "",
+    )
+
+
+def arguments_text(args: Node | None, text: str, done: bool) -> str | None:
+    """The arguments' text so far: an object's own text (growing as it streams), a string's
+    value once complete, "{}" for a complete call without arguments; None: not yet known."""
+    if args is None:
+        return "{}" if done else None
+    if args.kind == "object":
+        return args.text(text)
+    if args.kind == "string":
+        return args.value if args.done else None
+    raise ValueError("arguments are not an object")
+
+
+def call_nodes(text: str) -> list[Node]:
+    """The call objects of a calls text: a JSON array of them, or consecutive objects."""
+    nodes = partial_json.values(text)
+    return nodes[0].items if len(nodes) == 1 and nodes[0].kind == "array" else nodes
 
 
 def _listed(text: str) -> list[ToolCall]:
-    values = _json_values(text)
-    items = values[0] if len(values) == 1 and isinstance(values[0], list) else values
-    return [_call(v) for v in items]
+    nodes = partial_json.values(text)
+    if not all(n.done for n in nodes):
+        raise ValueError("the calls' text is cut short")
+    return [_call(n, text) for n in call_nodes(text)]
+
+
+def calls_texts(text: str, style: str, final: bool = True) -> list[str]:
+    """The texts holding a reply's JSON calls, in order (hermes: one per block); while
+    streaming (not final) without what may be the start of a block's closing tag."""
+    if style == "hermes":
+        blocks = re.findall(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", text, re.S)
+        if blocks and not final and not text.rstrip().endswith("</tool_call>"):
+            last = blocks[-1]
+            blocks[-1] = last[: len(last) - partial_prefix(last, "</tool_call>")]
+        return blocks
+    if style in ("mistral", "phi4"):
+        opener = OPENERS[style]
+        assert opener is not None
+        if opener not in text:
+            return []
+        rest = text.split(opener, 1)[1]
+        return [("[" if style == "phi4" else "") + rest.strip()]
+    return [text.strip().removeprefix("<|python_tag|>")]
 
 
 def _pythonic(text: str) -> list[ToolCall]:
@@ -144,20 +191,17 @@ def parse(text: str, style: str) -> tuple[str | None, list[ToolCall]]:
     """(content, calls) of a whole reply; a reply that is not calls is all content."""
     try:
         if style == "hermes":
-            blocks = re.findall(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", text, re.S)
-            calls = [c for b in blocks for c in _listed(b)]
+            calls = [c for b in calls_texts(text, style) for c in _listed(b)]
             content = text.split("<tool_call>", 1)[0].strip()
         elif style in ("mistral", "phi4"):
             opener = OPENERS[style]
             assert opener is not None
             if opener not in text:
                 return text, []
-            content, rest = text.split(opener, 1)
-            if style == "phi4":
-                rest = "[" + rest
-            calls, content = _listed(rest.strip()), content.strip()
+            calls = [c for b in calls_texts(text, style) for c in _listed(b)]
+            content = text.split(opener, 1)[0].strip()
         elif style == "llama3":
-            body = text.strip().removeprefix("<|python_tag|>")
+            (body,) = calls_texts(text, style)
             calls, content = _listed(body) if body.startswith("{") else [], ""
         else:
             body = text.strip()
@@ -167,84 +211,15 @@ def parse(text: str, style: str) -> tuple[str | None, list[ToolCall]]:
                     calls = _pythonic(body)
                 except (ValueError, SyntaxError):
                     calls = _listed(body)  # calls written as JSON objects
-    except (ValueError, SyntaxError, json.JSONDecodeError, TypeError, AssertionError):
+    except (ValueError, SyntaxError, TypeError, AssertionError, RecursionError):
         return text, []
     if not calls:
         return text, []
     return content or None, calls
 
 
-class ToolStream:
-    """Streamed reply text in, ("content", text) / ("call", ToolCall) events out."""
-
-    def __init__(self, style: str) -> None:
-        self.style, self.opener = style, OPENERS[style]
-        self.held = ""
-        self.in_calls = False
-        self.emitted = 0  # calls already released
-        self.all_calls = style in ("llama3", "pythonic")  # such a reply is calls or content
-
-    def push(self, text: str, final: bool = False) -> Iterator[tuple[str, Any]]:
-        self.held += text
-        if self.all_calls:
-            # hold a reply that may be calls whole; anything else is content at once
-            looks = self.held.lstrip()[:1] in ("{", "[", "`", "<", "")
-            if not looks and self.emitted == 0 and not self.in_calls:
-                yield "content", self.held
-                self.held, self.all_calls = "", False
-                return
-            if final:
-                content, calls = parse(self.held, self.style)
-                if calls:
-                    yield from (("call", c) for c in calls)
-                else:
-                    yield "content", self.held
-                self.held = ""
-            return
-        if self.opener is None or not self.in_calls:
-            cut = self.held.find(self.opener) if self.opener else -1
-            if cut < 0:
-                keep = 0 if final or not self.opener else _partial(self.held, self.opener)
-                out, self.held = (
-                    self.held[: len(self.held) - keep],
-                    self.held[len(self.held) - keep :],
-                )
-                if out:
-                    yield "content", out
-                if not final:
-                    return
-            else:
-                before, self.held = self.held[:cut], self.held[cut:]
-                self.in_calls = True
-                if before.strip():
-                    yield "content", before.rstrip()
-        if self.in_calls:
-            yield from self._calls(final)
-
-    def _calls(self, final: bool) -> Iterator[tuple[str, Any]]:
-        """Release calls whose text is complete (a closed block; the end of the reply)."""
-        if self.style == "hermes":
-            closed = self.held.rfind("</tool_call>")
-            text = self.held if final else self.held[: closed + len("</tool_call>")]
-            if closed < 0 and not final:
-                return
-        elif not final:
-            return
-        else:
-            text = self.held
-        _, calls = parse(text, self.style)
-        if not calls and final:
-            yield "content", self.held
-            self.held = ""
-            return
-        for c in calls[self.emitted :]:
-            yield "call", c
-        self.emitted = max(self.emitted, len(calls))
-        if final:
-            self.held = ""
-
-
-def _partial(text: str, opener: str) -> int:
+def partial_prefix(text: str, opener: str) -> int:
+    """Length of the longest end of `text` that begins `opener`."""
     for n in range(min(len(opener) - 1, len(text)), 0, -1):
         if opener.startswith(text[-n:]):
             return n

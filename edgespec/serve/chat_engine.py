@@ -12,6 +12,10 @@ own with the one decode loop: their rounds reach the worker together and share f
 and the worker serves what is queued in arrival order, so a long reply never stalls a short
 one, and no two requests ever touch the same caches. Chunks are handed to the requesting
 event loop; a request whose client went away is closed after its current round.
+With a prefix cache on disk (`disk`, `serve.prefix_cache`), a request whose prompt shares a
+longer prefix with a file than with its conversation's caches has that file's positions put
+into them before it decodes (a restarted server resumes long prompts), and when a request
+ends its conversation's positions are queued to be written (`serve.cache_rows`).
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ from edgespec.runtime.model import Model
 from edgespec.runtime.opener import BundleGraphs
 from edgespec.runtime.registry import MODES
 from edgespec.runtime.round import Verifier
+from edgespec.serve import cache_rows
+from edgespec.serve.prefix_cache import PrefixCache
 
 log = logging.getLogger("edgespec.serve")
 
@@ -122,6 +128,10 @@ class ChatEngine:
         self.stats = EngineStats()
         self.lock = threading.Lock()
         self.stopping = False
+        self.disk: PrefixCache | None = None  # the prefix cache on disk (`keep_on_disk`)
+
+    def keep_on_disk(self, disk: PrefixCache) -> None:
+        self.disk = disk
 
     # -- event-loop side --------------------------------------------------------------------
     @property
@@ -159,6 +169,8 @@ class ChatEngine:
             threads = list(self.threads)
         for t in threads:
             t.join(timeout=30)
+        if self.disk is not None:  # what the requests queued is written before the exit
+            self.disk.close()
 
     def report(self) -> dict[str, Any]:
         s = self.stats
@@ -174,6 +186,7 @@ class ChatEngine:
             "tokens": s.tokens,
             "drafted": s.drafted,
             "accepted": s.accepted,
+            "prefix_cache": self.disk.report() if self.disk else None,
         }
 
     # -- request threads --------------------------------------------------------------------
@@ -202,6 +215,12 @@ class ChatEngine:
 
     def _run(self, job: Job) -> None:
         assert job.session is not None
+        if self.disk is not None:
+            try:
+                self._from_disk(job.session, job.prompt.ids)
+            except Exception:  # the request goes on with what its caches hold
+                log.exception("restoring a prefix from the disk cache failed")
+                job.session.seq = []
         steps = job.session.stream_prompt(job.prompt)
         # the last message goes out only once the session is idle again: a client's next
         # turn, sent the moment this reply ends, must find its conversation's cache free
@@ -224,6 +243,13 @@ class ChatEngine:
             last = ("error", e)
         finally:
             steps.close()
+            if self.disk is not None and job.session.seq:
+                try:  # before the slot is free: no other request may touch its caches yet
+                    snap = cache_rows.snapshot(job.session, self.disk.wants)
+                    if snap is not None:
+                        self.disk.store(snap)
+                except Exception:
+                    log.exception("keeping a conversation in the disk cache failed")
             with self.lock:
                 self.active.remove(job)
                 self.busy.discard(self.sessions.index(job.session))
@@ -232,6 +258,12 @@ class ChatEngine:
                     self._admit()
             if last is not None:
                 self._deliver(job, *last)
+
+    def _from_disk(self, session: ChatSession, ids: list[int]) -> None:
+        assert self.disk is not None
+        hit = self.disk.lookup(ids, session.shared_prefix(ids))
+        if hit is not None:
+            cache_rows.restore(session, hit)
 
     def _count(self, chunk: ChatChunk) -> None:
         s = chunk.stats

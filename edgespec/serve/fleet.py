@@ -30,60 +30,24 @@ import os
 import signal
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import ray
 from ray import serve
+from ray.exceptions import RayActorError
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from edgespec.serve.http import sessions_in_use
 from edgespec.serve.server import create_app, drain, stop
-from edgespec.serve.state import ServerConfig, State, load_state
+from edgespec.serve.state import FleetConfig, ServerConfig, State, load_state
 
 log = logging.getLogger("edgespec.serve")
 
-APP = "edgespec"
 BOARD = "edgespec-board"  # named actor, one per application
 NAMESPACE = "edgespec"
-
-
-@dataclass
-class FleetConfig:
-    replicas: int = 1
-    autoscale: tuple[int, int] | None = None  # (min, max) replicas; overrides `replicas`
-    target_sessions: float | None = None  # autoscaling: sessions per replica (default half full)
-    ray_address: str | None = None  # join this cluster; None: start a local Ray for the command
-    cpus_per_replica: float = 0.5
-    local_cpus: int | None = None  # logical CPUs of the local Ray (default: enough for replicas)
-    object_store_mb: int = 128  # local Ray only: replicas exchange small messages
-    report_period: float = 0.5  # seconds between a replica's reports to the board
-    name: str = APP
-
-    def __post_init__(self) -> None:
-        if self.autoscale is not None:
-            lo, hi = self.autoscale
-            if not 1 <= lo <= hi:
-                raise ValueError(
-                    f"--autoscale {lo}:{hi}: use MIN:MAX with 1 <= MIN <= MAX (e.g. 1:4)"
-                )
-        elif self.replicas < 1:
-            raise ValueError(f"--replicas {self.replicas}: at least 1")
-        if self.cpus_per_replica <= 0:
-            raise ValueError(f"{self.cpus_per_replica} CPUs per replica: must be more than 0")
-
-    @property
-    def most_replicas(self) -> int:
-        return self.autoscale[1] if self.autoscale else self.replicas
-
-
-def parse_autoscale(text: str) -> tuple[int, int]:
-    lo, sep, hi = text.partition(":")
-    if not (sep and lo.isdigit() and hi.isdigit()):
-        raise ValueError(f"--autoscale {text!r}: write MIN:MAX, e.g. 1:4")
-    return int(lo), int(hi)
 
 
 # -- the board: where replicas report and /health reads ------------------------------------
@@ -319,16 +283,29 @@ def application(config: ServerConfig, fleet: FleetConfig) -> serve.Application:
 
 
 # -- the command ---------------------------------------------------------------------------
+RAY_DEFAULTS = {
+    "RAY_SERVE_QUEUE_LENGTH_CACHE_TIMEOUT_S": "0",
+    "RAY_SERVE_QUEUE_LENGTH_RESPONSE_DEADLINE_S": "1",
+    "RAY_SERVE_MAX_QUEUE_LENGTH_RESPONSE_DEADLINE_S": "4",
+    "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "30",
+    "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S": "30",
+}
+
+
 def connect(fleet: FleetConfig) -> bool:
     """Join `fleet.ray_address` or start a local Ray; True if this call started Ray."""
     if ray.is_initialized():
         return False
-    # Ray's router keeps each replica's count of ongoing requests in a cache (10 s by
-    # default) that misses long WebSocket sessions; at 0 it asks the two replicas it picks,
-    # so a new session goes to the one with fewer sessions, never to a full one while
-    # another has room (workers of a local Ray inherit this; on a cluster, set it on
-    # `ray start`)
-    os.environ.setdefault("RAY_SERVE_QUEUE_LENGTH_CACHE_TIMEOUT_S", "0")
+    # Ray's router caches each replica's count of ongoing requests (10 s), which misses long
+    # WebSocket sessions: at 0 it asks the two replicas it picks, so a new session goes to the
+    # one with fewer sessions, never to a full one while another has room. It waits 0.1 s
+    # for their answers, then takes whichever answered: on a CPU saturated by decoding a busy
+    # replica answers late and every session lands on the other, so it waits up to 1 s.
+    # Serve kills a proxy not ready within 5 s or missing 10 s health checks, which on such
+    # a CPU kills healthy proxies at start-up: 30 s. (Workers of a local Ray inherit these;
+    # on a cluster, set them on `ray start`.)
+    for name, value in RAY_DEFAULTS.items():
+        os.environ.setdefault(name, value)
     quiet = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False}
     if fleet.ray_address:
         ray.init(address=fleet.ray_address, namespace=NAMESPACE, **quiet)
@@ -349,10 +326,19 @@ def deploy(
     """Start Serve's proxy at host:port (if Serve is not running yet) and (re)deploy the
     application; returns once its replicas are up. Redeploying with fewer replicas drains
     the ones that go."""
-    serve.start(http_options={"host": host, "port": port})
-    # the board is up before the replicas look for it
-    ray.get(board(fleet.name, fleet.report_period).fleet.remote())
-    serve.run(application(config, fleet), name=fleet.name, route_prefix="/")
+    for attempt in (1, 2):
+        try:
+            serve.start(http_options={"host": host, "port": port})
+            # the board is up before the replicas look for it
+            ray.get(board(fleet.name, fleet.report_period).fleet.remote())
+            serve.run(application(config, fleet), name=fleet.name, route_prefix="/")
+            return
+        except RayActorError as e:
+            # the controller replaced a proxy (or a replica) that was slow to start; Serve
+            # starts a new one, so deploying again once is enough
+            if attempt == 2:
+                raise
+            log.warning("a Serve actor died while the fleet started (%s); deploying again", e)
 
 
 def run(

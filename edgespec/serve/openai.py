@@ -31,7 +31,7 @@ from starlette.routing import Route
 
 from edgespec.runtime.chat import ChatError, ChatReply, Prompt
 from edgespec.runtime.chat_template import ChatTemplateError
-from edgespec.runtime.tools import ToolStream
+from edgespec.runtime.tool_stream import ToolStream
 from edgespec.serve.chat_engine import ChatEngine, Job
 from edgespec.serve.http import BodyError, busy, disconnected, read_body, sessions_admitted
 from edgespec.serve.openai_requests import (
@@ -190,8 +190,9 @@ class _Shape:
         return {**self._base("text_completion"), "choices": [choice]}
 
     def pieces(self, text: str, final: bool = False) -> list[dict[str, Any]]:
-        """The chunks of a piece of reply text: content deltas, and with tools a delta per
-        complete call ({"tool_calls": [{index, id, type, function: {name, arguments}}]})."""
+        """The chunks of a piece of reply text: content deltas, and with tools OpenAI's call
+        deltas: {index, id, type, function: {name, arguments: ""}} when a call's name is
+        complete, then {index, function: {arguments: piece}} as its arguments decode."""
         if self.tools is None:
             return [self.chunk(text, None)] if text else []
         out = []
@@ -199,9 +200,14 @@ class _Shape:
             if what == "content":
                 out.append(self.chunk(value, None))
                 continue
+            if what == "call":
+                delta = value.openai(self.calls)
+                self.calls += 1
+            else:
+                index, piece = value
+                delta = {"index": index, "function": {"arguments": piece}}
             chunk = self.chunk(None, None)
-            chunk["choices"][0]["delta"]["tool_calls"] = [value.openai(self.calls)]
-            self.calls += 1
+            chunk["choices"][0]["delta"]["tool_calls"] = [delta]
             out.append(chunk)
         return out
 

@@ -17,13 +17,16 @@ from starlette.websockets import WebSocket
 from edgespec import protocol as P
 from edgespec.bundle import Manifest
 from edgespec.errors import EdgespecError
+from edgespec.runtime.chat_store import bundle_identity
 from edgespec.runtime.graph import GraphSession
 from edgespec.runtime.kv_cache import KVPool
 from edgespec.runtime.opener import GraphOptions, open_bundle
 from edgespec.runtime.tokenizer import Tokenizer
 from edgespec.serve.auth import Gate
+from edgespec.serve.cache_rows import layouts
 from edgespec.serve.chat_engine import ChatEngine, load_model
 from edgespec.serve.pool_verifier import PoolVerifier
+from edgespec.serve.prefix_cache import PrefixCache
 from edgespec.serve.session import BatchStats, ServerSession, verify_rounds
 from edgespec.serve.streaming import Streams
 from edgespec.serve.worker import Worker
@@ -53,6 +56,12 @@ class ServerConfig:
     draft_policy: str | None = None  # OpenAI endpoints: the mode's policy (default: auto)
     conversations: int = 4  # OpenAI endpoints: conversations decoded at once, each its own cache
     max_streams: int = 4  # split sessions streamed at once (STREAM); 0: verify only
+    cache_dir: str | None = None  # OpenAI endpoints: keep conversations' KV caches here
+    cache_bytes: int = 1 << 30  # at most this much in cache_dir (least recently used go first)
+    cache_min_tokens: int = 64  # prefixes shorter than this are not written
+    # stream only while fewer sessions are open (new STREAMs refused, running ones shed back
+    # to their devices at this many); 0: no such bound
+    stream_below: int = 0
 
     def __post_init__(self) -> None:
         _integer("max_sessions", self.max_sessions, 1)
@@ -65,6 +74,9 @@ class ServerConfig:
         _integer("prefill_chunk", self.prefill_chunk, 0)
         _integer("conversations", self.conversations, 1)
         _integer("max_streams", self.max_streams, 0)
+        _integer("cache_bytes", self.cache_bytes, 1)
+        _integer("cache_min_tokens", self.cache_min_tokens, 1)
+        _integer("stream_below", self.stream_below, 0)
         _seconds("idle_timeout", self.idle_timeout, positive=True)
         _seconds("drain_seconds", self.drain_seconds, positive=False)
         _seconds("header_timeout", self.header_timeout, positive=True)
@@ -148,6 +160,13 @@ class State:
     chat: ChatEngine | None = None  # the OpenAI endpoints' decoder
     streams: Streams = field(default_factory=lambda: Streams(0, None))  # STREAM sessions
 
+    def busy(self) -> bool:
+        """Whether streams give way to split sessions now (`stream_below` sessions open:
+        split connections and OpenAI requests, as `max_sessions` counts them)."""
+        bound = self.config.stream_below
+        load = len(self.connections) + (self.chat.load if self.chat else 0)
+        return bound > 0 and load >= bound
+
 
 def load_state(config: ServerConfig) -> State:
     graphs = open_bundle(config.bundle, GraphOptions(config.device, config.threads))
@@ -183,7 +202,9 @@ def load_state(config: ServerConfig) -> State:
         for _ in range(config.conversations)
     ]
     chat = ChatEngine(model, rows, context)
-    return State(
+    if config.cache_dir is not None:
+        chat.keep_on_disk(open_prefix_cache(config, graphs.folder, graphs.manifest, chat, pool))
+    state = State(
         config,
         graphs.manifest,
         stages,
@@ -196,4 +217,61 @@ def load_state(config: ServerConfig) -> State:
         gate,
         chat=chat,
         streams=Streams.for_model(config.max_streams, model),
+    )
+    state.streams.busy = state.busy
+    return state
+
+
+# -- a fleet (`--replicas`, serve/fleet.py) -------------------------------------------------
+APP = "edgespec"
+
+
+@dataclass
+class FleetConfig:
+    replicas: int = 1
+    autoscale: tuple[int, int] | None = None  # (min, max) replicas; overrides `replicas`
+    target_sessions: float | None = None  # autoscaling: sessions per replica (default half full)
+    ray_address: str | None = None  # join this cluster; None: start a local Ray for the command
+    cpus_per_replica: float = 0.5
+    local_cpus: int | None = None  # logical CPUs of the local Ray (default: enough for replicas)
+    object_store_mb: int = 128  # local Ray only: replicas exchange small messages
+    report_period: float = 0.5  # seconds between a replica's reports to the board
+    name: str = APP
+
+    def __post_init__(self) -> None:
+        if self.autoscale is not None:
+            lo, hi = self.autoscale
+            if not 1 <= lo <= hi:
+                raise ValueError(
+                    f"--autoscale {lo}:{hi}: use MIN:MAX with 1 <= MIN <= MAX (e.g. 1:4)"
+                )
+        elif self.replicas < 1:
+            raise ValueError(f"--replicas {self.replicas}: at least 1")
+        if self.cpus_per_replica <= 0:
+            raise ValueError(f"{self.cpus_per_replica} CPUs per replica: must be more than 0")
+
+    @property
+    def most_replicas(self) -> int:
+        return self.autoscale[1] if self.autoscale else self.replicas
+
+
+def parse_autoscale(text: str) -> tuple[int, int]:
+    lo, sep, hi = text.partition(":")
+    if not (sep and lo.isdigit() and hi.isdigit()):
+        raise ValueError(f"--autoscale {text!r}: write MIN:MAX, e.g. 1:4")
+    return int(lo), int(hi)
+
+
+def open_prefix_cache(
+    config: ServerConfig, folder: str, manifest: Manifest, chat: ChatEngine, pool: KVPool
+) -> PrefixCache:
+    """--cache-dir: the files of this bundle there, for the engine's conversations."""
+    assert config.cache_dir is not None
+    identity = bundle_identity(folder, [manifest.weights_file, *(g.file for g in manifest.graphs)])
+    return PrefixCache(
+        config.cache_dir,
+        config.cache_bytes,
+        identity,
+        layouts(chat.sessions[0], pool),
+        config.cache_min_tokens,
     )

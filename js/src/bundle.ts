@@ -59,6 +59,7 @@ export interface Manifest {
   draft: ModelInfo | null;
   schema_version: number;
   variant: string;
+  backbone_fingerprint: string; // what a split server checks its target against ("" if none)
   chat: ChatFormat | null;
 }
 
@@ -177,6 +178,7 @@ function fromJson(raw: Record<string, unknown>): Manifest {
     draft: (raw.draft as ModelInfo | null) ?? null,
     schema_version: raw.schema_version as number,
     variant,
+    backbone_fingerprint: (raw.backbone_fingerprint as string | undefined) ?? "",
     chat: chat ? { templates: chat.templates, special_tokens: chat.special_tokens ?? {}, generation: chat.generation ?? {} } : null,
   };
 }

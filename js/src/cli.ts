@@ -3,12 +3,14 @@
 prints the text as it streams (and, with --stats, the generation's stats to stderr);
 `--json` prints one JSON object instead ({text, tokens, stats}). */
 
+import { readFile } from "node:fs/promises";
 import { parseArgs } from "node:util";
 import { EdgespecError } from "./errors.js";
 import { load } from "./node.js";
 import type { Mode } from "./model.js";
 
-const USAGE = `usage: edgespec generate BUNDLE -p PROMPT [--mode ar|spec|self-spec|lookup]
+const USAGE = `usage: edgespec generate BUNDLE -p PROMPT [--mode ar|spec|self-spec|lookup|split]
+       [--server ws://HOST:PORT] [--token-file FILE] [--drafter draft|lookup]
        [--draft-policy auto|acceptance|fixed:N|confidence:T] [--exit-layer K] [--max-new-tokens N] [--temperature T]
        [--top-p P] [--top-k K] [--seed S] [--ignore-eos] [--chat] [--stats] [--json]`;
 
@@ -21,6 +23,9 @@ async function main(argv: string[]): Promise<number> {
       mode: { type: "string", default: "ar" },
       "draft-policy": { type: "string" },
       "exit-layer": { type: "string" },
+      server: { type: "string" },
+      "token-file": { type: "string" },
+      drafter: { type: "string" },
       "max-new-tokens": { type: "string", default: "128" },
       temperature: { type: "string", default: "0" },
       "top-p": { type: "string", default: "1" },
@@ -48,10 +53,18 @@ async function main(argv: string[]): Promise<number> {
     if (!Number.isFinite(n)) throw new EdgespecError(`--${name} takes a number, got '${v}'`);
     return n;
   };
+  let token: string | undefined;
+  if (values["token-file"] !== undefined) {
+    token = (await readFile(values["token-file"], "utf-8").catch(() => {
+      throw new EdgespecError(`--token-file ${values["token-file"]} cannot be read: give the file holding the server's token`);
+    })).trim();
+  }
   const model = await load(bundle, {
     mode: values.mode as Mode,
     draftPolicy: values["draft-policy"],
     exitLayer: num("exit-layer", values["exit-layer"]),
+    split: values.server !== undefined || token !== undefined ? { server: values.server ?? "", token } : undefined,
+    drafter: values.drafter as "draft" | "lookup" | undefined,
   });
   const prompt = values.chat ? model.renderChat([{ role: "user", content: values.prompt }]) : values.prompt;
   const options = {

@@ -20,6 +20,17 @@ export async function* decode(
   verifier: Verifier, drafter: Drafter, policy: DraftLengthPolicy, prompt: number[],
   params: SamplingParams, maxNewTokens: number, stopIds: Set<number>, cached = 0, signal?: AbortSignal,
 ): AsyncGenerator<Step> {
+  try {
+    yield* decodeRounds(verifier, drafter, policy, prompt, params, maxNewTokens, stopIds, cached, signal);
+  } finally {
+    verifier.close?.(); // however the generation ended: done, aborted, failed
+  }
+}
+
+async function* decodeRounds(
+  verifier: Verifier, drafter: Drafter, policy: DraftLengthPolicy, prompt: number[],
+  params: SamplingParams, maxNewTokens: number, stopIds: Set<number>, cached: number, signal?: AbortSignal,
+): AsyncGenerator<Step> {
   const rng = new Rng(params.seed);
   // drafts are capped below so that the last verify writes position P + maxNew - 1
   const capacity = Math.min(prompt.length + maxNewTokens, verifier.maxPositions);

@@ -56,6 +56,14 @@ export class KVCache {
   }
 }
 
+/** How a binding returns the KV cache's `present_*` outputs: "bound" writes them into the
+ * buffers passed as preallocated outputs (onnxruntime-node); "returned" gives new tensors of the
+ * cache's capacity (onnxruntime-web's wasm copies preallocated CPU outputs into its heap and never
+ * back), which then replace the cache's buffers; "concatenated" (onnxruntime-web's WebGPU
+ * attention) takes the past at its exact length and returns past + new positions, which are
+ * copied back into the cache's buffers. */
+export type KVOutputs = "bound" | "returned" | "concatenated";
+
 export interface Outputs {
   [name: string]: Tensor;
 }
@@ -69,13 +77,14 @@ export class GraphSession {
     readonly session: ortTypes.InferenceSession,
     readonly graph: GraphInfo,
     readonly model: ModelInfo,
+    readonly kvOutputs: KVOutputs = "bound",
   ) {
     this.takesHidden = graph.inputs.some((t) => t.name === "hidden");
     this.outputNames = graph.outputs.map((t) => t.name).filter((n) => !n.startsWith("present_"));
   }
 
   static async open(ort: Ort, source: string | Uint8Array, graph: GraphInfo, model: ModelInfo,
-    options: ortTypes.InferenceSession.SessionOptions): Promise<GraphSession> {
+    options: ortTypes.InferenceSession.SessionOptions, kvOutputs: KVOutputs = "bound"): Promise<GraphSession> {
     if (graph.inputs.some((t) => t.name === "query_seqlens")) {
       throw new BundleError(
         `${graph.file} takes query_seqlens (batched verify rounds), which onnxruntime's JavaScript ` +
@@ -98,7 +107,7 @@ export class GraphSession {
       throw new BundleError(`onnxruntime cannot load ${graph.file}: ${(e as Error).message}; re-export the bundle`);
     }
     checkIO(session, graph);
-    return new GraphSession(ort, session, graph, model);
+    return new GraphSession(ort, session, graph, model, kvOutputs);
   }
 
   /** S new positions ([S] ids, or [S, H] hidden states) after `past` cached ones, written into
@@ -108,11 +117,13 @@ export class GraphSession {
     const ort = this.ort;
     const s = input.ids ? input.ids.length : input.hidden!.length / this.model.hidden_size;
     const total = past + s;
+    const bound = this.kvOutputs === "bound", exact = this.kvOutputs === "concatenated";
     if (total > cache.capacity) throw new RangeError(`KV cache full: ${total} positions > capacity ${cache.capacity}`);
     const feeds: Record<string, Tensor> = {
       seqlens_k: new ort.Tensor("int32", Int32Array.of(total - 1), [1]),
       total_seq_len: new ort.Tensor("int32", Int32Array.of(total), []),
-      num_logits_to_keep: new ort.Tensor("int64", BigInt64Array.of(BigInt(keep)), []),
+      // onnxruntime-web's WebGPU kernels refuse empty tensors: a row no one reads, not none
+      num_logits_to_keep: new ort.Tensor("int64", BigInt64Array.of(BigInt(exact && keep === 0 ? 1 : keep)), []),
     };
     if (this.takesHidden) {
       feeds.hidden = new ort.Tensor("float32", input.hidden!, [1, s, this.model.hidden_size]);
@@ -124,11 +135,55 @@ export class GraphSession {
     for (const i of this.graph.kv_layers) {
       for (const kind of ["key", "value"]) {
         const buffer = cache.buffers.get(`${kind}.${i}`)!;
-        feeds[`past_${kind}.${i}`] = buffer;
-        fetches[`present_${kind}.${i}`] = buffer; // the same memory: written in place
+        feeds[`past_${kind}.${i}`] = exact ? this.positions(buffer, cache.capacity, past) : buffer;
+        fetches[`present_${kind}.${i}`] = bound ? buffer : null; // bound: the same memory, written in place
       }
     }
-    return (await this.session.run(feeds, fetches)) as Outputs;
+    const out = (await this.session.run(feeds, fetches)) as Outputs;
+    if (exact) {
+      if (keep === 0) {
+        for (const name of this.outputNames) {
+          const t = out[name];
+          if (name !== "hidden") out[name] = new ort.Tensor("float32", new Float32Array(0), [1, 0, t.dims[2]]);
+        }
+      }
+      for (const i of this.graph.kv_layers) {
+        for (const kind of ["key", "value"]) {
+          const present = out[`present_${kind}.${i}`];
+          if (present.dims[2] !== total) {
+            throw new Error(`present_${kind}.${i} came back with ${present.dims[2]} positions, not ${total}`);
+          }
+          this.store(present.data as Float32Array, total, cache.buffers.get(`${kind}.${i}`)!, cache.capacity);
+        }
+      }
+    } else if (!bound) {
+      // GroupQueryAttention's present holds the past and the new positions at the same
+      // capacity: it becomes the cache's buffer
+      for (const i of this.graph.kv_layers) {
+        for (const kind of ["key", "value"]) {
+          const present = out[`present_${kind}.${i}`];
+          if (present.dims[2] !== cache.capacity) {
+            throw new Error(`present_${kind}.${i} came back with ${present.dims[2]} positions, not the cache's ${cache.capacity}`);
+          }
+          cache.buffers.set(`${kind}.${i}`, present);
+        }
+      }
+    }
+    return out;
+  }
+
+  /** The first `n` positions of a [1, heads, capacity, dim] buffer as a [1, heads, n, dim] tensor. */
+  private positions(buffer: Tensor, capacity: number, n: number): Tensor {
+    const m = this.model, row = m.head_dim, src = buffer.data as Float32Array;
+    const data = new Float32Array(m.num_kv_heads * n * row);
+    for (let h = 0; h < m.num_kv_heads; h++) data.set(src.subarray(h * capacity * row, (h * capacity + n) * row), h * n * row);
+    return new this.ort.Tensor("float32", data, [1, m.num_kv_heads, n, row]);
+  }
+
+  /** [1, heads, n, dim] positions written into the front of a capacity buffer. */
+  private store(data: Float32Array, n: number, buffer: Tensor, capacity: number): void {
+    const row = this.model.head_dim, dst = buffer.data as Float32Array;
+    for (let h = 0; h < this.model.num_kv_heads; h++) dst.set(data.subarray(h * n * row, (h + 1) * n * row), h * capacity * row);
   }
 }
 

@@ -22,14 +22,16 @@ import { decode } from "./decode.js";
 import { EarlyExitDrafter, LookupDrafter, ModelDrafter, NoDrafter } from "./drafters.js";
 import { InputError } from "./errors.js";
 import type { BundleFiles } from "./files.js";
-import { GraphSession, Stack, type Ort } from "./graph.js";
+import { GraphSession, Stack, type KVOutputs, type Ort } from "./graph.js";
 import { LocalVerifier } from "./local.js";
 import { parsePolicy, type DraftLengthPolicy } from "./policies.js";
 import { samplingParams, type SamplingParams } from "./sampling.js";
 import { GenerationStats, type Drafter, type RoundStats, type Verifier } from "./round.js";
 import { Tokenizer } from "./tokenizer.js";
+import { RemoteVerifier, type SplitOptions } from "./remote.js";
+import { DEFAULT_SUPPORT } from "./draftq.js";
 
-export const MODES = ["ar", "spec", "self-spec", "lookup"] as const;
+export const MODES = ["ar", "spec", "self-spec", "lookup", "split"] as const;
 export type Mode = (typeof MODES)[number];
 
 export interface LoadOptions {
@@ -41,6 +43,14 @@ export interface LoadOptions {
   exitLayer?: number;
   /** onnxruntime session options (execution providers, threads). */
   sessionOptions?: ortTypes.InferenceSession.SessionOptions;
+  /** split: the server (`edgespec serve`) that verifies, its token, a WebSocket class. */
+  split?: SplitOptions;
+  /** split: what drafts on the device: "draft" (the bundle's draft model; the default when
+   * the bundle has one) or "lookup" (prompt lookup). */
+  drafter?: "draft" | "lookup";
+  /** How the onnxruntime binding returns KV outputs (`KVOutputs`): "bound" for
+   * onnxruntime-node (the default), "returned" for onnxruntime-web. */
+  kvOutputs?: KVOutputs;
   /** Called with a line per step while the bundle loads. */
   onProgress?: (message: string) => void;
 }
@@ -88,7 +98,13 @@ export type Prompt = string | number[];
 export async function loadModel(files: BundleFiles, ort: Ort, options: LoadOptions = {}): Promise<Model> {
   const mode = options.mode ?? "ar";
   if (!MODES.includes(mode)) {
-    throw new InputError(`mode '${mode}' is not one of: ${MODES.join(", ")} (split runs in the Python runtime)`);
+    throw new InputError(`mode '${mode}' is not one of: ${MODES.join(", ")}`);
+  }
+  if (mode === "split" && !options.split?.server) {
+    throw new InputError("split mode needs a server: { split: { server: \"ws://HOST:PORT\" } } (--server)");
+  }
+  if (mode !== "split" && (options.split || options.drafter)) {
+    throw new InputError(`split and drafter are split mode's options: drop them, or use mode 'split' (not '${mode}')`);
   }
   if (mode === "ar" && options.draftPolicy != null) {
     throw new InputError("mode 'ar' drafts nothing: drop draftPolicy (--draft-policy)");
@@ -105,11 +121,21 @@ export async function loadModel(files: BundleFiles, ort: Ort, options: LoadOptio
     extra: { session: { intra_op: { allow_spinning: "0" } } },
     ...options.sessionOptions,
   };
+  // where onnxruntime cannot open files itself (browser, app assets), the graphs get the
+  // bundle's one weights file as external data: read once, shared by every graph
+  let weights: Promise<Uint8Array> | null = null;
   const open = async (role: string): Promise<GraphSession> => {
     const g = findGraph(manifest, role);
     progress(`opening ${g.file}`);
-    const source = files.path ? files.path(g.file) : await files.readBytes(g.file);
-    return GraphSession.open(ort, source, g, modelInfo(manifest, g), sessionOptions);
+    const kv = options.kvOutputs ?? "bound";
+    if (files.path) return GraphSession.open(ort, files.path(g.file), g, modelInfo(manifest, g), sessionOptions, kv);
+    if (!weights) {
+      progress(`reading ${manifest.weights_file}`);
+      weights = files.readBytes(manifest.weights_file);
+    }
+    const external = { externalData: [{ path: manifest.weights_file, data: await weights }] };
+    const bytes = await files.readBytes(g.file);
+    return GraphSession.open(ort, bytes, g, modelInfo(manifest, g), { ...sessionOptions, ...external }, kv);
   };
   let target: Stack, drafter: Drafter;
   if (mode === "self-spec") {
@@ -125,6 +151,17 @@ export async function loadModel(files: BundleFiles, ort: Ort, options: LoadOptio
     const head = await open(`head@${k}`), tail = await open(`tail@${k}`);
     target = new Stack(ort, [head, tail]);
     drafter = new EarlyExitDrafter(target, new Map([[k, head]]), new Map([[k, tail]]), k);
+  } else if (mode === "split") {
+    const has = manifest.graphs.some((g) => g.role === "draft");
+    const kind = options.drafter ?? (has ? "draft" : "lookup");
+    if (kind !== "draft" && kind !== "lookup") throw new InputError(`drafter '${kind}' is not one of: draft, lookup`);
+    drafter = kind === "draft" ? new ModelDrafter(new Stack(ort, [await open("draft")])) : new LookupDrafter();
+    const verifier = new RemoteVerifier(options.split!, manifest.target.max_position_embeddings,
+      manifest.backbone_fingerprint, kind === "draft" ? DEFAULT_SUPPORT.topK : null);
+    progress("reading the tokenizer");
+    const tokenizer = await Tokenizer.fromBundle(files);
+    const template = manifest.chat ? await ChatTemplate.fromBundle(files, manifest.chat) : null;
+    return new Model(manifest, mode, tokenizer, template, verifier, drafter, policy);
   } else {
     target = new Stack(ort, [await open("full")]);
     drafter = mode === "spec" ? new ModelDrafter(new Stack(ort, [await open("draft")]))
@@ -186,6 +223,7 @@ export class Model {
     if (this.busy) throw new InputError("this model is generating already: await that generation first (or load another)");
     this.busy = true;
     const cached = keep ? commonPrefix(this.held, ids) : 0;
+    this.verifier.keepSession?.(keep); // a chat keeps the server's session between turns
     this.held = []; // until this turn ends cleanly, trust nothing in the caches
     const reply: number[] = [];
     let started = false;

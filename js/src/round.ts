@@ -61,6 +61,10 @@ export interface Verifier {
   maxDrafts(seq: number[]): number;
   submit(seq: number[], proposal: Proposal, params: SamplingParams, rng: Rng): Promise<Verdict>;
   truncate(length: number): void;
+  /** The generation is over (a remote verifier ends or pauses its server session). */
+  close?(): void;
+  /** Whether the next generation may resume this one's state (a remote session). */
+  keepSession?(keep: boolean): void;
 }
 
 export interface RoundStats {
