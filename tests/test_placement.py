@@ -61,7 +61,6 @@ class World:
         s.server_busy = busy
         return s
 
-
     def start(self, offer: float | None = None, busy: bool = False) -> RoundStats:
         """The prefill's stats: the START's round trip and the server's streaming offer
         (None: the server's stream rate; 0: it has not streamed yet)."""
@@ -194,3 +193,24 @@ def test_a_streams_start_up_round_trip_does_not_price_the_stream():
     policy.observe(first)
     run(policy, world, 3)
     assert policy.rates()["stream"] == pytest.approx(300)
+
+
+def test_a_far_slow_place_is_looked_at_for_a_small_share_of_the_time():
+    """A device much faster than its server's stream keeps decoding here; re-measuring the
+    other places (a round trip and a few rounds there) costs at most about
+    `placement_reprobe_share` of its time, however long the generation, yet it still looks."""
+    world = World(stream_rate=150.0, local_rate=900.0)
+    policy = placement()
+    policy.observe(world.start())
+    seconds = {"local": 0.0, "elsewhere": 0.0}
+    looks = 0
+    for i in range(6000):
+        plan = policy.plan()
+        stats = world.stats(plan.where, plan.length)
+        policy.observe(stats)
+        if i >= 100:  # past the first measurements
+            seconds["local" if plan.where == "local" else "elsewhere"] += stats.seconds
+            looks += plan.where != "local"
+    share = seconds["elsewhere"] / (seconds["local"] + seconds["elsewhere"])
+    assert looks > 0  # the link and the server are still looked at now and then
+    assert share <= 2 * policy.priors.placement_reprobe_share, share

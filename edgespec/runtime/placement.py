@@ -10,26 +10,27 @@ Three places a round can run (`Plan.where`):
           cost model, `CostModel.rate` at its best γ
 
 Before a place has run it is priced from what costs no round trip: the device's local speed
-(calibrated, `edgespec bench --calibrate`, or measured in `placement_probe` local rounds:
-they need no server), the link's round trip as the START's answer took it, and the server's
-streaming offer in that answer (`RoundStats.stream_rate`: tokens/s its streams ran at lately;
-0 while it has streamed nothing). A split round is guessed as a local round of the same γ
-plus that round trip. So the first decision needs no learning rounds on the link: only a
-place with no price at all (a server that has not streamed yet) is probed, and a place
-the guesses send a round to is measured there (`placement_learn` split rounds,
-`placement_probe` others) before its measured price replaces the guess (a stream's by its
-steady rounds: not the first, which carries the STREAM's round trip). After that every
-round goes to the fastest place, switching only for a price `placement_margin` better than
-the current one's (a run's spread is not a reason to move), and every `placement_reprobe`
-rounds the place measured longest ago gets `placement_probe` rounds again (a link or a load
-that changed). A server that says it is busy (a "verify only" answer, no room to stream at
+(calibrated, `edgespec bench --calibrate`, or measured in `placement_probe` local rounds: they
+need no server), the link's round trip as the START's answer took it, and the server's
+streaming offer in that answer (`RoundStats.stream_rate`: tokens/s its streams ran at lately; 0
+while it has streamed nothing). A split round is guessed as a local round of the same γ plus
+that round trip. So the first decision needs no learning rounds on the link: only a place with
+no price at all (a server that has not streamed yet) is probed, and a place the guesses send a
+round to is measured there (`placement_learn` split rounds, `placement_probe` others) before
+its measured price replaces the guess (a stream's by its steady rounds: not the first, which
+carries the STREAM's round trip). After that every round goes to the fastest place, switching
+only for a price `placement_margin` better than the current one's (a run's spread is not a
+reason to move), and every `placement_reprobe` rounds the place measured longest ago gets
+`placement_probe` rounds again (a link or a load that changed), if that look costs at most
+`placement_reprobe_share` of the decoding time since the place last ran (a slow place is looked
+at less often). A server that says it is busy (a "verify only" answer, no room to stream at
 START, or a stream it shed: `RoundStats.server_busy`) is not asked to stream for
 `placement_busy` rounds. With an energy budget (J per generated token, device side), a place
-whose predicted J/token is over it is left out (split: the channel-aware policy's
-E(γ)/N(γ); stream: the radio waiting and receiving, `EnergyModel.wait_power_w` and
-`rx_joules_per_byte`; local: the SoC busy at `draft_power_w` the whole time); if none fits,
-the least energy per token wins. The policy object lives as long as its model, so what it
-learned carries over to the next generation. The constants are the cost model's `Priors`.
+whose predicted J/token is over it is left out (split: the channel-aware policy's E(γ)/N(γ);
+stream: the radio waiting and receiving, `EnergyModel.wait_power_w` and `rx_joules_per_byte`;
+local: the SoC busy at `draft_power_w` the whole time); if none fits, the least energy per
+token wins. The policy object lives as long as its model, so what it learned carries over to
+the next generation. The constants are the cost model's `Priors`.
 """
 
 from __future__ import annotations
@@ -61,6 +62,9 @@ class Placement:
     rtt: float | None = None  # seconds: the last START's round trip, less the server's work
     offer: float = 0.0  # tokens/s the server's streams ran at, as it said (0: not known)
     _split_cache: tuple[int, float] | None = None  # (split rounds seen, its price then)
+    _clock: float = 0.0  # seconds of decode rounds so far
+    _measured_at: dict[str, float] = field(default_factory=dict)  # place -> _clock then
+    _per_round: float = 1.0  # tokens per decode round (EWMA)
     _streamed: bool = False  # the last decode round was a streamed one placed there
 
     # -- prices -------------------------------------------------------------------------------
@@ -142,6 +146,17 @@ class Placement:
             return self.where
         return fastest  # type: ignore[return-value]
 
+    def _since(self, where: str) -> float:
+        return self._clock - self._measured_at.get(where, 0.0)
+
+    def _look_price(self, where: str) -> float:
+        """Seconds that `placement_probe` rounds at `where` are expected to take."""
+        rate = self.rates().get(where)
+        rounds = self.priors.placement_probe
+        if not rate:
+            return 0.0  # unpriced: looking is the only way to know
+        return rounds * self._per_round / rate + (self.rtt or 0.0) * (where != "local")
+
     def _learn(self, where: Where) -> list[Where]:
         n = self.priors.placement_learn if where == "split" else self.priors.placement_probe
         return [where] * n
@@ -158,8 +173,15 @@ class Placement:
             elif self.rates()["split"] is None:  # no START answer seen: no round trip known
                 self._queue = self._learn("split")
             elif self._round % p.placement_reprobe == 0:
-                stalest = min(PLACES, key=lambda w: self._measured.get(w, 0))
-                if stalest != self.where and not (stalest == "stream" and self._busy()):
+                due = [
+                    w
+                    for w in PLACES
+                    if w != self.where
+                    and not (w == "stream" and self._busy())
+                    and self._look_price(w) <= self._since(w) * p.placement_reprobe_share
+                ]
+                if due:
+                    stalest = min(due, key=lambda w: self._measured.get(w, 0))
                     self._queue = [stalest] * p.placement_probe
         while self._queue and self._queue[0] == "stream" and self._busy():
             self._queue.pop(0)
@@ -191,6 +213,9 @@ class Placement:
         if place is None:
             return
         self._measured[place] = self._round
+        self._clock += stats.seconds
+        self._measured_at[place] = self._clock
+        self._per_round += 0.1 * (stats.new_tokens - self._per_round)
         # a stream's first round carries its STREAM's round trip, and a round placed
         # elsewhere that reads a stream's last tokens carries the STOP's: switching costs
         # (the margin's business), not the stream's speed
