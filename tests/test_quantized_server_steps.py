@@ -15,6 +15,7 @@ import numpy as np
 import openai
 import pytest
 from split_server import TOKEN, start_server
+from test_split_streaming import Scripted
 
 import edgespec
 from edgespec.bundle import load_manifest
@@ -34,7 +35,7 @@ def held_blocks(tmp_path_factory):
     """A tiny llama GGUF of Q4_1 blocks, imported as they are (int8 activations)."""
     root = tmp_path_factory.mktemp("held")
     write_gguf(root / "m.gguf", "llama", "Q4_1")
-    export_bundle(root / "m.gguf", root / "b")
+    export_bundle(root / "m.gguf", root / "b", exit_layers=[1])
     return root / "b"
 
 
@@ -118,7 +119,27 @@ def test_split_decoding_on_quantized_activations_gives_local_ars_tokens(bundle, 
         server.stop()
 
 
-@pytest.mark.parametrize("mode", ["ar", "lookup"])
+@pytest.mark.parametrize("mode", ["self-spec", "lookup"])
+def test_a_server_of_every_mode_verifies_and_streams_ars_tokens(held_blocks, mode, tmp_path):
+    """Split rounds on a server whose target is head@1 + tail@1 (self-spec) and streamed
+    decoding (the server drafts and verifies on its own) both give local `ar`'s tokens."""
+    prompts = _prompts(held_blocks, 12)
+    ar = _ar(held_blocks, prompts)
+    server = start_server(held_blocks, tmp_path, TOKEN, "--mode", mode)
+    try:
+        for script in ([("split", 2)], [("stream", 0)]):
+            client = edgespec.load(held_blocks, mode="split", server=server.url, token=TOKEN,
+                                   threads=1, late_after=30.0)  # fmt: skip
+            client.policy = Scripted(script)  # type: ignore[assignment]
+            outs = [client.generate(p, max_new_tokens=N_NEW, ignore_eos=True) for p in prompts]
+            assert [o.tokens for o in outs] == ar, script
+            if script[0][0] == "stream":
+                assert all(o.stats.stream_rounds >= 1 for o in outs)
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("mode", ["ar", "lookup", "self-spec"])
 def test_the_openai_endpoint_on_quantized_activations_gives_local_ars_reply(
     held_blocks, mode, tmp_path
 ):
