@@ -27,8 +27,10 @@ A pool of `step_width` 2 (graphs whose activations are quantized: runtime/stack.
 every row's ids to an even count with copies of its last id, alone and together alike (the
 copies' keys and values land past the row's length, in the room the pool keeps for them, and
 are overwritten later), so each row's logits are bitwise those of the device's own target
-calls. Together, every row then starts at an even offset of the flattened [rows x S] batch
-(S even), so no pair of positions that a kernel computes together spans two rows.
+calls. Together, the unit is the row, not the batch: an unpadded one-position row in a
+batch of even width S still gave other logits than the device's step (measured on Q4_1
+blocks), while rows padded each to an even width give bitwise the rows alone
+(tests/test_quantized_server_steps.py).
 """
 
 from __future__ import annotations
