@@ -134,6 +134,9 @@ class KVPool:
     free: list[int]  # free slots, lowest first (keeps busy rows together)
     views: dict[tuple[int, int], KVCache] = field(default_factory=dict)
     reserved: list[int] = field(default_factory=list)  # rows held for good: see `reserve`
+    # every call on a row runs a multiple of this many positions (the graphs' step_width,
+    # runtime/stack.py); each row has room past `capacity` for the copies that pad a call
+    step_width: int = 1
 
     @classmethod
     def allocate(
@@ -144,14 +147,14 @@ class KVPool:
         context: int,
         max_sessions: int,
         dtype: np.dtype,
+        step_width: int = 1,
     ) -> KVPool:
         # np.zeros maps untouched pages lazily: memory grows with the positions used
-        shape = (max_sessions, kv_heads, context, head_dim)
+        shape = (max_sessions, kv_heads, context + step_width - 1, head_dim)
         keys = [np.zeros(shape, dtype) for _ in layers]
         values = [np.zeros(shape, dtype) for _ in layers]
-        return cls(
-            layers, keys, values, np.zeros(max_sessions, np.int64), list(range(max_sessions))
-        )
+        lengths, free = np.zeros(max_sessions, np.int64), list(range(max_sessions))
+        return cls(layers, keys, values, lengths, free, step_width=step_width)
 
     @property
     def held(self) -> int:
@@ -170,7 +173,8 @@ class KVPool:
 
     @property
     def capacity(self) -> int:
-        return self.keys[0].shape[2]
+        """The positions a row holds (its buffer has `step_width - 1` more, for pads)."""
+        return self.keys[0].shape[2] - self.step_width + 1
 
     def acquire(self) -> int | None:
         if not self.free:

@@ -22,6 +22,15 @@ positions), and which rows each forward ran. Two ways to run a round:
 padding, so they run alone. A row also needs room for the whole padded chunk after its
 length (the kernel's rule), so a round near the end of its row runs alone. Bundles exported
 before graphs took `query_seqlens` run every round alone.
+
+A pool of `step_width` 2 (graphs whose activations are quantized: runtime/stack.py) pads
+every row's ids to an even count with copies of its last id, alone and together alike (the
+copies' keys and values land past the row's length, in the room the pool keeps for them, and
+are overwritten later), so each row's logits are bitwise those of the device's own target
+calls. Together, the unit is the row, not the batch: an unpadded one-position row in a
+batch of even width S still gave other logits than the device's step (measured on Q4_1
+blocks), while rows padded each to an even width give bitwise the rows alone
+(tests/test_quantized_server_steps.py).
 """
 
 from __future__ import annotations
@@ -32,7 +41,7 @@ import numpy as np
 
 from edgespec.runtime.graph import GraphSession
 from edgespec.runtime.kv_cache import KVPool
-from edgespec.runtime.stack import run_stages
+from edgespec.runtime.stack import pad_call, run_stages
 
 DUMMY_TOKEN = 0
 log = logging.getLogger("edgespec.serve")
@@ -72,12 +81,15 @@ def forward_rounds(
 ) -> tuple[list[np.ndarray], list[list[int]]]:
     """Logits [len(ids), vocab] per (slot, ids) in `work` (distinct slots), the ids appended
     to their rows (lengths advanced); also the slots each forward served."""
-    width = plan([len(ids) for _, ids in work]) if batchable(stages) else 0
+    step = pool.step_width
+    widths = [len(ids) + (-len(ids)) % step for _, ids in work]
+    width = plan(widths) if batchable(stages) else 0
     # the kernel needs room for the whole padded chunk after each row's length
+    room = pool.capacity + step - 1
     together = [
         (slot, ids)
-        for slot, ids in work
-        if len(ids) <= width and pool.lengths[slot] + width <= pool.capacity
+        for (slot, ids), w in zip(work, widths, strict=True)
+        if w <= width and pool.lengths[slot] + width <= room
     ]
     by_slot: dict[int, np.ndarray] = {}
     forwards: list[list[int]] = []
@@ -97,13 +109,15 @@ def forward_alone(
 ) -> np.ndarray:
     """Logits [len(ids), vocab] for ids appended to one row, in one batch-1 forward."""
     view, past = pool.rows(slot, slot + 1), int(pool.lengths[slot])
+    pad, rows, wanted = pad_call(len(ids), len(ids), pool.step_width)
+    feed = np.concatenate([ids, ids[-1:].repeat(pad)]) if pad else ids
 
     def call(stage: GraphSession, x: dict, last: bool) -> dict:
-        return stage.run(view, past, keep=len(ids) if last else 0, **x)
+        return stage.run(view, past, keep=rows if last else 0, **x)
 
-    out = run_stages(stages, ids[None, :], call)
+    out = run_stages(stages, feed[None, :], call)
     pool.lengths[slot] += len(ids)
-    return out["logits"][0]
+    return out["logits"][0][wanted]
 
 
 def forward_batch(
@@ -113,12 +127,15 @@ def forward_batch(
     logits [W_r, vocab] of each row."""
     slots = [slot for slot, _ in work]
     lo, hi = min(slots), max(slots) + 1
-    width = max(len(ids) for _, ids in work)
+    step = pool.step_width
+    width = max(len(ids) + (-len(ids)) % step for _, ids in work)
     tokens = np.full((hi - lo, width), DUMMY_TOKEN, np.int64)
     widths = np.zeros(hi - lo, np.int32)
     for slot, ids in work:
+        padded = len(ids) + (-len(ids)) % step  # copies of the last id (see the docstring)
+        tokens[slot - lo, :padded] = ids[-1]
         tokens[slot - lo, : len(ids)] = ids
-        widths[slot - lo] = len(ids)
+        widths[slot - lo] = padded
     view, pasts = pool.rows(lo, hi), pool.lengths[lo:hi].copy()
 
     def call(stage: GraphSession, x: dict, last: bool) -> dict:

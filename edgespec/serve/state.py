@@ -187,6 +187,7 @@ def load_state(config: ServerConfig) -> State:
         context,
         config.max_sessions + config.conversations,  # a row reserved per conversation
         stages[0].kv_dtype,
+        target.step_width,  # calls padded as the device's own target pads them (batching)
     )
     stats = BatchStats()
     worker = Worker(
