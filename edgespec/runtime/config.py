@@ -50,6 +50,10 @@ class LoadConfig:
     # lossless; in split mode what a drafted token costs on the uplink)
     draft_support: DraftSupport = DEFAULT_SUPPORT
     split: SplitConfig = field(default_factory=SplitConfig)
+    # token trees with a model-free drafter (lookup, suffix, recycle): auto (where the bundle
+    # verifies trees, the tree policy chooses chain or tree each round), on (refused where
+    # trees cannot run), off (chains)
+    trees: str = "auto"
 
     @classmethod
     def from_options(cls, **options: Any) -> LoadConfig:
