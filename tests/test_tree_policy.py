@@ -63,6 +63,18 @@ def test_a_steep_cost_curve_keeps_chains_even_with_second_ranks_accepted():
     assert tree is None or tree.rate <= 1.05 * chain.rate
 
 
+def test_rounds_that_are_not_trees_are_the_chain_policys_own():
+    from edgespec.runtime.policies import FixedLength
+
+    policy = fed(steep, rank1=0.3)
+    policy.chain = FixedLength(5)
+    plan = policy.plan()
+    assert (plan.length, plan.tree_depth) == (5, 0)
+    policy = fed(flat, rank1=0.3)
+    policy.chain = FixedLength(5)
+    assert policy.plan().tree_depth  # a tree that pays is still planned
+
+
 def test_on_this_cpus_curve_rarely_taken_second_ranks_keep_chains():
     policy = fed(cpu, rank1=0.05)
     assert policy.plan().tree_depth == 0

@@ -10,7 +10,8 @@ more tokens per second.
                   `depth` deep) with side candidates at its depths, by expected tokens over
                   T(nodes) (the cost model learns a round's seconds per node count: drafting
                   plus verifying that width); plans a tree only when it beats the best chain
-                  by `margin`, else the best chain; while side ranks are unmeasured it sends a
+                  by `margin`, else the chain the drafter's own chain policy (`auto`) plans,
+                  as it would without trees; while side ranks are unmeasured it sends a
                   small probe tree every `probe_every` rounds (measurement, not a pick)
   with_trees      what `trees=auto|on|off` makes of a model-free drafter on a bundle
 
@@ -129,20 +130,25 @@ class TreePolicy:
     probe_until: float = 8.0  # side-rank offers (forgotten like acceptance) that end probing
     side: int = 3  # a probe tree's side candidates
     last: tuple[Shape, Shape | None] | None = None  # the latest pricing (for reports)
+    # the chain policy the drafter had (`auto`): it plans every round that is not a tree, as
+    # it would without trees, and learns from those rounds only; None: the best chain here
+    chain: Any = None
     _rounds: int = 0
 
     def plan(self, source: str | None = None) -> Plan:
         self._rounds += 1
-        if self.cost.t_draft is None or not self.cost.round_time:
-            return Plan(min(4, self.max_length), tree_depth=0)  # learn what a round costs
+        base = self.chain.plan(source) if self.chain is not None else None
+        if self.cost.t_draft is None or not self.cost.round_time:  # learn what a round costs
+            return replace(base or Plan(min(4, self.max_length)), tree_depth=0)
         chain, tree = self.last = best_shapes(self.acceptance, self.cost.cost, self.max_length)
         if tree is not None and tree.rate > (1 + self.margin) * chain.rate:
             return Plan(tree.nodes, tree_depth=tree.depth)
+        base = base or Plan(chain.nodes)
         probing = self.acceptance.measured(1) < self.probe_until
-        if probing and self._rounds % self.probe_every == 0:
-            nodes = min(chain.nodes + self.side, self.max_length)
-            return Plan(nodes, tree_depth=max(chain.nodes, 1))
-        return Plan(chain.nodes, tree_depth=0)
+        if base.length > 0 and probing and self._rounds % self.probe_every == 0:
+            nodes = min(base.length + self.side, self.max_length)
+            return Plan(nodes, tree_depth=base.length)
+        return replace(base, tree_depth=0)
 
     def observe(self, stats: RoundStats) -> None:
         if stats.tree_nodes:
@@ -151,6 +157,8 @@ class TreePolicy:
         else:
             offers = ((1, 0),) * stats.accepted + ((1, -1),) * (stats.accepted < stats.drafted)
             priced = stats
+            if self.chain is not None:
+                self.chain.observe(stats)
         self.acceptance.observe(offers)
         self.cost.observe(priced)  # T(nodes): a round's seconds by the nodes it verified
 
@@ -184,7 +192,7 @@ def with_trees(
             raise InputError(f"trees='on' cannot be used here: {reasons[0]}")
         return drafter, policy
     priors = policy.cost.priors if hasattr(policy, "cost") else PRIORS
-    tree_policy = TreePolicy(cost=CostModel(priors=priors))
+    tree_policy = TreePolicy(cost=CostModel(priors=priors), chain=policy)
     tree_policy.acceptance.priors = priors
     return AsTree(drafter, max_depth=MAX_DEPTH), tree_policy
 
