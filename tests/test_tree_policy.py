@@ -105,6 +105,17 @@ def test_unmeasured_side_ranks_are_probed_now_and_then_but_never_picked():
     assert policy.last is not None and policy.last[1] is None
 
 
+def test_no_probe_where_even_optimistic_second_candidates_could_not_pay():
+    policy = TreePolicy(probe_every=2)
+    for i in range(80):  # chain rounds of every length, on a verify whose cost grows
+        g = 1 + i % 8
+        accepted = g if i % 5 else g // 2  # the spine is taken ~90% of the time
+        stats = RoundStats("decode", accepted + 1, g + 1, steep(g), index=100)
+        stats.drafted, stats.accepted, stats.draft_seconds = g, accepted, 1e-5 * g
+        policy.observe(stats)
+    assert all(policy.plan().tree_depth == 0 for _ in range(8))
+
+
 def test_offers_read_the_rank_taken_at_each_depth():
     # root -> 5 (0), 6 (1); 5 -> 7 (2), 8 (3); 6 -> 9 (4)
     tree = TokenTree((5, 6, 7, 8, 9), (-1, -1, 0, 0, 1))

@@ -63,6 +63,16 @@ class RankAcceptance:
         """Rounds' worth of offers of `rank` at any depth (what a side rank's price rests on)."""
         return sum(row[rank] for row in self.tried)
 
+    def table(self, optimistic: bool = False) -> list[list[float]]:
+        """[depth][rank] -> p(depth, rank) for depths 1..MAX_DEPTH (row 0 unused);
+        `optimistic`: every side rank not measured above it is given all that the spine
+        leaves at its depth, 1 - p(d, 0) (the most it could take: one token is taken)."""
+        out = [[self.p(d, r) for r in range(MAX_RANK)] for d in range(MAX_DEPTH + 1)]
+        if optimistic:
+            for row in out:
+                row[1] = max(row[1], 1.0 - row[0] - sum(row[2:]))
+        return out
+
     def p(self, depth: int, rank: int) -> float:
         """p(depth, rank), shrunk towards the same rank over all depths (rank 0: from the
         prior acceptance; side ranks: from 0, a rank is worth nothing until measured)."""
@@ -87,16 +97,17 @@ class Shape:
         return self.nodes > self.depth
 
 
-def best_shapes(acc: RankAcceptance, cost: Any, max_nodes: int) -> tuple[Shape, Shape | None]:
-    """(the best chain, the best tree or None) by expected tokens per second; `cost(n)` is a
-    round's seconds verifying n drafted nodes."""
+def best_shapes(p: list[list[float]], cost: Any, max_nodes: int) -> tuple[Shape, Shape | None]:
+    """(the best chain, the best tree or None) by expected tokens per second; `p[d][r]` as
+    `RankAcceptance.table`, `cost(n)` a round's seconds verifying n drafted nodes."""
     chain, tree = Shape(0, 0, 0.0, -1.0), None
+    cost = _memo(cost)
     for depth in range(1, min(MAX_DEPTH, max_nodes) + 1):
         survive, tokens, gains = 1.0, 1.0, []
         for d in range(1, depth + 1):
             for r in range(1, MAX_RANK):  # side r at d: accepted with p(d, r) once d - 1 is
-                gains.append((-survive * acc.p(d, r), d, r))
-            survive *= acc.p(d, 0)
+                gains.append((-survive * p[min(d, MAX_DEPTH)][r], d, r))
+            survive *= p[min(d, MAX_DEPTH)][0]
             tokens += survive
         best = Shape(depth, depth, tokens, tokens / cost(depth))
         if best.rate > chain.rate:
@@ -140,15 +151,23 @@ class TreePolicy:
         base = self.chain.plan(source) if self.chain is not None else None
         if self.cost.t_draft is None or not self.cost.round_time:  # learn what a round costs
             return replace(base or Plan(min(4, self.max_length)), tree_depth=0)
-        chain, tree = self.last = best_shapes(self.acceptance, self.cost.cost, self.max_length)
+        table = self.acceptance.table()
+        chain, tree = self.last = best_shapes(table, self.cost.cost, self.max_length)
         if tree is not None and tree.rate > (1 + self.margin) * chain.rate:
             return Plan(tree.nodes, tree_depth=tree.depth)
         base = base or Plan(chain.nodes)
-        probing = self.acceptance.measured(1) < self.probe_until
+        # probe only where a tree could pay: if even second candidates taking all the spine
+        # leaves would not buy one at these costs (a verify whose cost grows with width), none
+        probing = self.acceptance.measured(1) < self.probe_until and self._could_pay()
         if base.length > 0 and probing and self._rounds % self.probe_every == 0:
             nodes = min(base.length + self.side, self.max_length)
             return Plan(nodes, tree_depth=base.length)
         return replace(base, tree_depth=0)
+
+    def _could_pay(self) -> bool:
+        table = self.acceptance.table(optimistic=True)
+        chain, tree = best_shapes(table, self.cost.cost, self.max_length)
+        return tree is not None and tree.rate > (1 + self.margin) * chain.rate
 
     def observe(self, stats: RoundStats) -> None:
         if stats.tree_nodes:
@@ -164,6 +183,17 @@ class TreePolicy:
 
     def channel_estimates(self) -> tuple[float | None, float | None]:
         return None, None
+
+
+def _memo(cost: Any) -> Any:
+    seen: dict[int, float] = {}
+
+    def priced(nodes: int) -> float:
+        if nodes not in seen:
+            seen[nodes] = cost(nodes)
+        return seen[nodes]
+
+    return priced
 
 
 def _table() -> list[list[float]]:
