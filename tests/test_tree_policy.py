@@ -96,7 +96,7 @@ def test_side_ranks_the_target_never_takes_buy_no_tree_even_on_a_flat_curve():
 
 def test_unmeasured_side_ranks_are_probed_now_and_then_but_never_picked():
     policy = TreePolicy(probe_every=4)
-    for _ in range(40):  # chain rounds only: rank 0 measured, rank 1 never offered
+    for _ in range(60):  # chain rounds (past `probe_after`): rank 0 measured, rank 1 never
         stats = RoundStats("decode", 3, 5, flat(4), drafted=4, accepted=2, index=100)
         stats.draft_seconds = 1e-5
         policy.observe(stats)
@@ -131,7 +131,7 @@ def test_trees_on_decode_as_ar_and_count_tree_nodes_apart(mode, tree_bundles):  
     want = edgespec.load(bundle, mode="ar").generate(PROMPT, max_new_tokens=48, ignore_eos=True)
     model = edgespec.load(bundle, mode=mode, trees="on")
     assert isinstance(model.drafter, AsTree) and isinstance(model.policy, TreePolicy)
-    model.policy.probe_every = 2  # probe trees often: every kind of round runs
+    model.policy.probe_every, model.policy.probe_after = 2, 0  # every kind of round runs
     got = model.generate(PROMPT, max_new_tokens=48, ignore_eos=True)
     assert got.tokens == want.tokens
     s = got.stats

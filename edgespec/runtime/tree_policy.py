@@ -140,6 +140,10 @@ class TreePolicy:
     probe_every: int = 16  # rounds between probe trees while side ranks are unmeasured
     probe_until: float = 8.0  # side-rank offers (forgotten like acceptance) that end probing
     side: int = 3  # a probe tree's side candidates
+    # rounds priced before any probe: the cost line's slope over width is learned from the
+    # chain policy's varied lengths first (unlearned, it is shrunk flat, and every tree looks
+    # worth a probe)
+    probe_after: int = 48
     last: tuple[Shape, Shape | None] | None = None  # the latest pricing (for reports)
     # the chain policy the drafter had (`auto`): it plans every round that is not a tree, as
     # it would without trees, and learns from those rounds only; None: the best chain here
@@ -165,6 +169,8 @@ class TreePolicy:
         return replace(base, tree_depth=0)
 
     def _could_pay(self) -> bool:
+        if self.cost.rounds < self.probe_after:
+            return False
         table = self.acceptance.table(optimistic=True)
         chain, tree = best_shapes(table, self.cost.cost, self.max_length)
         return tree is not None and tree.rate > (1 + self.margin) * chain.rate
