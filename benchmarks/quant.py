@@ -18,16 +18,25 @@ text prompts. Guarantees:
   from its own F32 conversion, as `lib.llamacpp` makes them), logits of every position through
   its bindings; its F32 row checks that the two engines agree before rounding.
 
+A real model instead (`--target` a checkpoint folder, `--text` files to score, cut into
+`--max-ids` pieces): SmolLM2-135M-Instruct as transformers dequantizes its Q4_1 GGUF, with
+`--gguf` that file itself — imported by edgespec with its blocks kept (`gguf-blocks`: the
+same weights as fp32, so only int8 activation rounding remains) and run by llama.cpp as it
+is (`llama.cpp Q4_1`).
+
 Speed is `benchmarks.decode`'s job (`--precisions int8,int4,int4@32`); this measures what
 the rounding does.
 
     python -m benchmarks.quant --llamacpp-venv /work/venv-llamacpp --json out.json
     python -m benchmarks.quant --configs int8,int4 --prompts 1 --max-ids 32     # a smoke run
+    python -m benchmarks.quant --target hf --gguf SmolLM2-135M-Instruct.Q4_1.gguf \
+        --text /usr/share/common-licenses/Apache-2.0 --configs int8,int4 --llamacpp-venv V
 """
 
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 import tempfile
@@ -51,7 +60,7 @@ from llama_cpp import Llama
 gguf, ids_file, out = sys.argv[1:4]
 prompts = json.load(open(ids_file))
 llm = Llama(model_path=gguf, logits_all=True, n_ctx=max(map(len, prompts)) + 8,
-            n_batch=512, n_threads=2, n_threads_batch=2, verbose=False)
+            n_batch=512, n_threads=1, n_threads_batch=1, verbose=False)
 rows = []
 for ids in prompts:
     llm.reset()
@@ -103,9 +112,12 @@ def edgespec_logits(bundle: Path, prompts: list[list[int]]) -> np.ndarray:
     return np.concatenate(rows)
 
 
-def llamacpp_logits(venv: Path, target: Path, ggml: str, prompts: list[list[int]]) -> np.ndarray:
+def llamacpp_logits(
+    venv: Path, target: Path, ggml: str, prompts: list[list[int]], gguf: Path | None = None
+) -> np.ndarray:
+    """llama.cpp's logits on `target` converted to `ggml`, or on the file `gguf`."""
     env = LlamaCppEnv.from_venv(venv)
-    gguf = gguf_for(target, GGUF_ROWS[ggml], env)
+    gguf = gguf or gguf_for(target, GGUF_ROWS[ggml], env)
     with tempfile.TemporaryDirectory() as tmp:
         ids_file, out = Path(tmp) / "ids.json", Path(tmp) / "logits.npy"
         ids_file.write_text(json.dumps(prompts))
@@ -134,19 +146,27 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompts", type=int, default=16, help="per set (code, text)")
     ap.add_argument("--max-ids", type=int, default=256, help="ids per prompt")
     ap.add_argument("--llamacpp-venv", type=Path, default=None)
+    ap.add_argument("--target", type=Path, default=None, help="a checkpoint (default: trained)")
+    ap.add_argument("--text", type=Path, nargs="*", default=[], help="files to score")
+    ap.add_argument("--gguf", type=Path, default=None, help="the target's own GGUF file")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
-    target = trained_pair(args.models) / "target"
+    target = args.target or trained_pair(args.models) / "target"
     print(load_line(), flush=True)
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(target)
-    texts = [
-        p
-        for name in ("prompts_code.jsonl", "prompts_text.jsonl")
-        for p in load_prompts(args.models / name, args.prompts)
-    ]
-    prompts = [tok(t)["input_ids"][: args.max_ids] for t in texts]
+    if args.text:
+        ids = [i for f in args.text for i in tok(f.read_text())["input_ids"]]
+        n = args.max_ids
+        prompts = [ids[s : s + n] for s in range(0, len(ids) - n + 1, n)][: 2 * args.prompts]
+    else:
+        texts = [
+            p
+            for name in ("prompts_code.jsonl", "prompts_text.jsonl")
+            for p in load_prompts(args.models / name, args.prompts)
+        ]
+        prompts = [tok(t)["input_ids"][: args.max_ids] for t in texts]
     print(f"{len(prompts)} prompts, {sum(map(len, prompts))} positions", file=sys.stderr)
 
     rows: list[dict] = []
@@ -158,11 +178,23 @@ def main(argv: list[str] | None = None) -> int:
             got = edgespec_logits(Path(tmp) / name, prompts)
             rows.append({"engine": "edgespec", "config": name, **info, **compare(ref, got)})
             print(f"edgespec {name}: {rows[-1]}", file=sys.stderr)
+        if args.gguf is not None:
+            from edgespec.export import export_bundle
+
+            export_bundle(args.gguf, Path(tmp) / "gguf", overwrite=True, verify=False)
+            got = edgespec_logits(Path(tmp) / "gguf", prompts)
+            bits = stored_bits_per_weight(Path(tmp) / "gguf" / "full.onnx")
+            row = {"engine": "edgespec", "config": f"gguf-blocks {args.gguf.name}"}
+            rows.append(row | {"bits_per_weight": bits} | compare(ref, got))
     if args.llamacpp_venv is not None:
         for ggml, precision in GGUF_ROWS.items():
             got = llamacpp_logits(args.llamacpp_venv, target, ggml, prompts)
             bits = 8 * BYTES_PER_WEIGHT[precision]
             row = {"engine": "llama.cpp", "config": ggml, "bits_per_weight": bits}
+            rows.append(row | compare(ref, got))
+        if args.gguf is not None:
+            got = llamacpp_logits(args.llamacpp_venv, target, "", prompts, args.gguf)
+            row = {"engine": "llama.cpp", "config": args.gguf.name, "bits_per_weight": math.nan}
             rows.append(row | compare(ref, got))
 
     print(f"\n{'engine':<10}{'weights':<22}{'bits/weight':>12}{'KL to fp32':>12}{'top-1 =':>9}")

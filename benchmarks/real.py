@@ -325,6 +325,8 @@ def llamacpp(args: Any) -> dict[str, Any]:
         table[name] = {
             "prefill_tok_s": sum(r.prompt_tokens for r in rs) / sum(r.prefill_s for r in rs),
             "decode_tok_s": sum(r.decode_tokens for r in rs) / sum(r.decode_s for r in rs),
+            "decode_tok_per_cpu_s": sum(r.decode_tokens for r in rs)
+            / sum(r.decode_cpu_s for r in rs),
             "equal_text": statistics.mean(r.tokens == b.tokens for r, b in pairs),
             "equal_prefix": statistics.mean(leading_match(r.tokens, b.tokens) for r, b in pairs),
         }
@@ -354,7 +356,8 @@ def main() -> None:
         table = llamacpp(args)
         for name, row in table.items():
             print(f"{name:44} prefill {row['prefill_tok_s']:7.1f} tok/s  decode "
-                  f"{row['decode_tok_s']:6.1f} tok/s  equal text {row['equal_text']:.2f}  "
+                  f"{row['decode_tok_s']:6.1f} tok/s ({row['decode_tok_per_cpu_s']:6.1f} a CPU "
+                  f"second)  equal text {row['equal_text']:.2f}  "
                   f"equal prefix {row['equal_prefix']:.1f}")  # fmt: skip
     else:
         table = modes(args)

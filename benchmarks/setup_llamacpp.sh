@@ -22,8 +22,9 @@ JOBS=${JOBS:-2}
 mkdir -p "$SRC"
 cd "$SRC"
 if ! ls llama_cpp_python-*.tar.gz >/dev/null 2>&1; then
-    # The source distribution, never a wheel: --no-binary :all:.
-    python3 -m pip download --no-binary :all: --no-deps llama-cpp-python -d .
+    # The source distribution, never a wheel. Only this package: with --no-binary :all: pip
+    # builds the sdist's build backends (scikit-build-core, cmake, ...) from source too, for hours.
+    python3 -m pip download --no-binary llama-cpp-python --no-deps llama-cpp-python -d .
 fi
 SDIST=$(ls llama_cpp_python-*.tar.gz | sort -V | tail -1)
 PKG=${SDIST%.tar.gz}

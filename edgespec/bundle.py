@@ -191,6 +191,9 @@ class Manifest:
     # [batch, sequence] int64 and `tree_mask` [sequence, sequence] bool, which verifies a token
     # tree in one forward (runtime/tree_verify.py)
     tree_graphs: list[GraphInfo] = field(default_factory=list)
+    # target calls run a multiple of this many positions: 2 where activations are quantized
+    # (runtime/stack.py). Absent in older bundles: 2 if their weights are quantized
+    step_width: int = 1
 
     def graph(self, role: str) -> GraphInfo:
         for g in self.graphs:
@@ -306,6 +309,8 @@ def _from_json(raw: dict[str, Any]) -> Manifest:
     ):
         raise ValueError("no 'full' or 'tail@k' graph: nothing can verify")
     draft = raw.get("draft")
+    gguf = str(raw.get("extra", {}).get("gguf", {}).get("weights", ""))  # its kept blocks
+    quantized = "MatMulNBits" in gguf or raw.get("quantization") in ("int8", "int4", "qdq-int8")
     return Manifest(
         source=raw["source"],
         target=ModelInfo(**raw["target"]),
@@ -329,6 +334,7 @@ def _from_json(raw: dict[str, Any]) -> Manifest:
         backbone=raw.get("backbone"),
         chat=_chat_from_json(raw.get("chat")),
         tree_graphs=[_graph_from_json(g) for g in raw.get("tree_graphs", [])],
+        step_width=int(raw.get("step_width", 2 if quantized else 1)),
     )
 
 

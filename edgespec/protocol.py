@@ -6,56 +6,50 @@ Every message is a 12-byte header then a type-specific body, all little-endian:
     START    c->s  flags u8 | top_k u32 | temperature f32 | top_p f32 | seed u64 |
                    capacity u32 | keep u32 | fingerprint: u16 length + utf-8 |
                    ids: u32 count + int32[]
-             keep = 0: a new generation; the server prefills `ids` (a prompt, or on
-             reconnect the whole committed sequence) into a fresh KV cache of `capacity`
-             positions and answers RESULT with the next token (accepted = 0). keep > 0: the
-             session this connection holds is resumed (a conversation's next turn): its cache
-             keeps its first `keep` positions (the tokens before `ids`; a length change) and
-             prefills only `ids`, with this START's sampling fields and capacity (the context
-             bounds keep + len(ids)). No session on this connection (none started, ENDed, a
-             failed prefill; any new connection): ERROR 410; `keep` past what its cache holds:
-             ERROR 409; both leave the connection open and the session as it was, and the
-             device STARTs again with keep = 0 and the whole sequence. fingerprint: the
-             bundle's backbone fingerprint, or from a shared-backbone edge bundle
-             `backbone:K:TOKENIZER:LOWER` (`edgespec.backbone`); a mismatch: ERROR 403. GRAMMAR
-             flag: `| u32 length + utf-8 llguidance grammar | start u32` (ERROR 422 if unusable)
+             keep = 0: a new generation; the server prefills `ids` (a prompt, or on reconnect
+             the whole committed sequence) into a fresh KV cache of `capacity` positions and
+             answers RESULT with the next token (accepted = 0). keep > 0: this connection's
+             session is resumed (a conversation's next turn): its cache keeps its first `keep`
+             positions and prefills only `ids`, with this START's sampling and capacity. No
+             session here (none started, ENDed, a failed prefill): ERROR 410; `keep` past its
+             cache: ERROR 409; both leave connection and session as they were, and the device
+             STARTs again with keep = 0. fingerprint: the bundle's backbone fingerprint, or
+             from a shared-backbone edge bundle `backbone:K:TOKENIZER:LOWER`
+             (`edgespec.backbone`); a mismatch: ERROR 403. GRAMMAR flag: `| u32 length +
+             utf-8 llguidance grammar | start u32` (ERROR 422 if unusable)
     VERIFY   c->s  base u32 | q kind u8 | drafts: u32 count + int32[] | q rows
              drafts d_1..d_γ after the `base` committed tokens (γ = 0: the server just
-             generates one token). Sampling with a model drafter sends (q kind 1) the
-             distribution each draft was drawn from, as its support: u8 3 | u32 n |
-             int32[n] ids | u16[n] counts, q(id) = count / 65535 exactly (`sparse_q`:
-             the drafter samples from exactly this, so acceptance stays lossless; the residual
-             norm(max(0, p - q)) needs the whole support, not just q(d_i)). Each draft must be
-             in its support. Protocol 1's float32 rows (kinds 1, 2) are refused.
-    RESULT   s->c  accepted u16 | token i32 | length u32 | server_seconds f32
-                   [| max_context u32 | max_request_bytes u32]  the server's limits, only
-             in the answer to a START and only to a device that offered the WebSocket
-             subprotocol `edgespec.limits` (a device that does not offer it never sees the
-             extra 8 bytes; a server that does not accept it sends none, and the device then
-             knows no limits). The device sizes every round to them (`max_drafts`, `fit`)
+             generates one token). Sampling with a model drafter sends (q kind 1) the support
+             each draft was drawn from: u8 3 | u32 n | int32[n] ids | u16[n] counts, q(id) =
+             count / 65535 exactly (`sparse_q`: the drafter samples from exactly this, so the
+             residual norm(max(0, p - q)) stays exact). Each draft must be in its support.
+             Protocol 1's float32 rows (kinds 1, 2) are refused.
+    RESULT   s->c  accepted u16 | token i32 | length u32 | server_seconds f32 [| max_context
+             u32 | max_request_bytes u32 | stream_rate f32 | stream_room u16] the limits and
+             streaming offer, in the answer to a START to a device that offered the WebSocket
+             subprotocol `edgespec.limits` (else none: the device knows no limits). Rounds are
+             sized to them (`max_drafts`, `fit`). stream_rate: tokens/s the server's recent
+             streams ran at, each (0: none yet); stream_room: streams it would start now
     ERROR    s->c  code u16 | text: u16 length + utf-8
     END      c->s  (no body) the generation is over; the server frees its cache
     PAUSE    c->s  (no body) the generation is over; the server keeps its cache for a START
-             that resumes it. Neither END nor PAUSE is answered. A paused session keeps its KV
-             slot until it is resumed or ENDed, its connection closes, it is idle for the idle
-             timeout, or a new connection finds the server full: then the session paused
-             longest ago is evicted (ERROR 410, connection closed) to make room
+             that resumes it (neither END nor PAUSE is answered) until it is resumed or ENDed,
+             its connection closes, it idles for the idle timeout, or a new connection finds
+             the server full: the session paused longest ago is evicted (ERROR 410, closed)
     STREAM   c->s  base u32 | most u32  the server decodes on its own after `base` committed
              tokens with its best mode, at most `most` (it stops after an end of text),
-             sending TOKENS per round. ERROR 429 ("verify only"): it streams no more
-             sessions now; connection and session stay, VERIFY rounds go on
+             sending TOKENS per round. ERROR 429 ("verify only"): it streams no more sessions
+             now; connection and session stay, VERIFY rounds go on
     TOKENS   s->c  flags u8 | length u32 | server_seconds f32 | ids: u32 count + int32[]
              one streamed round's tokens (at least one); `length`: the session's committed
-             tokens after them. flags FINAL: the stream is over (its `most`, an end of text,
-             or a STOP); the session then takes VERIFY, STREAM, START, PAUSE and END again
-    STOP     c->s  (no body) end the stream: the server finishes the round it runs and
-             marks its TOKENS FINAL (ignored when no stream runs); the device commits every
-             token streamed up to the FINAL one, so both sides hold the same sequence
+             tokens after them. FINAL: the stream is over (its `most`, an end of text, a STOP,
+             or SHED: the server got busy and hands decoding back); VERIFY etc. may follow
+    STOP     c->s  (no body) end the stream after the round the server runs: its TOKENS are
+             FINAL (no stream: ignored); both sides then hold every token streamed
 
 `decode()` is strict (`wire.Reader`): a wrong magic/version, an unknown type, a truncated or
 overlong body, counts over the limits and q rows that are not distributions (or miss their
-draft) raise `ProtocolError` naming the problem. numpy + stdlib only, shared by both sides.
-"""
+draft) raise `ProtocolError` naming the problem. numpy + stdlib only, shared by both sides."""
 
 from __future__ import annotations
 
@@ -111,12 +105,12 @@ from edgespec.wire import Reader as _Reader
 from edgespec.wire import q_row as _q_row
 
 MAGIC = b"ES"
-VERSION = 3  # 2: q rows are quantized sparse supports; 3: START keep, PAUSE (STREAM, TOKENS, STOP)
+VERSION = 4  # 2: sparse q rows; 3: START keep, PAUSE, STREAM, TOKENS, STOP; 4: stream offer, SHED
 HEADER = struct.Struct("<2sBBII")
 START_HEAD = struct.Struct("<BIffQII")
 VERIFY_HEAD = struct.Struct("<IB")
 RESULT_BODY = struct.Struct("<HiIf")
-LIMITS_BODY = struct.Struct("<II")
+LIMITS_BODY = struct.Struct("<IIfH")
 STREAM_BODY = struct.Struct("<II")
 TOKENS_HEAD = struct.Struct("<BIf")
 SUBPROTOCOL = "edgespec.limits"  # a device that reads the limits in START's RESULT
@@ -133,7 +127,7 @@ SAMPLING, HAS_SEED, GRAMMAR = 1, 2, 4
 # VERIFY: whether q rows follow the drafts, and how each row is stored
 Q_NONE, Q_ROWS = 0, 1
 # TOKENS flags
-FINAL = 1
+FINAL, SHED = 1, 2
 
 
 @dataclass
@@ -162,10 +156,12 @@ class Verify:
 
 @dataclass
 class ServerLimits:
-    """What one session of this server may use: positions, and bytes per message."""
+    """A session's positions and bytes per message; the streaming offer (RESULT's doc)."""
 
     max_context: int
     max_request_bytes: int
+    stream_rate: float = 0.0
+    stream_room: int = 0
 
 
 @dataclass
@@ -213,6 +209,7 @@ class Tokens:
     length: int  # committed tokens on the server after them
     server_seconds: float
     final: bool = False
+    shed: bool = False  # final because the server got busy: decode on the device
     session: int = 0
     round: int = 0
 
@@ -270,7 +267,9 @@ def encode(msg: Message) -> bytes:
     if isinstance(msg, Result):
         body = RESULT_BODY.pack(msg.accepted, msg.token, msg.length, msg.server_seconds)
         if msg.limits is not None:
-            body += LIMITS_BODY.pack(msg.limits.max_context, msg.limits.max_request_bytes)
+            x = msg.limits
+            body += LIMITS_BODY.pack(x.max_context, x.max_request_bytes, x.stream_rate,
+                                     min(max(x.stream_room, 0), 0xFFFF))  # fmt: skip
         return _header(RESULT, msg.session, msg.round) + body
     if isinstance(msg, Error):
         body = struct.pack("<H", msg.code) + _text(msg.text)
@@ -280,7 +279,8 @@ def encode(msg: Message) -> bytes:
     if isinstance(msg, Stream):
         return _header(STREAM, msg.session, msg.round) + STREAM_BODY.pack(msg.base, msg.most)
     if isinstance(msg, Tokens):
-        head = TOKENS_HEAD.pack(FINAL if msg.final else 0, msg.length, msg.server_seconds)
+        flags = (FINAL if msg.final or msg.shed else 0) | (SHED if msg.shed else 0)
+        head = TOKENS_HEAD.pack(flags, msg.length, msg.server_seconds)
         return _header(TOKENS, msg.session, msg.round) + head + _ids(msg.ids)
     if isinstance(msg, Stop):
         return _header(STOP, msg.session, msg.round)
@@ -355,12 +355,12 @@ def decode(data: bytes | str, limits: Limits | None = None) -> Message:
         msg = Stream(*r.unpack(STREAM_BODY, "STREAM fields"))
     elif kind == TOKENS:
         flags, length, seconds = r.unpack(TOKENS_HEAD, "TOKENS fields")
-        if flags & ~FINAL:
+        if flags & ~(FINAL | SHED):
             raise ProtocolError(f"TOKENS: unknown flags {flags:#x}")
         ids = r.ids("tokens", limits.max_ids, limits.vocab_size)
         if not ids:
             raise ProtocolError("TOKENS carries no token: a streamed round has at least one")
-        msg = Tokens(ids, length, seconds, bool(flags & FINAL))
+        msg = Tokens(ids, length, seconds, bool(flags & (FINAL | SHED)), bool(flags & SHED))
     elif kind == STOP:
         msg = Stop()
     elif kind == END:

@@ -23,6 +23,7 @@ def test_every_message_round_trips():
         P.Verify(12, []),
         P.Result(2, 17, 15, 0.25, 3, 9),
         P.Result(0, 17, 4, 0.5, 3, 1, limits=P.ServerLimits(128, 1 << 20)),
+        P.Result(0, 17, 4, 0.5, 3, 1, limits=P.ServerLimits(128, 1 << 20, 42.5, 3)),
         P.Error(P.TOO_LARGE, "too big é", 3, 9),
         P.End(3, 10),
         P.Pause(3, 11),

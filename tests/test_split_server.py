@@ -200,7 +200,8 @@ def test_sampling_rounds_accept_q_rows(bundle, server):
     with ws(server, subprotocols=[P.SUBPROTOCOL]) as conn:
         first = ask(conn, P.Start([1, 2, 3], 64, temperature=1.0, top_k=20, seed=3))
         assert isinstance(first, P.Result)
-        assert first.limits == P.ServerLimits(128, 2048)  # START's answer states the limits
+        # START's answer states the limits, and that it would stream (nothing streamed yet)
+        assert first.limits == P.ServerLimits(128, 2048, stream_rate=0.0, stream_room=4)
         q = quantize(np.array([5, 6]), np.array([0.5, 0.5]))
         r = ask(conn, P.Verify(4, [5], [q]))
         assert isinstance(r, P.Result) and r.accepted in (0, 1)

@@ -188,7 +188,8 @@ def test_the_default_placement_is_lossless_wherever_it_decodes(bundle, server, a
 def test_stream_messages_round_trip_and_malformed_ones_are_refused():
     from edgespec import protocol as P
 
-    for msg in (P.Stream(17, 64), P.Tokens([5, 6, 7], 20, 0.25, final=True), P.Stop()):
+    shed = P.Tokens([5], 21, 0.25, final=True, shed=True)  # FINAL: the server got busy
+    for msg in (P.Stream(17, 64), P.Tokens([5, 6, 7], 20, 0.25, final=True), shed, P.Stop()):
         msg.session, msg.round = 3, 9
         assert P.decode(P.encode(msg)) == msg
     empty = P.encode(P.Tokens([], 20, 0.0))
@@ -211,3 +212,33 @@ def test_after_decoding_here_the_next_prefill_is_here_too(bundle, server, ar_tok
     assert chunks[0].stats.phase == "prefill" and chunks[0].stats.verifier == "device"
     # then the server learns the sequence (a START) and verifies and streams again
     assert {"remote", "stream"} <= {c.stats.verifier for c in chunks[1:]}
+
+
+def test_a_busy_server_hands_a_running_stream_back_and_the_device_decodes_on(
+    bundle, ar_tokens
+):
+    from websockets.sync.client import connect
+
+    server = serve_in_process(bundle, mode="spec", stream_below=2)  # busy at 2 sessions
+    try:
+        model = split(bundle, server.url, [("stream", 0)])  # it asks to stream every round
+        steps = model.stream(PROMPT, max_new_tokens=N, ignore_eos=True)
+        chunks = [next(steps)]
+        got, held = _one_streamed_round(server, steps)  # the stream's 2nd round is held
+        chunks += got
+        headers = {"Authorization": f"Bearer {TOKEN}"}
+        with connect(f"{server.url}/v1/session", additional_headers=headers, proxy=None):
+            while len(server.state.connections) < 2:  # a second device: the server is busy
+                threading.Event().wait(0.005)
+            held.release()  # the held round ends, and the stream is shed after it
+            chunks += list(steps)
+        assert [t for c in chunks for t in c.tokens] == ar_tokens
+        decode = [c.stats for c in chunks[1:]]
+        shed = next(i for i, s in enumerate(decode) if s.server_busy)
+        assert decode[shed].verifier == "stream"  # the shed stream's FINAL tokens
+        # then the device drafts: its requests to stream again are refused while busy
+        assert {s.verifier for s in decode[shed + 1 :]} == {"remote"}
+        assert all(s.server_busy for s in decode[shed + 1 :])
+        assert server.state.streams.shed == 1 and server.state.streams.running == 0
+    finally:
+        server.stop()

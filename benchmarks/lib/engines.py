@@ -41,10 +41,19 @@ class EngineSkipped(Exception):
 # --------------------------------------------------------------------------- edgespec
 def edgespec_runner(model: Any, prompt: list[int], n_new: int) -> Callable[[], Run]:
     def once() -> Run:
-        res = model.generate(list(prompt), max_new_tokens=n_new, ignore_eos=True)
-        s = res.stats
-        return Run(s.prefill_seconds, s.decode_seconds, s.prefill_tokens, s.decode_tokens,
-                   [int(t) for t in res.tokens])  # fmt: skip
+        tokens: list[int] = []
+        start = time.perf_counter()
+        prefill_s = cpu = 0.0
+        decode_tokens = -1  # the prefill's token is not a decode token
+        for chunk in model.stream(list(prompt), max_new_tokens=n_new, ignore_eos=True):
+            tokens += [int(t) for t in chunk.tokens]
+            decode_tokens += len(chunk.tokens)
+            if chunk.stats.phase == "prefill":
+                prefill_s, cpu = time.perf_counter() - start, time.process_time()
+        decode_s = time.perf_counter() - start - prefill_s
+        run = Run(prefill_s, decode_s, len(prompt), decode_tokens, tokens)
+        run.decode_cpu_s = time.process_time() - cpu
+        return run
 
     return once
 

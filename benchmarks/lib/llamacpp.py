@@ -150,12 +150,14 @@ def _worker(spec_path: str) -> None:
         start = time.perf_counter()
         llm.eval(prompt)  # the prompt pass
         tokens = [argmax_last()]
-        first = time.perf_counter()
+        first, cpu = time.perf_counter(), time.process_time()
         for _ in range(n_new - 1):
             llm.eval([tokens[-1]])
             tokens.append(argmax_last())
         end = time.perf_counter()
-        return Run(first - start, end - first, len(prompt), n_new - 1, tokens)
+        run = Run(first - start, end - first, len(prompt), n_new - 1, tokens)
+        run.decode_cpu_s = time.process_time() - cpu
+        return run
 
     runs = measure(once, spec["warmup"], spec["repeats"], spec["quiet_wait"], spec["retries"])
     Path(spec["out"]).write_text(json.dumps({"runs": [asdict(r) for r in runs]}))

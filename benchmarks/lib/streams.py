@@ -82,9 +82,16 @@ def chat_device(host: str, port: int, ids: dict[str, list[int]], n_new: int) -> 
     def once(prompt: str, dev: Device) -> list[tuple[float, int]]:
         body = {"prompt": ids[prompt], "max_tokens": n_new, "stream": True, "ignore_eos": True,
                 "temperature": 0}  # fmt: skip
-        conn.request("POST", "/v1/completions", json.dumps(body),
-                     {"Content-Type": "application/json"})  # fmt: skip
-        r = conn.getresponse()
+        for attempt in (0, 1):  # a keep-alive connection the server closed while idle: again
+            try:
+                conn.request("POST", "/v1/completions", json.dumps(body),
+                             {"Content-Type": "application/json"})  # fmt: skip
+                r = conn.getresponse()
+                break
+            except (http.client.RemoteDisconnected, ConnectionError):
+                conn.close()
+                if attempt:
+                    raise
         if r.status != 200:
             raise RuntimeError(f"HTTP {r.status}: {r.read()[:200]!r}")
         arrivals = []
@@ -102,13 +109,16 @@ def chat_device(host: str, port: int, ids: dict[str, list[int]], n_new: int) -> 
 
 def run_devices(devices: list[Callable], prompts: list[str], seconds: float) -> list[Device]:
     """Every device (a `once(prompt, Device)`) in its own thread, generating over the prompts
-    in turn until `seconds` pass (the generation running then is finished and counted)."""
+    in turn until `seconds` pass (the generation running then is finished and counted; at
+    least one each)."""
     out = [Device() for _ in devices]
-    stop_at = time.monotonic() + seconds
+    go = threading.Event()  # every thread started first: with many devices starting them
+    stop_at = [0.0]  # takes a while, and the window must not close on the last ones
 
     def run(i: int) -> None:
         k = i
-        while time.monotonic() < stop_at:
+        go.wait()
+        while True:  # at least one generation each (seconds = 0: exactly one)
             prompt = prompts[k % len(prompts)]
             k += 1
             start = time.perf_counter()
@@ -116,10 +126,14 @@ def run_devices(devices: list[Callable], prompts: list[str], seconds: float) -> 
                 out[i].add(start, devices[i](prompt, out[i]))
             except Exception:  # noqa: BLE001 - a lost generation is a result
                 out[i].lost += 1
+            if time.monotonic() >= stop_at[0]:
+                break
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(len(devices))]
     for t in threads:
         t.start()
+    stop_at[0] = time.monotonic() + seconds
+    go.set()
     for t in threads:
         t.join()
     return out

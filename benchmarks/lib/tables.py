@@ -33,7 +33,8 @@ def write_result(path: Path | None, args: Any, data: dict[str, Any], plot: str =
         return
     options = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"machine": facts(), "args": options, **data}, indent=1))
+    result = {"machine": facts(), "args": options, **data}
+    path.write_text(json.dumps(result, indent=1, default=str))
     log(f"wrote {path}")
     if plot:
         from benchmarks.lib.plots import try_plot

@@ -23,6 +23,7 @@ class Run:
     tokens: list[int]
     wall_s: float = 0.0  # the whole call, setup included, for sanity checks
     other_cpu: float = 0.0  # mean cores other processes kept busy during this run
+    decode_cpu_s: float = 0.0  # the engine process's CPU time over the decode (0: not taken)
 
     @property
     def prefill_tps(self) -> float:

@@ -99,6 +99,14 @@ from edgespec.cli.common import _friendly, _read_token
     type=int,
     help="--cache-dir: prefixes shorter than this many tokens are not written.",
 )
+@click.option(
+    "--stream-below",
+    default=0,
+    show_default=True,
+    type=click.IntRange(0),
+    help="Stream only while fewer sessions are open: at this many, new STREAMs get 'verify "
+    "only' and running streams are handed back to their devices (0: no such bound).",
+)
 @click.option("--log-level", default="info", show_default=True)
 @click.option(
     "--replicas",

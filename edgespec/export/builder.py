@@ -234,7 +234,8 @@ class GraphBuilder:
         )
         if w.minima is None:
             return y
-        blocks = self.op1("Reshape", [x, self.const(np.array([0, 0, -1, w.block]))])
+        # K / block spelt out: -1 cannot be inferred for 0 positions (a head's keep=0 call)
+        blocks = self.op1("Reshape", [x, self.const(np.array([0, 0, w.k // w.block, w.block]))])
         sums = self.op1("ReduceSum", [blocks, self.const(np.array([-1]))], keepdims=0)
         mins = self.weight(f"{name}.minima", np.ascontiguousarray(w.minima.T))
         return self.op1("Add", [y, self.op1("MatMul", [sums, mins])])

@@ -115,6 +115,16 @@ class ExportConfig:
             raise ExportError("--quantize qdq-int8 starts from fp32 graphs: use --dtype fp32")
         self.draft_quant = self.quant if self.draft_quantize is None else self._draft_quant()
 
+    def step_width(self, blocks: bool = False) -> int:
+        """The bundle's `step_width` (runtime/stack.py): 2 where the target's activations are
+        quantized — QDQ, or MatMulNBits (weight-only `quantize`, or a GGUF's `blocks` when
+        `blocks` were kept) at an accuracy level >= 2 — else 1."""
+        q = self.quant
+        if q is not None and q.method == "qdq-int8":
+            return 2
+        nbits = q is not None or blocks
+        return 2 if nbits and self.accuracy_level >= 2 else 1
+
     def _quant(self, method: str | None) -> QuantConfig | None:
         if method is None:
             return None

@@ -135,6 +135,7 @@ def export_gguf(path: str | Path, out: str | Path, config: ExportConfig | None =
         backbone_fingerprint=_fingerprint(files, weights),
         created_by=f"edgespec {__version__}",
         chat=chat_format(meta, config_json, out),
+        step_width=c.step_width(c.gguf_weights == "blocks" and _has_packed(weights)),
     )
     manifest.extra["gguf"] = provenance(path, model, c)
     if c.quant is not None:

@@ -199,6 +199,7 @@ def export_bundle(
         backbone_layers=c.backbone_layers,
         backbone=backbone_record(tokenizer, weights),
         chat=save_chat_format(tokenizer, target, out),
+        step_width=c.step_width(),
         tree_graphs=tree_graphs,
     )
     if c.quant is not None:

@@ -241,6 +241,11 @@ class ChannelAware:
         return self.rtt, self.bandwidth
 
     @property
+    def remote_rounds(self) -> int:
+        """Rounds the server verified, as observed: the link's estimates change only then."""
+        return self._remote_rounds
+
+    @property
     def downlink_bandwidth(self) -> float | None:
         return None if self.link.a is None else _rate(self.link.b[1])
 

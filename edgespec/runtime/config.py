@@ -49,6 +49,10 @@ class LoadConfig:
     # sampling: model drafters draw from their top-k / top-p ids only (runtime/draft_q.py:
     # lossless; in split mode what a drafted token costs on the uplink)
     draft_support: DraftSupport = DEFAULT_SUPPORT
+    # target calls run a multiple of this many positions (runtime/stack.py); None: the
+    # bundle's (2 where its activations are quantized). 1 there is faster, but modes may then
+    # disagree
+    step_width: int | None = None
     split: SplitConfig = field(default_factory=SplitConfig)
     # token trees with a model-free drafter (lookup, suffix, recycle): auto (where the bundle
     # verifies trees, the tree policy chooses chain or tree each round), on (refused where

@@ -43,7 +43,7 @@ from edgespec.runtime.round import (
     empty_proposal,
 )
 from edgespec.runtime.sampling import SamplingParams
-from edgespec.runtime.stack import Stack
+from edgespec.runtime.stack import Stack, pad_call
 from edgespec.runtime.tree import TokenTree
 from edgespec.runtime.tree_draft import merged_paths
 
@@ -249,13 +249,16 @@ class EarlyExitDrafter:
         assert cache is not None
         past = self.target.length
         hidden: list[np.ndarray] = []
+        step = self.target.step_width  # the head's calls padded as the target's (stack.py)
 
         def run_head(ids: list[int], keep: int = 1) -> np.ndarray:
             nonlocal past
-            out = head.run(cache, past, input_ids=np.asarray([ids], np.int64), keep=keep)
-            hidden.append(out["hidden"][0])
+            pad, rows, wanted = pad_call(len(ids), keep, step)
+            feed = np.asarray([[*ids, *ids[-1:] * pad]], np.int64)
+            out = head.run(cache, past, input_ids=feed, keep=rows)
+            hidden.append(out["hidden"][0][: len(ids)])
             past += len(ids)
-            return out["exit_logits"][0, -1] if keep else out["exit_logits"]
+            return out["exit_logits"][0][wanted][-1] if keep else out["exit_logits"]
 
         allowed = _allowed(self.constraint, seq)
         tokens, qs, last = draft_tokens(

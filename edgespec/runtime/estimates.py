@@ -62,6 +62,10 @@ class Priors:
     placement_learn: int = 3  # split rounds to learn: the link's estimates need 2 sizes
     placement_probe: int = 3  # rounds each other place runs when it is measured (or re-measured)
     placement_reprobe: int = 256  # rounds between looks at the place measured longest ago
+    # ... and a look is taken only when its price (its rounds at the place's expected speed,
+    # plus a round trip) is at most this share of the decoding time since that place last ran:
+    # a device much faster than a far server must not spend a third of its time asking it
+    placement_reprobe_share: float = 0.02
     placement_busy: int = 64  # rounds without asking to stream after a "verify only"
     # a place must be priced this much faster to move there: a run's spread is several %,
     # and a move costs (a STOP's round trip, or the local cache catching up)

@@ -10,10 +10,9 @@ and split mode, mapped to what implements it; conflicting choices are refused he
   policies   fixed:N | confidence:T | acceptance | auto | dynamic-exit | channel-aware[:J]
 
 `build(graphs, config)` turns a `LoadConfig` into a `Decoder`: the (verifier, drafter, policy)
-of one generation loop, with the local target and the split link it holds named as fields.
-Every build has caches, estimates and a server connection of its own over the graph
-sessions `graphs` opened once: a conversation is a second build (`runtime.chat`).
-"""
+of one generation loop, naming the local target and split link it holds. Each build has its
+own caches, estimates and server connection over the sessions `graphs` opened once: a
+conversation is a second build (`runtime.chat`)."""
 
 from __future__ import annotations
 
@@ -268,7 +267,8 @@ class _Builder:
             raise InputError(f"verifier {spec!r} is not one of: full, exit:K")
         # token trees: the roles' tree-verification twins, opened (or refused) on first use
         trees = lambda: [self.graphs.open_tree(r) for r in roles]  # noqa: E731
-        return Stack([self.open(r) for r in roles], tree_stages=trees)
+        width = self.config.step_width or self.graphs.manifest.step_width
+        return Stack([self.open(r) for r in roles], tree_stages=trees, step_width=width)
 
 
 def build(graphs: BundleGraphs, config: LoadConfig) -> Decoder:

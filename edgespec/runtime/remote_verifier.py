@@ -31,7 +31,10 @@ def _channel(x: Exchange) -> ChannelStats:
 
 def _verdict(x: Exchange, resync: bool = False) -> Verdict:
     r = x.result
-    return Verdict(r.accepted, r.token, r.server_seconds, "remote", resync, _channel(x))
+    v = Verdict(r.accepted, r.token, r.server_seconds, "remote", resync, _channel(x))
+    if r.limits is not None:  # a START's answer: how the server would stream now
+        v.stream_rate, v.server_busy = r.limits.stream_rate, r.limits.stream_room == 0
+    return v
 
 
 @dataclass

@@ -180,7 +180,8 @@ class Verdict:
     # a streamed round: tokens the server decoded on its own, before `token` (accepted = 0:
     # the round's drafts, if any, are void)
     streamed: tuple[int, ...] = ()
-    server_busy: bool = False  # the server refused to stream ("verify only")
+    server_busy: bool = False  # the server refused to stream ("verify only") or shed it
+    stream_rate: float | None = None  # a START's answer: its streams' tokens/s (0: none yet)
     # a verified token tree: the accepted root path's tokens (d_1..d_n are not the
     # proposal's `tokens` then); None: the verifier verified `tokens`
     tree_path: list[int] | None = None
@@ -188,7 +189,7 @@ class Verdict:
     def fill(self, stats: RoundStats) -> RoundStats:
         stats.verifier = self.verifier
         stats.reconnected = self.resync  # counted as GenerationStats.reconnects
-        stats.server_busy = self.server_busy
+        stats.server_busy, stats.stream_rate = self.server_busy, self.stream_rate
         if self.channel is not None:
             stats.set_channel(self.channel)
         return stats

@@ -6,6 +6,16 @@ or `head@k` alone as a stand-alone drafter (its exit logits) — and gives one o
 holds every layer the stages own. The target, the draft model, the split client's exit
 drafter and the server's per-session rows all run through `run_stages`, the one place where
 ids go into the first stage and hidden states into the next.
+
+`step_width` 2 (the manifest's, for graphs whose activations are quantized): every call runs
+an even number of positions and keeps an even number of logits rows. onnxruntime's kernels
+take another path for a lone row — a one-position call, or the last row of an odd-width call
+(attention, float GEMM, MatMulNBits' row pairs: rounding-level differences) — and int8
+activation rounding magnifies such a difference into logits that differ by whole units, so a
+one-token step and a verify round of the same tokens would disagree. Rows of even-width
+calls come out bitwise the same whatever the width (measured on SmolLM2 Q4_1 blocks and int8
+/ int4 exports, widths 2-16), so an odd call runs with a copy of its last input after it,
+whose keys and values land past the cache's length and are overwritten later (`pad_call`).
 """
 
 from __future__ import annotations
@@ -20,6 +30,16 @@ from edgespec.runtime.kv_cache import KVCache
 from edgespec.runtime.tree_verify import TreeGraph
 
 G = TypeVar("G", bound=Graph)
+
+
+def pad_call(width: int, keep: int, step_width: int) -> tuple[int, int, slice]:
+    """A call of `width` new positions keeping the last `keep` logits rows, at `step_width`:
+    (positions appended: copies of the last input, rows to keep in the padded call, the slice
+    of those rows that are the asked-for ones)."""
+    pad = (-width) % step_width
+    need = keep + pad if keep else 0  # the last rows of the padded call, the wanted ones in
+    rows = min(need + (-need) % step_width, width + pad)
+    return pad, rows, slice(rows - need, rows - pad)
 
 
 def run_stages(
@@ -43,6 +63,7 @@ class Stack:
         stages: list[Graph],
         logits: str = "logits",
         tree_stages: Callable[[], list[TreeGraph]] | None = None,
+        step_width: int = 1,
     ) -> None:
         self.stages = stages
         # opens the stages' tree-verification twins on first use (`forward_tree`); None: the
@@ -58,6 +79,8 @@ class Stack:
         # static and Core ML graphs run on a cache of exactly their max context
         self.fixed_capacity = stages[0].fixed_capacity
         self.max_positions = min(model.max_position_embeddings, self.fixed_capacity or 1 << 62)
+        # fixed-shape graphs run the widths they were exported for
+        self.step_width = step_width if self.fixed_capacity is None else 1
 
     @property
     def length(self) -> int:
@@ -65,7 +88,7 @@ class Stack:
 
     def reset(self, capacity: int) -> None:
         """An empty cache with room for `capacity` positions (buffers reused when big enough)."""
-        capacity = self.fixed_capacity or capacity
+        capacity = self.fixed_capacity or capacity + self.step_width - 1  # room for a pad
         if self.stages[0].holds_kv:  # Core ML: KV in the model's state
             self.cache = KVCache([], [], [])  # only the length is kept here
             return
@@ -92,7 +115,7 @@ class Stack:
             return 0
         keep = min(keep, self.cache.length)
         self.cache.truncate(keep)
-        capacity = self.fixed_capacity or capacity
+        capacity = self.fixed_capacity or capacity + self.step_width - 1
         if not self.stages[0].holds_kv and self.cache.capacity < capacity:
             # grow geometrically: a conversation gains a turn at a time
             room = min(max(capacity, 2 * self.cache.capacity), self.max_positions)
@@ -103,13 +126,15 @@ class Stack:
         """Logits [keep, vocab] for new token ids [S], appended to the cache."""
         cache = self.cache
         assert cache is not None, "call reset() first"
+        pad, rows, wanted = pad_call(len(ids), keep, self.step_width)
+        feed = np.concatenate([ids, ids[-1:].repeat(pad)]) if pad else ids
 
         def call(stage: Graph, x: dict, last: bool) -> dict:
-            return stage.run(cache, cache.length, keep=keep if last else 0, **x)
+            return stage.run(cache, cache.length, keep=rows if last else 0, **x)
 
-        out = run_stages(self.stages, ids[None, :], call)
+        out = run_stages(self.stages, feed[None, :], call)
         cache.length += len(ids)
-        return out[self.logits][0]
+        return out[self.logits][0][wanted]
 
     def forward_tree(
         self, ids: np.ndarray, positions: np.ndarray, mask: np.ndarray, keep: int
@@ -122,14 +147,21 @@ class Stack:
             if self._open_tree is None:
                 raise ValueError("these graphs cannot verify token trees")
             self._tree = self._open_tree()
+        n = len(ids)
+        pad, rows, wanted = pad_call(n, keep, self.step_width)
+        if pad:  # a copy of the last node, seeing what it sees and itself; no node sees it
+            ids, positions = np.append(ids, ids[-1]), np.append(positions, positions[-1])
+            grown = np.zeros((n + 1, n + 1), bool)
+            grown[:n, :n], grown[n, :n], grown[n, n] = mask, mask[n - 1], True
+            mask = grown
 
         def call(stage: TreeGraph, x: dict, last: bool) -> dict:
-            k = keep if last else 0
+            k = rows if last else 0
             return stage.run_tree(cache, cache.length, positions, mask, keep=k, **x)
 
         out = run_stages(self._tree, ids[None, :], call)
-        cache.length += len(ids)
-        return out[self.logits][0]
+        cache.length += n
+        return out[self.logits][0][wanted]
 
     @property
     def verifies_trees(self) -> bool:
@@ -139,9 +171,11 @@ class Stack:
         """Logits for hidden states [S, H] that a head already computed (its layers' KV are in
         the cache beyond `length`); advances the length by S."""
         assert self.cache is not None
-        out = tail.run(self.cache, self.cache.length, hidden=hidden[None], keep=keep)
+        pad, rows, wanted = pad_call(hidden.shape[0], keep, self.step_width)
+        feed = np.concatenate([hidden, hidden[-1:].repeat(pad, axis=0)]) if pad else hidden
+        out = tail.run(self.cache, self.cache.length, hidden=feed[None], keep=rows)
         self.cache.length += hidden.shape[0]
-        return out["logits"][0]
+        return out["logits"][0][wanted]
 
     def truncate(self, length: int) -> None:
         if self.cache is not None:

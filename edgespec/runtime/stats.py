@@ -49,7 +49,10 @@ class RoundStats:
     reconnected: bool = False  # this round rebuilt the server session on a new connection
     # constrained decoding: tokens the grammar alone decided (not in drafted / accepted)
     forced: int = 0
-    server_busy: bool = False  # the server answered "verify only" to a request to stream
+    # the server answered "verify only" to a request to stream (or at START: it would start
+    # no stream now), or it handed a running stream back (shed)
+    server_busy: bool = False
+    stream_rate: float | None = None  # a START's answer: the server's streams' tokens/s lately
 
     # prefill of a conversation's turn: prompt positions kept from the cache (not processed;
     # input_tokens counts only the rest)

@@ -9,7 +9,9 @@ last. While it waits for the next TOKENS, the device feeds the streamed tokens t
 `full` graph in chunks (`FallbackVerifier.follow`), so it can take decoding back at any
 token: a round placed elsewhere sends STOP and reads to the FINAL TOKENS (every token the
 server decoded before it is committed: both sides then hold the same sequence), then VERIFY
-rounds or local rounds go on. A STREAM refused with ERROR 429 ("verify only") is answered by
+rounds or local rounds go on. A server that gets busy sheds the stream: its last TOKENS are
+FINAL and SHED, the round says so (`Verdict.server_busy`) and the next round is placed
+elsewhere, from the token after them. A STREAM refused with ERROR 429 ("verify only") is answered by
 a plain split round instead and says so (`Verdict.server_busy`); a link that fails
 mid-stream is a failed round like any other: reconnect and resync, or decode locally.
 
@@ -49,6 +51,7 @@ class ServerStream:
         self.length = 0
         self.bytes_up = 0  # not yet counted in a round's stats
         self.early: Arrival | None = None
+        self.shed = False  # the last FINAL TOKENS: the server got busy and handed it back
 
     def open(self, base: int, most: int) -> None:
         r = self.remote
@@ -57,6 +60,7 @@ class ServerStream:
         r.round += 1
         _, self.bytes_up = r.link.send(P.Stream(base, most, round=r.round))
         self.active, self.stopping, self.length, self.early = True, False, base, None
+        self.shed = False
 
     def stop(self) -> None:
         if self.active and not self.stopping and self.remote.link is not None:
@@ -117,6 +121,7 @@ class ServerStream:
             server += msg.server_seconds
             if msg.final:
                 self.reset()
+                self.shed = msg.shed
                 break
         wall = perf_counter() - start
         up, self.bytes_up = self.bytes_up, 0
@@ -178,8 +183,9 @@ class StreamRound:
         except LinkError as e:
             return f.recover(e, self.seq, self.proposal, self.params, self.rng)
         return Verdict(
-            0, ids[-1], channel.server_seconds, "stream", channel=channel, streamed=tuple(ids[:-1])
-        )
+            0, ids[-1], channel.server_seconds, "stream", channel=channel,
+            streamed=tuple(ids[:-1]), server_busy=stream.shed,
+        )  # fmt: skip
 
 
 def stream_round(

@@ -210,7 +210,9 @@ async def _rounds(conn: Conn, state: State, limits: bool, streaming: list[Stream
                 count.positions_kept += msg.keep
                 count.resumes += msg.keep > 0
                 if limits:
-                    reply.limits = P.ServerLimits(state.max_context, state.config.max_request_bytes)
+                    reply.limits = P.ServerLimits(
+                        state.max_context, state.config.max_request_bytes, *state.streams.offer()
+                    )
             elif isinstance(msg, P.Verify):
                 if session is None:
                     raise P.ProtocolError("VERIFY before START: start the session first")

@@ -59,6 +59,9 @@ class ServerConfig:
     cache_dir: str | None = None  # OpenAI endpoints: keep conversations' KV caches here
     cache_bytes: int = 1 << 30  # at most this much in cache_dir (least recently used go first)
     cache_min_tokens: int = 64  # prefixes shorter than this are not written
+    # stream only while fewer sessions are open (new STREAMs refused, running ones shed back
+    # to their devices at this many); 0: no such bound
+    stream_below: int = 0
 
     def __post_init__(self) -> None:
         _integer("max_sessions", self.max_sessions, 1)
@@ -73,6 +76,7 @@ class ServerConfig:
         _integer("max_streams", self.max_streams, 0)
         _integer("cache_bytes", self.cache_bytes, 1)
         _integer("cache_min_tokens", self.cache_min_tokens, 1)
+        _integer("stream_below", self.stream_below, 0)
         _seconds("idle_timeout", self.idle_timeout, positive=True)
         _seconds("drain_seconds", self.drain_seconds, positive=False)
         _seconds("header_timeout", self.header_timeout, positive=True)
@@ -156,6 +160,13 @@ class State:
     chat: ChatEngine | None = None  # the OpenAI endpoints' decoder
     streams: Streams = field(default_factory=lambda: Streams(0, None))  # STREAM sessions
 
+    def busy(self) -> bool:
+        """Whether streams give way to split sessions now (`stream_below` sessions open:
+        split connections and OpenAI requests, as `max_sessions` counts them)."""
+        bound = self.config.stream_below
+        load = len(self.connections) + (self.chat.load if self.chat else 0)
+        return bound > 0 and load >= bound
+
 
 def load_state(config: ServerConfig) -> State:
     graphs = open_bundle(config.bundle, GraphOptions(config.device, config.threads))
@@ -193,7 +204,7 @@ def load_state(config: ServerConfig) -> State:
     chat = ChatEngine(model, rows, context)
     if config.cache_dir is not None:
         chat.keep_on_disk(open_prefix_cache(config, graphs.folder, graphs.manifest, chat, pool))
-    return State(
+    state = State(
         config,
         graphs.manifest,
         stages,
@@ -207,6 +218,8 @@ def load_state(config: ServerConfig) -> State:
         chat=chat,
         streams=Streams.for_model(config.max_streams, model),
     )
+    state.streams.busy = state.busy
+    return state
 
 
 # -- a fleet (`--replicas`, serve/fleet.py) -------------------------------------------------

@@ -14,8 +14,14 @@ one device and server hold the same sequence and VERIFY rounds may follow.
 
 `Streams` bounds how many sessions stream at once (`--max-streams`, 0: verify only): beyond
 that a STREAM gets ERROR 429 and the device drafts itself, so the server's capacity goes to
-split devices, whose rounds cost it no drafting. Drafters and policies (each with its own
-small cache) are kept between streams, one per running stream at most.
+split devices, whose rounds cost it no drafting. While the server is busy (`Streams.busy`:
+`--stream-below` sessions open) it refuses new streams and sheds running ones: a stream's
+next round goes out FINAL and SHED, and its device takes decoding back from that token.
+`Streams.offer()` is what START's answer tells a device: the tokens/s a stream ran at
+lately (an EWMA over streamed rounds, each round's tokens over its wall time: queueing
+behind other sessions' rounds included) and how many streams it would start now. Drafters
+and policies (each with its own small cache) are kept between streams, one per running
+stream at most.
 """
 
 from __future__ import annotations
@@ -48,11 +54,16 @@ class Stream:
 class Streams:
     """How many sessions stream at once, and the drafters they decode with."""
 
+    RATE_DECAY = 0.2  # EWMA weight of a streamed round in the advertised tokens/s
+
     def __init__(self, limit: int, new_decoder: Callable[[], Decoder] | None) -> None:
         self.limit, self.new_decoder = limit, new_decoder
         self.running = 0
         self.refused = 0
+        self.shed = 0
         self.tokens = 0
+        self.rate = 0.0  # tokens/s of one stream lately (0: none measured)
+        self.busy: Callable[[], bool] = lambda: False
         self.free: list[Decoder] = []
         self.lock = threading.Lock()
 
@@ -70,7 +81,20 @@ class Streams:
                 f"verify only: the server streams {self.limit} sessions at once; draft on "
                 "the device (split rounds) and ask again later"
             )
+        if self.busy():
+            return "verify only: the server is busy; draft on the device and ask again later"
         return None
+
+    def offer(self) -> tuple[float, int]:
+        """(tokens/s a stream ran at lately, streams it would start now)."""
+        room = 0 if self.refusal() is not None else self.limit - self.running
+        return self.rate, room
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        """One streamed round: its tokens over its wall time."""
+        if seconds > 0:
+            now = tokens / seconds
+            self.rate = now if self.rate == 0 else self.rate + self.RATE_DECAY * (now - self.rate)
 
     def take(self) -> Decoder:
         with self.lock:
@@ -86,7 +110,8 @@ class Streams:
             self.free.append(decoder)
 
     def report(self) -> dict[str, int]:
-        return {"streams": self.running, "streams_refused": self.refused, "tokens": self.tokens}
+        return {"streams": self.running, "streams_refused": self.refused,
+                "streams_shed": self.shed, "tokens": self.tokens}  # fmt: skip
 
 
 def run_stream(
@@ -97,11 +122,12 @@ def run_stream(
     stop_ids: frozenset[int],
     stop: threading.Event,
     send: Callable[[P.Tokens], bool],
+    streams: Streams | None = None,
 ) -> int:
-    """Decode after `session.seq` until `most` tokens, an end of text, the session's context
-    or `stop`, sending each round's tokens (`send` returns False when the device is gone).
-    Runs on a thread of its own; every verify is a round on the worker. Returns the tokens
-    streamed."""
+    """Decode after `session.seq` until `most` tokens, an end of text, the session's context,
+    `stop` or `streams` busy (shed), sending each round's tokens (`send` returns False when
+    the device is gone). Runs on a thread of its own; every verify is a round on the worker.
+    Returns the tokens streamed."""
     drafter, policy = decoder.drafter, decoder.policy
     params = session.params
     rng = np.random.default_rng(None if params.seed is None else [params.seed, 0x57E4])
@@ -124,9 +150,14 @@ def run_stream(
             or any(t in stop_ids for t in new)
             or len(seq) >= session.capacity
         )
+        shed = not final and streams is not None and streams.busy()
         if seq != session.seq:  # the worker's session moved on its own: never send that
             raise RuntimeError("a streamed session changed outside its stream")
-        if not send(P.Tokens(new, len(seq), perf_counter() - t0, final)) or final:
+        seconds = perf_counter() - t0
+        if streams is not None:
+            streams.observe(len(new), seconds)
+            streams.shed += shed
+        if not send(P.Tokens(new, len(seq), seconds, final, shed)) or final or shed:
             return produced
 
 
@@ -165,7 +196,9 @@ def start_stream(
 
     def body() -> None:
         try:
-            streams.tokens += run_stream(verifier, decoder, session, msg.most, stop_ids, stop, send)
+            streams.tokens += run_stream(
+                verifier, decoder, session, msg.most, stop_ids, stop, send, streams
+            )
         except Exception as e:  # this session's problem only
             if session.slot is not None:
                 log.exception("a stream failed")

@@ -1,4 +1,4 @@
-/** The split-decoding wire format (`edgespec/protocol.py`, version 3), the device's side:
+/** The split-decoding wire format (`edgespec/protocol.py`, version 4), the device's side:
 binary messages, one per WebSocket frame, a 12-byte little-endian header
 (magic "ES" | version u8 | type u8 | session u32 | round u32) then a type's body.
 
@@ -11,7 +11,7 @@ refuses anything malformed with a `ProtocolError` naming the problem. */
 import { EdgespecError } from "./errors.js";
 import type { SparseQ } from "./draftq.js";
 
-export const VERSION = 3;
+export const VERSION = 4;
 export const SUBPROTOCOL = "edgespec.limits"; // the server's limits come in START's RESULT
 export const MAX_DRAFTS = 64;
 export const START = 1, VERIFY = 2, RESULT = 3, ERROR = 4, END = 5, PAUSE = 6;
@@ -42,7 +42,9 @@ export interface Result {
   token: number;
   length: number; // committed tokens on the server after this round
   serverSeconds: number;
-  limits: { maxContext: number; maxRequestBytes: number } | null;
+  // the server's limits and its streaming offer (tokens/s of its recent streams, how many it
+  // would start now), in the answer to a START only
+  limits: { maxContext: number; maxRequestBytes: number; streamRate: number; streamRoom: number } | null;
   round: number;
 }
 
@@ -125,8 +127,9 @@ export function decodeAnswer(data: ArrayBuffer | Uint8Array | string): Result | 
   };
   if (kind === RESULT) {
     need(26, "fields");
-    const limits = bytes.length === 34 ? { maxContext: view.getUint32(26, true), maxRequestBytes: view.getUint32(30, true) } : null;
-    if (bytes.length !== 26 && bytes.length !== 34) throw new ProtocolError(`RESULT of ${bytes.length} bytes: expected 26 or 34`);
+    const limits = bytes.length === 40 ? { maxContext: view.getUint32(26, true), maxRequestBytes: view.getUint32(30, true),
+      streamRate: view.getFloat32(34, true), streamRoom: view.getUint16(38, true) } : null;
+    if (bytes.length !== 26 && bytes.length !== 40) throw new ProtocolError(`RESULT of ${bytes.length} bytes: expected 26 or 40`);
     return { kind: "result", accepted: view.getUint16(12, true), token: view.getInt32(14, true),
       length: view.getUint32(18, true), serverSeconds: view.getFloat32(22, true), limits, round };
   }
