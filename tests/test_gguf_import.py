@@ -187,6 +187,8 @@ def test_options_a_gguf_import_cannot_honour_are_refused(tmp_path):
     write_gguf(path, "llama", "Q8_0")
     with pytest.raises(ExportError, match="--static"):
         export_bundle(path, tmp_path / "b", static=True)
+    with pytest.raises(ExportError, match="--tree-verify"):
+        export_bundle(path, tmp_path / "b", tree_verify=True)
     assert not (tmp_path / "b").exists()
 
 

@@ -70,6 +70,8 @@ def format_stats(s: Any, finish: str, split: bool = False) -> str:
             f"drafting {s.draft_seconds:.2f}s vs verifying {s.verify_seconds:.2f}s | "
             f"accepted-length histogram {lengths}"
         )
+        if s.tree_rounds:
+            line += f"\ntrees: {s.tree_rounds} rounds verified a tree ({s.tree_nodes} nodes)"
     return line
 
 
@@ -177,6 +179,13 @@ def decoding_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option(
             "--draft-top-p", default=None, type=float, help="... then top-p of those [1]."
         ),
+        click.option(
+            "--trees",
+            type=click.Choice(["auto", "on", "off"]),
+            default="auto",
+            help="Token trees with lookup/suffix/recycle on a bundle exported with "
+            "--tree-verify: auto (a tree only where measured costs say it pays), on, off [auto].",
+        ),
         click.option("--static", is_flag=True, help="Run the bundle's fixed-shape (NPU) graphs."),
         click.option(
             "--coreml", is_flag=True, help="Run the bundle's Core ML packages (macOS 15+)."
@@ -192,7 +201,7 @@ def load_config(options: dict[str, Any]) -> Any:
     from edgespec.runtime.config import LoadConfig
 
     names = ("device", "threads", "mode", "draft_policy", "exit_layer", "drafter", "verifier")
-    names += ("server", "energy_budget", "timeout", "late_after", "static", "coreml")
+    names += ("server", "energy_budget", "timeout", "late_after", "static", "coreml", "trees")
     chosen = {k: options.pop(k) for k in names}
     chosen["token"] = _read_token(options.pop("token_file"))
     if chosen["timeout"] is None:

@@ -42,6 +42,7 @@ REFUSED = (
     ("draft", None, "--draft needs a Hugging Face draft model"),
     ("static", False, "--static is not available for GGUF imports yet"),
     ("coreml", False, "--coreml is not available for GGUF imports yet"),
+    ("tree_verify", False, "--tree-verify is not available for GGUF imports yet"),
     ("variant", "standard", "--variant shared-backbone is not available for GGUF imports"),
     ("fit_exit_adapter", None, "--fit-exit-adapter trains through torch on a Hugging Face model"),
     ("revision", None, "--revision names a hub revision; a GGUF file is local"),

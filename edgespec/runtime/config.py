@@ -54,6 +54,10 @@ class LoadConfig:
     # disagree
     step_width: int | None = None
     split: SplitConfig = field(default_factory=SplitConfig)
+    # token trees with a model-free drafter (lookup, suffix, recycle): auto (where the bundle
+    # verifies trees, the tree policy chooses chain or tree each round), on (refused where
+    # trees cannot run), off (chains)
+    trees: str = "auto"
 
     @classmethod
     def from_options(cls, **options: Any) -> LoadConfig:

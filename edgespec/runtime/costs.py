@@ -74,6 +74,10 @@ def seed_from_calibration(
     policy: DraftLengthPolicy, folder: Path, device: str, threads: int | None, mode: str, exit: int
 ) -> None:
     """Start adaptive policies from this device's measured round costs, when calibrated."""
+    from edgespec.runtime.tree_policy import TreePolicy
+
+    if isinstance(policy, TreePolicy) and policy.chain is not None:  # its chain rounds
+        policy = policy.chain
     if isinstance(policy, PerSource):  # a chain: its members' entries (prompt lookup's)
         for name, member in policy.apart.items():
             seed_from_calibration(member, folder, device, threads, name, 0)

@@ -178,8 +178,9 @@ def speculative_round(
         verdict = pending.result()
         n, token = verdict.accepted, verdict.token
         drafts = proposal.tokens[:n] if verdict.tree_path is None else verdict.tree_path
-        if verdict.tree_path is not None:
-            g = pending.sent  # every node of the tree was verified
+        tree = proposal.tree if verdict.tree_path is not None else None
+        if tree is not None:  # drafted: the positions it offered (its depth), not its nodes
+            g = tree.max_depth
         valid = base + n
         if n == g and nxt.tokens and nxt.tokens[0] == token and not verdict.streamed:
             share = (len(nxt.tokens) - 1) / len(nxt.tokens)
@@ -198,7 +199,7 @@ def speculative_round(
     stats = RoundStats(
         "decode",
         n + 1 + len(streamed),
-        len(seq) if verdict.resync else g + 1,
+        len(seq) if verdict.resync else (len(tree) if tree is not None else g) + 1,
         perf_counter() - start,
         drafted=max(g - len(forced), 0),
         accepted=n - f,
@@ -208,6 +209,8 @@ def speculative_round(
         catchup_seconds=proposal.catchup_seconds,
         forced=f,
     )
+    if tree is not None:
+        stats.tree_nodes, stats.tree_offers = len(tree), tree.offers(drafts)
     return [*drafts, *streamed, token], verdict.fill(stats), kept
 
 

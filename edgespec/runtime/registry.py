@@ -55,6 +55,7 @@ from edgespec.runtime.round import Drafter, Verifier
 from edgespec.runtime.stack import Stack
 from edgespec.runtime.suffix import SuffixDrafter, SuffixStore
 from edgespec.runtime.tree_draft import shared
+from edgespec.runtime.tree_policy import tree_reasons, with_trees
 
 
 @dataclass
@@ -317,7 +318,7 @@ def _build(graphs: BundleGraphs, config: LoadConfig) -> Decoder:
     if c.mode == "split":
         if c.verifier is not None:
             raise InputError("split mode verifies on the server: drop verifier=")
-        drafter = b.drafter(spec, None)
+        drafter = with_trees(c.trees, tree_reasons(c, graphs, spec), b.drafter(spec, None), 0)[0]
         fallback = _split_verifier(b, spec)
         local = fallback.local.target if fallback.local is not None else None
         return Decoder(fallback, drafter, per_source(policy, drafter), local, fallback.remote)
@@ -330,7 +331,8 @@ def _build(graphs: BundleGraphs, config: LoadConfig) -> Decoder:
         target = b.target(exit_drafter)
     else:
         target = b.target(c.verifier or "full")
-    drafter = b.drafter(spec, target)
+    reasons = tree_reasons(c, graphs, spec)  # trees=auto|on|off: a tree drafter and policy
+    drafter, policy = with_trees(c.trees, reasons, b.drafter(spec, target), policy)
     return Decoder(LocalVerifier(target), drafter, per_source(policy, drafter), target)
 
 
@@ -389,12 +391,7 @@ def _split_verifier(b: _Builder, drafter: str) -> FallbackVerifier:
                 "adaptive deadline"
             )
         late = {"late_floor": float(c.late_after), "late_factor": 0.0}
-    remote = RemoteVerifier(
-        Remote(server, c.token, fingerprint, timeout=c.timeout, **late),
-        m.target.max_position_embeddings,
-        q_ids,
-    )
-    local = None
-    if c.local_fallback and "full" in m.roles:
-        local = LocalVerifier(b.target("full"))
+    link = Remote(server, c.token, fingerprint, timeout=c.timeout, **late)
+    remote = RemoteVerifier(link, m.target.max_position_embeddings, q_ids)
+    local = LocalVerifier(b.target("full")) if c.local_fallback and "full" in m.roles else None
     return FallbackVerifier(remote, local)

@@ -51,13 +51,16 @@ class Plan:
     exit_layer: int | None = None  # the exit to draft from (dynamic exit); None: the default
     min_confidence: float = 0.0  # stop drafting after a token drafted below this probability
     where: Where = "split"
+    # a tree drafter (`AsTree`): 0 propose a chain; k a tree of at most `length` nodes, k
+    # deep; None its own default tree
+    tree_depth: int | None = None
 
     def keep_drafting(self, confidence: float) -> bool:
         return confidence >= self.min_confidence
 
     def capped(self, length: int) -> Plan:
         n = max(0, min(self.length, length))
-        return Plan(n, self.exit_layer, self.min_confidence, self.where)
+        return Plan(n, self.exit_layer, self.min_confidence, self.where, self.tree_depth)
 
 
 @dataclass

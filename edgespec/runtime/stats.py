@@ -57,6 +57,11 @@ class RoundStats:
     # prefill of a conversation's turn: prompt positions kept from the cache (not processed;
     # input_tokens counts only the rest)
     cached_tokens: int = 0
+    # a verified token tree: its nodes (`drafted` is then its depth, `accepted` the path
+    # kept) and, per depth from 1, (children offered under the accepted path, the rank the
+    # target took or -1): what tree policies learn acceptance per depth and rank from
+    tree_nodes: int = 0
+    tree_offers: tuple[tuple[int, int], ...] = ()
 
     def set_channel(self, c: ChannelStats) -> None:
         """Record what the channel did in this round."""
@@ -96,6 +101,8 @@ class GenerationStats:
     forced: int = 0  # constrained decoding: tokens the grammar alone decided
     stream_rounds: int = 0  # of remote_rounds: tokens the server decoded and streamed
     device_rounds: int = 0  # split mode: rounds placed on the device by choice (not local_rounds)
+    tree_rounds: int = 0  # rounds that verified a token tree
+    tree_nodes: int = 0  # the nodes those trees held (their depths count in `drafted`)
 
     def add(self, r: RoundStats) -> None:
         self.reconnects += r.reconnected
@@ -121,6 +128,8 @@ class GenerationStats:
         self.rounds += 1
         self.drafted += r.drafted
         self.accepted += r.accepted
+        self.tree_rounds += r.tree_nodes > 0
+        self.tree_nodes += r.tree_nodes
         self.draft_seconds += r.draft_seconds
         self.verify_seconds += r.verify_seconds
         self.accepted_lengths[r.accepted] += 1

@@ -69,6 +69,24 @@ class TokenTree:
     def path_tokens(self, node: int) -> list[int]:
         return [self.tokens[i] for i in self.path(node)]
 
+    def offers(self, path: Sequence[int]) -> tuple[tuple[int, int], ...]:
+        """Along an accepted root path (its tokens), per depth from 1: how many children the
+        tree offered under the path so far, and the rank of the one the target took (-1 at
+        the depth where it took none; no entry once the tree offered nothing)."""
+        out: list[tuple[int, int]] = []
+        node = -1
+        for depth in range(len(path) + 1):
+            kids = self.children(node)
+            if not kids:
+                break
+            if depth == len(path):
+                out.append((len(kids), -1))
+                break
+            rank = [self.tokens[k] for k in kids].index(path[depth])
+            out.append((len(kids), rank))
+            node = kids[rank]
+        return tuple(out)
+
     def positions(self, start: int) -> np.ndarray:
         """Each node's position when the sequence before the tree holds `start` tokens
         (the root, the last of them, sits at start - 1)."""

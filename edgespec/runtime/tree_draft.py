@@ -14,7 +14,8 @@
 
   merged_paths  candidate continuations (prompt lookup's matches) merged into one tree
   AsTree        a tree drafter proposing trees through the chain contract: `plan.length` is
-                the node budget (a verifier that cannot verify trees takes the main path)
+                the node budget, `plan.tree_depth` the depth (0: the drafter's chain; a
+                verifier that cannot verify trees takes the main path)
   shared        the one store (or table) of a bundle that every generation on it shares
 
 Node order is best-first order, so parents come before children as `TokenTree` requires, and
@@ -162,7 +163,9 @@ class AsTree:
         start = perf_counter()
         if plan.length <= 0:
             return Proposal([], "point", None, perf_counter() - start)
-        tree = self.drafter.propose_tree(seq, plan.length, self.max_depth)
+        if plan.tree_depth == 0:  # the policy chose a chain this round
+            return self.drafter.propose(seq, plan, params, rng)
+        tree = self.drafter.propose_tree(seq, plan.length, plan.tree_depth or self.max_depth)
         return Proposal.of_tree(tree, seconds=perf_counter() - start)
 
     def observe_verify(self, inputs: list[int], logits: np.ndarray) -> None:

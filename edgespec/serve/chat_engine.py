@@ -85,9 +85,9 @@ def load_model(
     if mode == "ar" and draft_policy:
         raise ValueError("--draft-policy: mode ar drafts nothing")
     policy = None if mode == "ar" else (draft_policy or "auto")
-    config = LoadConfig(
-        mode=mode, draft_policy=policy, threads=threads, device=graphs.options.device
-    )
+    # the server's batched pool verifies chains: its rows carry no tree (trees="off")
+    device = graphs.options.device
+    config = LoadConfig(mode=mode, draft_policy=policy, threads=threads, device=device, trees="off")
     if mode == "self-spec":
         if not m.exit_layers:
             raise ValueError(

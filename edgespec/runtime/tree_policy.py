@@ -1,0 +1,255 @@
+"""Token trees sized by measurement: each round, the best chain or a tree, whichever promises
+more tokens per second.
+
+  RankAcceptance  p(d, r): the chance that, with the accepted path reaching depth d - 1, the
+                  target takes the drafter's rank-r candidate at depth d (rank: the index among
+                  siblings, most likely first), counted online from verdicts (a chain round
+                  tells rank 0 only; a tree round every rank it offered), forgotten like the
+                  chain policies' acceptance; a rank never offered is priced at 0
+  TreePolicy      prices every chain of 1..max nodes and every tree of a spine (the main path,
+                  `depth` deep) with side candidates at its depths, by expected tokens over
+                  T(nodes) (the cost model learns a round's seconds per node count: drafting
+                  plus verifying that width); plans a tree only when it beats the best chain
+                  by `margin`, else the chain the drafter's own chain policy (`auto`) plans,
+                  as it would without trees; while side ranks are unmeasured it sends a
+                  small probe tree every `probe_every` rounds (measurement, not a pick)
+  with_trees      what `trees=auto|on|off` makes of a model-free drafter on a bundle
+
+The expected tokens of a spine-with-leaves tree: a side candidate at depth d is accepted with
+p(d, r) when the spine reached d - 1, and ends the path there; so E = 1 + Σ_d s(d-1)·Σ_r p(d, r)
+over the ranks offered at d, s(d) = Π_{j≤d} p(j, 0). A drafter's best-first tree spends its
+nodes where its own scores say, which the spine model prices from below.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from edgespec.runtime.errors import InputError
+from edgespec.runtime.estimates import PRIORS, CostModel, Priors
+from edgespec.runtime.round import Drafter, Plan
+from edgespec.runtime.stats import RoundStats
+
+MAX_DEPTH = 8  # the deepest spine priced
+MAX_RANK = 4  # candidates per depth priced (rank 0: the spine)
+MAX_NODES = 16  # the largest round priced (chain or tree)
+TREE_MODES = ("auto", "on", "off")
+
+
+@dataclass
+class RankAcceptance:
+    priors: Priors = PRIORS
+    # [depth][rank]: exponentially forgotten (times offered, times accepted)
+    tried: list[list[float]] = field(default_factory=lambda: _table())
+    hits: list[list[float]] = field(default_factory=lambda: _table())
+
+    def observe(self, offers: tuple[tuple[int, int], ...]) -> None:
+        """One verdict: per depth from 1, (children offered under the accepted path, the rank
+        the target took or -1)."""
+        if not offers:
+            return
+        keep = 1 - self.priors.acceptance_decay
+        self.tried = [[v * keep for v in row] for row in self.tried]
+        self.hits = [[v * keep for v in row] for row in self.hits]
+        for d, (offered, rank) in enumerate(offers[:MAX_DEPTH], 1):
+            for r in range(min(offered, MAX_RANK)):
+                self.tried[d][r] += 1.0
+            if 0 <= rank < MAX_RANK:
+                self.hits[d][rank] += 1.0
+
+    def measured(self, rank: int) -> float:
+        """Rounds' worth of offers of `rank` at any depth (what a side rank's price rests on)."""
+        return sum(row[rank] for row in self.tried)
+
+    def table(self, optimistic: bool = False) -> list[list[float]]:
+        """[depth][rank] -> p(depth, rank) for depths 1..MAX_DEPTH (row 0 unused);
+        `optimistic`: every side rank not measured above it is given all that the spine
+        leaves at its depth, 1 - p(d, 0) (the most it could take: one token is taken)."""
+        out = [[self.p(d, r) for r in range(MAX_RANK)] for d in range(MAX_DEPTH + 1)]
+        if optimistic:
+            for row in out:
+                row[1] = max(row[1], 1.0 - row[0] - sum(row[2:]))
+        return out
+
+    def p(self, depth: int, rank: int) -> float:
+        """p(depth, rank), shrunk towards the same rank over all depths (rank 0: from the
+        prior acceptance; side ranks: from 0, a rank is worth nothing until measured)."""
+        p = self.priors
+        pooled_tried = sum(row[rank] for row in self.tried)
+        pooled_hits = sum(row[rank] for row in self.hits)
+        start = p.acceptance if rank == 0 else 0.0
+        pooled = (pooled_hits + 2 * start) / (pooled_tried + 2)
+        d = min(depth, MAX_DEPTH)
+        return (self.hits[d][rank] + p.shrink * pooled) / (self.tried[d][rank] + p.shrink)
+
+
+@dataclass(frozen=True)
+class Shape:
+    nodes: int
+    depth: int  # the spine's length
+    tokens: float  # expected tokens of the round (accepted drafts + the target's one)
+    rate: float  # expected tokens per second
+
+    @property
+    def is_tree(self) -> bool:
+        return self.nodes > self.depth
+
+
+def best_shapes(p: list[list[float]], cost: Any, max_nodes: int) -> tuple[Shape, Shape | None]:
+    """(the best chain, the best tree or None) by expected tokens per second; `p[d][r]` as
+    `RankAcceptance.table`, `cost(n)` a round's seconds verifying n drafted nodes."""
+    chain, tree = Shape(0, 0, 0.0, -1.0), None
+    cost = _memo(cost)
+    for depth in range(1, min(MAX_DEPTH, max_nodes) + 1):
+        survive, tokens, gains = 1.0, 1.0, []
+        for d in range(1, depth + 1):
+            for r in range(1, MAX_RANK):  # side r at d: accepted with p(d, r) once d - 1 is
+                gains.append((-survive * p[min(d, MAX_DEPTH)][r], d, r))
+            survive *= p[min(d, MAX_DEPTH)][0]
+            tokens += survive
+        best = Shape(depth, depth, tokens, tokens / cost(depth))
+        if best.rate > chain.rate:
+            chain = best
+        taken: dict[int, int] = {}  # depth -> side ranks taken (in rank order)
+        heapq.heapify(gains)
+        nodes = depth
+        while gains and nodes < max_nodes:
+            gain, d, r = heapq.heappop(gains)
+            if r != taken.get(d, 0) + 1 or gain >= 0.0:
+                continue  # a rank comes after the ones above it; a worthless side is not one
+            taken[d] = r
+            nodes += 1
+            tokens -= gain
+            shape = Shape(nodes, depth, tokens, tokens / cost(nodes))
+            if tree is None or shape.rate > tree.rate:
+                tree = shape
+    return chain, tree
+
+
+@dataclass
+class TreePolicy:
+    """The draft-length policy of a tree drafter (see the module doc). `plan().tree_depth`:
+    0 a chain of `length`, else a tree of `length` nodes at most that deep."""
+
+    max_length: int = MAX_NODES
+    cost: CostModel = field(default_factory=CostModel)
+    acceptance: RankAcceptance = field(default_factory=RankAcceptance)
+    margin: float = 0.05  # a tree must promise this much more than the best chain
+    probe_every: int = 16  # rounds between probe trees while side ranks are unmeasured
+    probe_until: float = 8.0  # side-rank offers (forgotten like acceptance) that end probing
+    side: int = 3  # a probe tree's side candidates
+    # rounds priced before any probe: the cost line's slope over width is learned from the
+    # chain policy's varied lengths first (unlearned, it is shrunk flat, and every tree looks
+    # worth a probe)
+    probe_after: int = 48
+    last: tuple[Shape, Shape | None] | None = None  # the latest pricing (for reports)
+    # the chain policy the drafter had (`auto`): it plans every round that is not a tree, as
+    # it would without trees, and learns from those rounds only; None: the best chain here
+    chain: Any = None
+    _rounds: int = 0
+
+    def plan(self, source: str | None = None) -> Plan:
+        self._rounds += 1
+        base = self.chain.plan(source) if self.chain is not None else None
+        if self.cost.t_draft is None or not self.cost.round_time:  # learn what a round costs
+            return replace(base or Plan(min(4, self.max_length)), tree_depth=0)
+        table = self.acceptance.table()
+        chain, tree = self.last = best_shapes(table, self.cost.cost, self.max_length)
+        if tree is not None and tree.rate > (1 + self.margin) * chain.rate:
+            return Plan(tree.nodes, tree_depth=tree.depth)
+        base = base or Plan(chain.nodes)
+        # probe only where a tree could pay: if even second candidates taking all the spine
+        # leaves would not buy one at these costs (a verify whose cost grows with width), none
+        probing = self.acceptance.measured(1) < self.probe_until and self._could_pay()
+        if base.length > 0 and probing and self._rounds % self.probe_every == 0:
+            nodes = min(base.length + self.side, self.max_length)
+            return Plan(nodes, tree_depth=base.length)
+        return replace(base, tree_depth=0)
+
+    def _could_pay(self) -> bool:
+        if self.cost.rounds < self.probe_after:
+            return False
+        table = self.acceptance.table(optimistic=True)
+        chain, tree = best_shapes(table, self.cost.cost, self.max_length)
+        return tree is not None and tree.rate > (1 + self.margin) * chain.rate
+
+    def observe(self, stats: RoundStats) -> None:
+        if stats.tree_nodes:
+            offers = stats.tree_offers
+            priced = replace(stats, drafted=stats.tree_nodes)
+        else:
+            offers = ((1, 0),) * stats.accepted + ((1, -1),) * (stats.accepted < stats.drafted)
+            priced = stats
+            if self.chain is not None:
+                self.chain.observe(stats)
+        self.acceptance.observe(offers)
+        self.cost.observe(priced)  # T(nodes): a round's seconds by the nodes it verified
+
+    def channel_estimates(self) -> tuple[float | None, float | None]:
+        return None, None
+
+
+def _memo(cost: Any) -> Any:
+    seen: dict[int, float] = {}
+
+    def priced(nodes: int) -> float:
+        if nodes not in seen:
+            seen[nodes] = cost(nodes)
+        return seen[nodes]
+
+    return priced
+
+
+def _table() -> list[list[float]]:
+    return [[0.0] * MAX_RANK for _ in range(MAX_DEPTH + 1)]
+
+
+def with_trees(
+    trees: str, reasons: list[str], drafter: Drafter, policy: Any
+) -> tuple[Drafter, Any]:
+    """`drafter` and `policy` as `trees` (auto | on | off) makes them: a model-free drafter's
+    trees through `AsTree` and a `TreePolicy`, unless one of `reasons` (why this bundle or
+    configuration cannot use trees) holds: then `auto` keeps the chain and `on` refuses."""
+    from edgespec.runtime.tree_draft import AsTree, TreeDrafter
+
+    if trees not in TREE_MODES:
+        raise InputError(f"trees={trees!r} is not one of: {', '.join(TREE_MODES)}")
+    if trees == "off":
+        return drafter, policy
+    if not isinstance(drafter, TreeDrafter):
+        reasons = [
+            *reasons,
+            f"drafter {drafter.name!r} proposes no trees (lookup, suffix and recycle do)",
+        ]
+    if reasons:
+        if trees == "on":
+            raise InputError(f"trees='on' cannot be used here: {reasons[0]}")
+        return drafter, policy
+    priors = policy.cost.priors if hasattr(policy, "cost") else PRIORS
+    tree_policy = TreePolicy(cost=CostModel(priors=priors), chain=policy)
+    tree_policy.acceptance.priors = priors
+    return AsTree(drafter, max_depth=MAX_DEPTH), tree_policy
+
+
+def tree_reasons(config: Any, graphs: Any, spec: str) -> list[str]:
+    """Why this configuration cannot verify token trees (empty: it can)."""
+    out = []
+    if not graphs.manifest.tree_graphs:
+        out.append(
+            f"bundle {graphs.folder} has no tree-verification graphs; re-export it with "
+            "`edgespec export MODEL --out FOLDER --tree-verify`"
+        )
+    if config.mode == "split":
+        out.append("split mode verifies chains on the server; use a local mode (suffix, lookup)")
+    if config.coreml:
+        out.append("Core ML packages cannot verify token trees; run the ONNX graphs")
+    if config.draft_policy not in (None, "auto", "acceptance"):
+        out.append(
+            f"draft policy {config.draft_policy!r} plans chains; drop --draft-policy so the "
+            "tree policy sizes each round"
+        )
+    if spec not in ("lookup", "suffix", "recycle"):
+        out.append(f"drafter {spec!r} proposes no trees; use lookup, suffix or recycle")
+    return out
