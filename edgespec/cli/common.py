@@ -182,9 +182,10 @@ def decoding_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option(
             "--trees",
             type=click.Choice(["auto", "on", "off"]),
-            default="auto",
+            default="off",
             help="Token trees with lookup/suffix/recycle on a bundle exported with "
-            "--tree-verify: auto (a tree only where measured costs say it pays), on, off [auto].",
+            "--tree-verify: auto (a tree only where measured costs say it pays; for devices "
+            "whose verify cost is flat in width), on, off [off].",
         ),
         click.option("--static", is_flag=True, help="Run the bundle's fixed-shape (NPU) graphs."),
         click.option(

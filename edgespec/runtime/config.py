@@ -56,8 +56,10 @@ class LoadConfig:
     split: SplitConfig = field(default_factory=SplitConfig)
     # token trees with a model-free drafter (lookup, suffix, recycle): auto (where the bundle
     # verifies trees, the tree policy chooses chain or tree each round), on (refused where
-    # trees cannot run), off (chains)
-    trees: str = "auto"
+    # trees cannot run), off (chains). Off by default: on a CPU, where verify width costs,
+    # auto's probe trees measured 0.75-0.92x chains (docs/speculative.md); auto is for
+    # devices whose verify cost is flat in width (NPU, GPU)
+    trees: str = "off"
 
     @classmethod
     def from_options(cls, **options: Any) -> LoadConfig:
