@@ -112,7 +112,8 @@ def test_calibrate_stores_round_costs_that_seed_the_auto_policy(spec_bundles, tm
     r = CliRunner().invoke(main, ["bench", str(b), "--calibrate", "--threads", "1"])
     assert r.exit_code == 0, r.output
     entry = json.loads((b / "calibration.json").read_text())[device_key("cpu", 1)]
-    assert set(entry) == {"spec", "self-spec@1", "self-spec@2", "self-spec@3", "lookup"}
+    assert set(entry) == {"spec", "self-spec@1", "self-spec@2", "self-spec@3", "lookup", "suffix"}
+    assert len(entry["suffix"]["round_seconds"]) == 9 and entry["suffix"]["tokens_per_round"]
     assert len(entry["spec"]["round_seconds"]) == 9 and entry["spec"]["draft_token_seconds"] > 0
     tokens = [entry["spec"]["tokens_per_round"][str(g)] for g in (1, 2, 3, 4)]
     assert 1.0 <= tokens[0] <= 2.0 and tokens == sorted(tokens) and tokens[-1] <= 5.0

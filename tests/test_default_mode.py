@@ -11,6 +11,7 @@ import pytest
 
 import edgespec
 from edgespec.bundle import load_manifest
+from edgespec.runtime.calibrate import mode_keys
 from edgespec.runtime.costs import best_local, calibrated_speedup, device_key
 from edgespec.runtime.estimates import PRIORS, AcceptanceModel, CostModel
 from edgespec.runtime.policies import Auto, PerSource, set_priors
@@ -64,6 +65,28 @@ def test_load_without_a_mode_takes_the_calibrated_choice(bundles, tmp_path):
     assert edgespec.load(b, threads=1).mode == "lookup"
     assert edgespec.load(b, threads=2).mode == "lookup"  # another device: uncalibrated
     assert edgespec.load(b, threads=1, mode="ar").mode == "ar"  # asked for: kept
+
+
+def test_suffix_decoding_is_a_calibration_candidate_and_the_default_where_it_measures_best(
+    bundles, tmp_path
+):
+    b = tmp_path / "b"
+    shutil.copytree(bundles["llama-gqa-tied"], b)
+    m = load_manifest(b)
+    keys = [key for key, _ in mode_keys(m)]
+    assert "suffix" in keys and "lookup" in keys and "recycle" not in keys
+    both = {"lookup": entry(0.010, 0.0102, 1.30), "suffix": entry(0.010, 0.0105, 1.60)}
+    assert best_local(m, both) == ("suffix", None)
+    assert best_local(m, {**both, "suffix": entry(0.010, 0.0105, 1.10)}) == ("lookup", None)
+    # where neither pays, prompt lookup (free where it finds nothing to copy)
+    assert best_local(m, {"suffix": entry(0.010, 0.0105, 1.0)}) == ("lookup", None)
+    key = device_key("cpu", 1)
+    (b / "calibration.json").write_text(json.dumps({key: both}))
+    model = edgespec.load(b, threads=1)
+    assert model.mode == "suffix"
+    # its auto starts from suffix's measured acceptance and round times, not the priors'
+    assert model.policy.cost.round_time[1] == pytest.approx(0.0105)
+    assert model.policy.cost.expected(1) == pytest.approx(1.6, abs=0.1)
 
 
 def test_auto_seeded_with_a_losing_calibration_starts_plain():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from edgespec.runtime.estimates import expected_tokens
+from edgespec.runtime.estimates import PRIORS, expected_tokens
 from edgespec.runtime.policies import (
     Acceptance,
     Auto,
@@ -92,10 +92,46 @@ def test_auto_turns_speculation_off_when_it_loses_and_probes_with_backoff():
     p = Auto()
     rounds(p, accepted=0, drafted=2, t_draft=0.004, t_verify=0.021, n=12)  # drafts rejected
     rounds(p, accepted=0, drafted=0, t_draft=0.0, t_verify=0.020, n=3)  # plain steps
-    chosen = [p.plan().length for _ in range(60)]
+    chosen = []
+    for _ in range(60):  # every probe's drafts rejected
+        chosen.append(p.plan().length)
+        rounds(p, accepted=0, drafted=chosen[-1], t_draft=0.004, t_verify=0.02, n=1)
     probes = [i for i, g in enumerate(chosen) if g > 0]
     assert chosen.count(0) >= 55  # plain decoding nearly always
     assert probes and all(b - a > 4 for a, b in zip(probes, probes[1:], strict=False))
+    gaps = [b - a for a, b in zip(probes, probes[1:], strict=False)]
+    assert gaps == sorted(gaps) and gaps[-1] > gaps[0]  # backing off
+
+
+def test_a_probe_that_drafted_nothing_is_still_owed_and_does_not_back_off():
+    # a model-free drafter (prompt lookup, suffix) finds nothing to propose on most rounds:
+    # its probe is a plain step that taught nothing, so the next round probes again
+    p = Auto()
+    rounds(p, accepted=0, drafted=2, t_draft=0.0001, t_verify=0.021, n=12)
+    rounds(p, accepted=0, drafted=0, t_draft=0.0, t_verify=0.020, n=3)
+    chosen = []
+    for i in range(40):
+        chosen.append(p.plan().length)
+        found = chosen[-1] if i >= 30 else 0  # the drafter finds something from round 30
+        plain = 0.020 if not found else 0.021  # an empty probe costs a plain step
+        rounds(p, accepted=0, drafted=found, t_draft=0.0001, t_verify=plain, n=1)
+    first = chosen.index(next(g for g in chosen if g > 0))
+    assert first <= 4 and all(g > 0 for g in chosen[first:31])  # owed until it drafts
+    assert chosen[31:34] == [0, 0, 0]  # the probe that drafted: a plain stretch again
+
+
+def test_each_generation_starts_its_probes_afresh():
+    p = Auto()
+    rounds(p, accepted=0, drafted=2, t_draft=0.004, t_verify=0.021, n=12)
+    rounds(p, accepted=0, drafted=0, t_draft=0.0, t_verify=0.020, n=3)
+    for _ in range(400):  # a long losing generation: probes backed off to the longest gap
+        g = p.plan().length
+        rounds(p, accepted=0, drafted=g, t_draft=0.004, t_verify=0.02 + 0.001 * g, n=1)
+    assert p._gap == PRIORS.max_probe_gap
+    first = RoundStats("decode", 1, 1, 0.02, index=1)  # the next prompt's first round
+    p.observe(first)
+    chosen = [p.plan().length for _ in range(PRIORS.probe_gap)]
+    assert chosen[-1] > 0 and chosen[:-1] == [0] * (PRIORS.probe_gap - 1)
 
 
 def test_auto_turns_speculation_back_on_when_drafts_get_accepted():

@@ -1,17 +1,17 @@
 """Device calibration: what a speculative round costs here and what it yields, stored next to
 the bundle.
 
-`calibrate(bundle)` runs real rounds of every mode the bundle supports (spec, self-spec at
-each exit, lookup) with fixed draft lengths γ = 0..max on synthetic prompts, and records the
-median wall time per round and per draft token; then each mode drafts γ = 4 per round while
-the model answers a few built-in instruct prompts (its own greedy replies, through its chat
-template when it has one) and records the tokens a round of γ = 1..4 yields
-(`tokens_per_round`). They are saved in `calibration.json` under a key naming this device
-(execution provider, threads, processor). `Model.load` seeds the adaptive policies with them,
-so the first generation prices rounds with this machine's numbers and starts from a measured
-acceptance instead of a prior, and a bundle loaded without a mode decodes in the mode they
-favour (`registry.best_local`): where no drafter pays, plain decoding's equal, prompt lookup.
-Acceptance depends on the text: live rounds keep learning it.
+`calibrate(bundle)` runs real rounds of every mode the bundle supports (spec, self-spec at each
+exit, and the model-free lookup and suffix) with fixed draft lengths γ = 0..max on synthetic
+prompts, and records the median wall time per round and per draft token; then each mode drafts γ = 4
+per round while the model answers a few built-in instruct prompts (its own greedy replies, through
+its chat template when it has one) and records the tokens a round of γ = 1..4 yields
+(`tokens_per_round`). They are saved in `calibration.json` under a key naming this device (execution
+provider, threads, processor). `Model.load` seeds the adaptive policies with them, so the first
+generation prices rounds with this machine's numbers and starts from a measured acceptance instead
+of a prior, and a bundle loaded without a mode decodes in the mode they favour
+(`registry.best_local`): where no drafter pays, plain decoding's equal, prompt lookup. Acceptance
+depends on the text: live rounds keep learning it.
 """
 
 from __future__ import annotations
@@ -52,7 +52,10 @@ def mode_keys(manifest) -> list[tuple[str, dict]]:
         keys.append(("spec", {"mode": "spec"}))
     for k in manifest.exit_layers:
         keys.append((f"self-spec@{k}", {"mode": "self-spec", "exit_layer": k}))
+    # the model-free drafters every bundle has: Token Recycling (`recycle`) is left out, it
+    # drafts every round and lost to plain decoding on open questions (benchmarks.real)
     keys.append(("lookup", {"mode": "lookup"}))
+    keys.append(("suffix", {"mode": "suffix"}))
     return keys
 
 

@@ -113,7 +113,11 @@ def best_local(
     agrees with the final layer on more than k/L + 0.1 of tokens (a round drafting one token
     at exit k costs about 1 + k/L plain steps: raw exits of a model not trained for them
     agree far less and lose). Else, and where nothing measured pays, prompt lookup: it costs
-    nothing where it finds nothing to copy, and `auto` then steps plainly."""
+    nothing where it finds nothing to copy, and `auto` then steps plainly. (SuffixDecoding,
+    a calibration candidate, is not the uncalibrated choice: on SmolLM2-135M-Instruct's
+    unrelated instruct prompts, `python -m benchmarks.real`, it drafted and was accepted
+    less than prompt lookup; it wins where replies repeat earlier ones, which a calibration
+    on the user's own device and prompts can tell.)"""
     if calibration:
         rates = {key: calibrated_speedup(entry) for key, entry in calibration.items()}
         measured = {key: r for key, r in rates.items() if r is not None}

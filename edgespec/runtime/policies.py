@@ -104,12 +104,16 @@ class Auto:
     `clearly_losing` of plain decoding, probes stay every `probe_gap` rounds: plain rounds
     teach nothing about acceptance, and a few slow or unlucky rounds (the first rounds of a
     generation after other models ran) could otherwise leave `auto` stepping plainly for
-    hundreds of rounds where drafting paid. The constants are the cost model's `Priors`."""
+    hundreds of rounds where drafting paid. Each generation starts its probes afresh (one
+    model answers unrelated prompts: a question that lost says little about a summary), and
+    a probe that drafted nothing (a model-free drafter found nothing to propose) is still
+    owed. The constants are the cost model's `Priors`."""
 
     max_length: int = MAX_DRAFT
     cost: CostModel = field(default_factory=CostModel)
     _gap: int = 0  # plain rounds before the next probe (0: the first gap, `probe_gap`)
     _plain_rounds: int = 0
+    _probe: bool | None = None  # a probe is out: whether it lengthens the gap once it drafts
 
     def plan(self, source: str | None = None) -> Plan:
         return Plan(self._length())
@@ -129,13 +133,23 @@ class Auto:
         self._plain_rounds += 1
         if self._plain_rounds >= self._gap:
             self._plain_rounds = 0
-            if rate < p.clearly_losing * plain:
-                self._gap = min(2 * self._gap, p.max_probe_gap)
+            self._probe = rate < p.clearly_losing * plain
             return g
         return 0
 
     def observe(self, stats: RoundStats) -> None:
         self.cost.observe(stats)
+        if stats.index == 1:  # a new generation, a new text: probes start again at probe_gap
+            self._gap = self._plain_rounds = 0
+        if self._probe is not None and stats.phase == "decode":
+            # a model-free drafter that found nothing to propose drafted nothing: that probe
+            # taught nothing and cost a plain step, so it is still owed (the next round), and
+            # only a probe that drafted backs the gap off
+            if stats.drafted == 0:
+                self._plain_rounds = self._gap or self.cost.priors.probe_gap
+            elif self._probe:
+                self._gap = min(2 * self._gap, self.cost.priors.max_probe_gap)
+            self._probe = None
 
     def channel_estimates(self) -> tuple[float | None, float | None]:
         return NO_CHANNEL
