@@ -142,6 +142,7 @@ def test_bench_compares_modes_and_checks_outputs(spec_bundles):
         "self-spec@2",
         "self-spec@3",
         "lookup",
+        "suffix",
     ]
     assert all(ln.endswith("True") for ln in lines[1:])
 

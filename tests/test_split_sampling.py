@@ -6,6 +6,8 @@ the server decodes on its own and streams (its own draft model, sampled there)."
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 from split_server import TOKEN, start_server
@@ -108,7 +110,12 @@ def test_streamed_sampling_follows_the_target_distribution(tiny_vocab_bundle, tm
         model.policy = StreamOnly()
         before = server.health()["streaming"]["tokens"]
         counts = sample_counts(model, 1200)
-        assert server.health()["streaming"]["tokens"] - before == 1200 * 4
+        # the server counts a stream's tokens after sending them: wait for the last count
+        deadline, streamed = time.monotonic() + 30, 0
+        while (streamed := server.health()["streaming"]["tokens"] - before) < 1200 * 4:
+            assert time.monotonic() < deadline, streamed
+            time.sleep(0.05)
+        assert streamed == 1200 * 4
     finally:
         server.stop()
     for c, p in zip(counts, want, strict=True):
