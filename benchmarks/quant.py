@@ -22,7 +22,9 @@ A real model instead (`--target` a checkpoint folder, `--text` files to score, c
 `--max-ids` pieces): SmolLM2-135M-Instruct as transformers dequantizes its Q4_1 GGUF, with
 `--gguf` that file itself — imported by edgespec with its blocks kept (`gguf-blocks`: the
 same weights as fp32, so only int8 activation rounding remains) and run by llama.cpp as it
-is (`llama.cpp Q4_1`).
+is (`llama.cpp Q4_1`); `--gguf-levels 4,0` adds the kept blocks with float compute
+(MatMulNBits accuracy level 0: no activation rounding, at the speed `benchmarks.gguf_import`'s
+`blocks-fp32` row measures).
 
 Speed is `benchmarks.decode`'s job (`--precisions int8,int4,int4@32`); this measures what
 the rounding does.
@@ -149,6 +151,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--target", type=Path, default=None, help="a checkpoint (default: trained)")
     ap.add_argument("--text", type=Path, nargs="*", default=[], help="files to score")
     ap.add_argument("--gguf", type=Path, default=None, help="the target's own GGUF file")
+    ap.add_argument(
+        "--gguf-levels", default="4", help="accuracy levels of the kept blocks, e.g. 4,0"
+    )
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
     target = args.target or trained_pair(args.models) / "target"
@@ -181,11 +186,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.gguf is not None:
             from edgespec.export import export_bundle
 
-            export_bundle(args.gguf, Path(tmp) / "gguf", overwrite=True, verify=False)
-            got = edgespec_logits(Path(tmp) / "gguf", prompts)
-            bits = stored_bits_per_weight(Path(tmp) / "gguf" / "full.onnx")
-            row = {"engine": "edgespec", "config": f"gguf-blocks {args.gguf.name}"}
-            rows.append(row | {"bits_per_weight": bits} | compare(ref, got))
+            for level in [int(v) for v in args.gguf_levels.split(",") if v]:
+                out = Path(tmp) / f"gguf-{level}"
+                export_bundle(args.gguf, out, overwrite=True, verify=False, accuracy_level=level)
+                got = edgespec_logits(out, prompts)
+                bits = stored_bits_per_weight(out / "full.onnx")
+                name = f"gguf-blocks {args.gguf.name}" + (f" level {level}" if level != 4 else "")
+                row = {"engine": "edgespec", "config": name, "accuracy_level": level}
+                rows.append(row | {"bits_per_weight": bits} | compare(ref, got))
     if args.llamacpp_venv is not None:
         for ggml, precision in GGUF_ROWS.items():
             got = llamacpp_logits(args.llamacpp_venv, target, ggml, prompts)

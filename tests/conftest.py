@@ -244,3 +244,26 @@ def chat_bundle(chat_checkpoints: dict[str, Path], tmp_path_factory) -> Path:
         exit_layers=[EXIT_LAYER],
     )
     return out
+
+
+@pytest.fixture(scope="session")
+def held_blocks(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny llama GGUF of Q4_1 blocks, imported as they are (int8 activations, step_width 2)."""
+    pytest.importorskip("gguf")
+    from edgespec.export import export_bundle
+    from tests.gguf_files import write_gguf
+
+    root = tmp_path_factory.mktemp("held")
+    write_gguf(root / "m.gguf", "llama", "Q4_1")
+    export_bundle(root / "m.gguf", root / "b", exit_layers=[1])
+    return root / "b"
+
+
+@pytest.fixture(scope="session")
+def int8_export(checkpoints: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny transformers llama exported with `--quantize int8` (blocks of 64, level 4)."""
+    from edgespec.export import export_bundle
+
+    out = tmp_path_factory.mktemp("int8") / "b"
+    export_bundle(checkpoints["llama-gqa-tied"], out, quantize="int8")
+    return out

@@ -19,31 +19,13 @@ from test_split_streaming import Scripted
 
 import edgespec
 from edgespec.bundle import load_manifest
-from edgespec.export import export_bundle
 from edgespec.runtime.kv_cache import KVPool
 from edgespec.serve.batching import forward_alone, forward_batch
 
 gguf = pytest.importorskip("gguf")
 
-from tests.gguf_files import write_gguf  # noqa: E402
 
 N_NEW = 40
-
-
-@pytest.fixture(scope="module")
-def held_blocks(tmp_path_factory):
-    """A tiny llama GGUF of Q4_1 blocks, imported as they are (int8 activations)."""
-    root = tmp_path_factory.mktemp("held")
-    write_gguf(root / "m.gguf", "llama", "Q4_1")
-    export_bundle(root / "m.gguf", root / "b", exit_layers=[1])
-    return root / "b"
-
-
-@pytest.fixture(scope="module")
-def int8_export(checkpoints, tmp_path_factory):
-    out = tmp_path_factory.mktemp("int8") / "b"
-    export_bundle(checkpoints["llama-gqa-tied"], out, quantize="int8")
-    return out
 
 
 def _prompts(folder, n: int = 40) -> list[list[int]]:

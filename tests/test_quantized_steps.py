@@ -20,30 +20,12 @@ from edgespec.export import export_bundle
 
 gguf = pytest.importorskip("gguf")
 
-from tests.gguf_files import write_gguf  # noqa: E402
 
 MODES = [
     ("lookup", {"draft_policy": "fixed:4"}),
     ("self-spec", {"draft_policy": "fixed:3"}),
     ("self-spec", {"draft_policy": "fixed:1"}),
 ]
-
-
-@pytest.fixture(scope="module")
-def held_blocks(tmp_path_factory):
-    """A tiny llama GGUF of Q4_1 blocks, imported as they are (int8 activations)."""
-    root = tmp_path_factory.mktemp("held")
-    write_gguf(root / "m.gguf", "llama", "Q4_1")
-    export_bundle(root / "m.gguf", root / "b", exit_layers=[1])
-    return root / "b"
-
-
-@pytest.fixture(scope="module")
-def int8_export(checkpoints, tmp_path_factory):
-    """A tiny transformers llama exported with `--quantize int8` (blocks of 64, level 4)."""
-    out = tmp_path_factory.mktemp("int8") / "b"
-    export_bundle(checkpoints["llama-gqa-tied"], out, quantize="int8")
-    return out
 
 
 def _prompts(folder, n: int = 12) -> list[list[int]]:
