@@ -11,8 +11,15 @@ more tokens per second.
                   T(nodes) (the cost model learns a round's seconds per node count: drafting
                   plus verifying that width); plans a tree only when it beats the best chain
                   by `margin`, else the chain the drafter's own chain policy (`auto`) plans,
-                  as it would without trees; while side ranks are unmeasured it sends a
-                  small probe tree every `probe_every` rounds (measurement, not a pick)
+                  as it would without trees. Side ranks are measured without sending a tree:
+                  every `shadow_every` chain rounds the drafter also builds the tree it would
+                  have sent (`Plan.shadow`), and the verdict's tokens (the drafts kept and the
+                  target's own) say which of its candidates the target took, as a tree round
+                  would have (exactly: greedy, and for point candidates under sampling too —
+                  the target's token after a rejected draft is drawn from the residual that
+                  recursive rejection sampling would have offered the next sibling). So no tree
+                  forward runs, and the tree graphs are never opened, unless a tree is priced to
+                  pay. (`probe_every` > 0 sends small probe trees instead, as a test needs.)
   with_trees      what `trees=auto|on|off` makes of a model-free drafter on a bundle
 
 The expected tokens of a spine-with-leaves tree: a side candidate at depth d is accepted with
@@ -137,7 +144,8 @@ class TreePolicy:
     cost: CostModel = field(default_factory=CostModel)
     acceptance: RankAcceptance = field(default_factory=RankAcceptance)
     margin: float = 0.05  # a tree must promise this much more than the best chain
-    probe_every: int = 16  # rounds between probe trees while side ranks are unmeasured
+    shadow_every: int = 8  # chain rounds between shadow trees (their side ranks' measurement)
+    probe_every: int = 0  # rounds between probe trees while side ranks are unmeasured (0: none)
     probe_until: float = 8.0  # side-rank offers (forgotten like acceptance) that end probing
     side: int = 3  # a probe tree's side candidates
     # rounds priced before any probe: the cost line's slope over width is learned from the
@@ -162,11 +170,13 @@ class TreePolicy:
         base = base or Plan(chain.nodes)
         # probe only where a tree could pay: if even second candidates taking all the spine
         # leaves would not buy one at these costs (a verify whose cost grows with width), none
-        probing = self.acceptance.measured(1) < self.probe_until and self._could_pay()
-        if base.length > 0 and probing and self._rounds % self.probe_every == 0:
+        due = self.probe_every > 0 and self._rounds % self.probe_every == 0
+        probing = due and self.acceptance.measured(1) < self.probe_until and self._could_pay()
+        if base.length > 0 and probing:
             nodes = min(base.length + self.side, self.max_length)
             return Plan(nodes, tree_depth=base.length)
-        return replace(base, tree_depth=0)
+        shadow = base.length > 0 and self.shadow_every and self._rounds % self.shadow_every == 0
+        return replace(base, tree_depth=0, shadow=bool(shadow))
 
     def _could_pay(self) -> bool:
         if self.cost.rounds < self.probe_after:
@@ -179,8 +189,9 @@ class TreePolicy:
         if stats.tree_nodes:
             offers = stats.tree_offers
             priced = replace(stats, drafted=stats.tree_nodes)
-        else:
-            offers = ((1, 0),) * stats.accepted + ((1, -1),) * (stats.accepted < stats.drafted)
+        else:  # a shadow tree's offers, or the chain's own (rank 0 at each depth it reached)
+            chain = ((1, 0),) * stats.accepted + ((1, -1),) * (stats.accepted < stats.drafted)
+            offers = stats.tree_offers or chain
             priced = stats
             if self.chain is not None:
                 self.chain.observe(stats)
