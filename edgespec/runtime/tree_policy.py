@@ -15,9 +15,10 @@ more tokens per second.
                   every `shadow_every` chain rounds the drafter also builds the tree it would
                   have sent (`Plan.shadow`), and the verdict's tokens (the drafts kept and the
                   target's own) say which of its candidates the target took, as a tree round
-                  would have (exactly: greedy, and for point candidates under sampling too —
-                  the target's token after a rejected draft is drawn from the residual that
-                  recursive rejection sampling would have offered the next sibling). So no tree
+                  would have (exactly: greedy, and under sampling where the tree's first
+                  candidate is the chain's draft — the target's token after a rejected draft
+                  is drawn from the residual that recursive rejection sampling would have
+                  offered the next sibling). So no tree
                   forward runs, and the tree graphs are never opened, unless a tree is priced to
                   pay. (`probe_every` > 0 sends small probe trees instead, as a test needs.)
   with_trees      what `trees=auto|on|off` makes of a model-free drafter on a bundle
