@@ -150,7 +150,12 @@ def test_shadow_rounds_are_chains_whose_offers_price_side_ranks():
         stats.draft_seconds, stats.tree_offers = 1e-5, ((2, 0), (2, 1))
         policy.observe(stats)
     assert policy.acceptance.measured(1) > 10 and policy.acceptance.p(2, 1) > 0.5
+    policy.open_seconds = 100.0  # a tree pays, but would not yet repay opening its graphs
+    assert policy.plan().tree_depth == 0
+    policy.open_seconds = 0.1  # 1.2 s decoded: it would now
     assert policy.plan().tree_depth  # a flat curve and a sibling the target takes: a tree
+    policy.open_seconds = 100.0
+    assert policy.plan().tree_depth  # once open, a tree is planned wherever it pays
 
 
 @pytest.mark.parametrize("mode", ["suffix", "lookup"])

@@ -157,6 +157,13 @@ class TreePolicy:
     # the chain policy the drafter had (`auto`): it plans every round that is not a tree, as
     # it would without trees, and learns from those rounds only; None: the best chain here
     chain: Any = None
+    # the first tree opens the tree-verification graphs: about a second of CPU (1.0-5.7 s
+    # measured on a loaded 2-core host), a cost no round's price holds. A first tree is
+    # planned only once the share of time it promises to save, over the decoding time seen
+    # so far, would repay that (a short reply never opens them for a few % a round)
+    open_seconds: float = 1.0
+    trees_open: bool = False
+    _decoded: float = 0.0  # seconds of decode rounds observed
     _rounds: int = 0
 
     def plan(self, source: str | None = None) -> Plan:
@@ -166,7 +173,9 @@ class TreePolicy:
             return replace(base or Plan(min(4, self.max_length)), tree_depth=0)
         table = self.acceptance.table()
         chain, tree = self.last = best_shapes(table, self.cost.cost, self.max_length)
-        if tree is not None and tree.rate > (1 + self.margin) * chain.rate:
+        pays = tree is not None and tree.rate > (1 + self.margin) * chain.rate
+        if pays and self._repays(chain, tree):
+            self.trees_open = True
             return Plan(tree.nodes, tree_depth=tree.depth)
         base = base or Plan(chain.nodes)
         # probe only where a tree could pay: if even second candidates taking all the spine
@@ -179,6 +188,12 @@ class TreePolicy:
         shadow = base.length > 0 and self.shadow_every and self._rounds % self.shadow_every == 0
         return replace(base, tree_depth=0, shadow=bool(shadow))
 
+    def _repays(self, chain: Shape, tree: Shape | None) -> bool:
+        """Whether the tree graphs are open, or the time a tree saves would repay opening them."""
+        assert tree is not None
+        saved = 1 - chain.rate / tree.rate  # the share of decoding time a tree saves
+        return self.trees_open or saved * self._decoded >= self.open_seconds
+
     def _could_pay(self) -> bool:
         if self.cost.rounds < self.probe_after:
             return False
@@ -187,6 +202,9 @@ class TreePolicy:
         return tree is not None and tree.rate > (1 + self.margin) * chain.rate
 
     def observe(self, stats: RoundStats) -> None:
+        if stats.phase == "decode":
+            self._decoded += stats.seconds
+        self.trees_open = self.trees_open or stats.tree_nodes > 0
         if stats.tree_nodes:
             offers = stats.tree_offers
             priced = replace(stats, drafted=stats.tree_nodes)
