@@ -158,12 +158,13 @@ class TreePolicy:
     # it would without trees, and learns from those rounds only; None: the best chain here
     chain: Any = None
     # the first tree opens the tree-verification graphs: about a second of CPU (1.0-5.7 s
-    # measured on a loaded 2-core host), a cost no round's price holds. A first tree is
-    # planned only once the share of time it promises to save, over the decoding time seen
-    # so far, would repay that (a short reply never opens them for a few % a round)
+    # measured on a loaded 2-core host), a cost no round's price holds. Rent or buy: a first
+    # tree is planned only once the time trees would have saved in the rounds they were
+    # priced to pay (`_missed`) adds up to that cost, so opening costs at most what waiting
+    # did, and trees that would pay a few % in a handful of rounds never open them
     open_seconds: float = 1.0
     trees_open: bool = False
-    _decoded: float = 0.0  # seconds of decode rounds observed
+    _missed: float = 0.0  # seconds trees were priced to save while their graphs were closed
     _rounds: int = 0
 
     def plan(self, source: str | None = None) -> Plan:
@@ -189,10 +190,15 @@ class TreePolicy:
         return replace(base, tree_depth=0, shadow=bool(shadow))
 
     def _repays(self, chain: Shape, tree: Shape | None) -> bool:
-        """Whether the tree graphs are open, or the time a tree saves would repay opening them."""
+        """Whether the tree graphs are open, or the time trees would have saved so far (this
+        round's saving counted) repays opening them."""
         assert tree is not None
-        saved = 1 - chain.rate / tree.rate  # the share of decoding time a tree saves
-        return self.trees_open or saved * self._decoded >= self.open_seconds
+        if self.trees_open:
+            return True
+        # this round: a chain costs chain.nodes' price for chain.tokens; a tree, for the same
+        # tokens, that time over the ratio of their rates
+        self._missed += self.cost.cost(chain.nodes) * (1 - chain.rate / tree.rate)
+        return self._missed >= self.open_seconds
 
     def _could_pay(self) -> bool:
         if self.cost.rounds < self.probe_after:
@@ -202,8 +208,6 @@ class TreePolicy:
         return tree is not None and tree.rate > (1 + self.margin) * chain.rate
 
     def observe(self, stats: RoundStats) -> None:
-        if stats.phase == "decode":
-            self._decoded += stats.seconds
         self.trees_open = self.trees_open or stats.tree_nodes > 0
         if stats.tree_nodes:
             offers = stats.tree_offers
