@@ -125,13 +125,64 @@ def test_offers_read_the_rank_taken_at_each_depth():
     assert TokenTree.chain([1, 2, 3]).offers([1]) == ((1, 0), (1, -1))
 
 
+def test_a_shadow_tree_reads_the_rank_of_each_known_token_until_they_end():
+    # root -> 5 (0), 6 (1); 5 -> 7 (2), 8 (3); 6 -> 9 (4)
+    tree = TokenTree((5, 6, 7, 8, 9), (-1, -1, 0, 0, 1))
+    assert tree.shadow_offers([5, 8, 1]) == ((2, 0), (2, 1))  # 8 is a leaf: nothing below
+    assert tree.shadow_offers([6, 3]) == ((2, 1), (1, -1))  # the target took no child of 6
+    assert tree.shadow_offers([5]) == ((2, 0),)  # what came after 5 is not known
+    assert tree.shadow_offers([4, 5]) == ((2, -1),)
+    assert tree.shadow_offers([]) == ()
+
+
+def test_shadow_rounds_are_chains_whose_offers_price_side_ranks():
+    policy = TreePolicy(shadow_every=2)
+    for _ in range(60):  # chain rounds: rank 0 measured, rank 1 never
+        stats = RoundStats("decode", 3, 5, flat(4), drafted=4, accepted=2, index=100)
+        stats.draft_seconds = 1e-5
+        policy.observe(stats)
+    assert policy.acceptance.measured(1) == 0
+    plans = [policy.plan() for _ in range(8)]
+    assert all(p.tree_depth == 0 for p in plans)  # no tree is sent to measure side ranks
+    assert [p.shadow for p in plans].count(True) == 4
+    for _ in range(60):  # shadows: the spine's second token missed, its sibling taken
+        stats = RoundStats("decode", 2, 5, flat(4), drafted=4, accepted=1, index=100)
+        stats.draft_seconds, stats.tree_offers = 1e-5, ((2, 0), (2, 1))
+        policy.observe(stats)
+    assert policy.acceptance.measured(1) > 10 and policy.acceptance.p(2, 1) > 0.5
+    policy.open_seconds = 0.02  # a tree pays, but not yet what opening its graphs costs
+    assert policy.plan().tree_depth == 0  # one round of 10 ms saved a share of 10 ms
+    for _ in range(20):
+        if policy.plan().tree_depth:
+            break
+    assert policy.trees_open  # the rounds it would have saved repaid opening the graphs
+    assert policy.plan().tree_depth  # a flat curve and a sibling the target takes: a tree
+    policy.open_seconds = 100.0
+    assert policy.plan().tree_depth  # once open, a tree is planned wherever it pays
+
+
+@pytest.mark.parametrize("mode", ["suffix", "lookup"])
+def test_shadow_trees_measure_side_ranks_without_opening_the_tree_graphs(mode, tree_bundles):  # noqa: F811
+    bundle = tree_bundles["qwen2"]
+    want = edgespec.load(bundle, mode="ar").generate(PROMPT, max_new_tokens=48, ignore_eos=True)
+    model = edgespec.load(bundle, mode=mode, trees="auto")
+    assert isinstance(model.policy, TreePolicy)
+    model.policy.shadow_every = 1
+    model.policy.margin = 1e9  # price trees, never pick one
+    got = model.generate(PROMPT, max_new_tokens=48, ignore_eos=True)
+    assert got.tokens == want.tokens
+    assert got.stats.tree_rounds == 0
+    assert not any(role.startswith("tree:") for role in model.graphs.opened)
+    assert model.policy.acceptance.measured(1) > 0  # side candidates priced from shadows
+
+
 @pytest.mark.parametrize("mode", ["suffix", "lookup", "recycle"])
 def test_trees_on_decode_as_ar_and_count_tree_nodes_apart(mode, tree_bundles, monkeypatch):  # noqa: F811
     bundle = tree_bundles["qwen2"]
     want = edgespec.load(bundle, mode="ar").generate(PROMPT, max_new_tokens=48, ignore_eos=True)
     model = edgespec.load(bundle, mode=mode, trees="on")
     assert isinstance(model.drafter, AsTree) and isinstance(model.policy, TreePolicy)
-    model.policy.probe_every, model.policy.probe_after = 2, 0  # every kind of round runs
+    model.policy.probe_every, model.policy.probe_after = 2, 0  # probe trees: tree rounds run
     # whether a probe could pay depends on the costs this machine measured (a loaded one may
     # price width steeply): probe regardless, so tree rounds run however loaded it is
     monkeypatch.setattr(model.policy, "_could_pay", lambda: True)

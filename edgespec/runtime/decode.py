@@ -211,6 +211,9 @@ def speculative_round(
     )
     if tree is not None:
         stats.tree_nodes, stats.tree_offers = len(tree), tree.offers(drafts)
+    elif proposal.shadow is not None and not forced and not verdict.resync:
+        # the tree not sent, against what the target produced: its drafts kept and its token
+        stats.tree_offers = proposal.shadow.shadow_offers([*drafts, token])
     return [*drafts, *streamed, token], verdict.fill(stats), kept
 
 

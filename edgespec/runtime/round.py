@@ -54,13 +54,18 @@ class Plan:
     # a tree drafter (`AsTree`): 0 propose a chain; k a tree of at most `length` nodes, k
     # deep; None its own default tree
     tree_depth: int | None = None
+    # a chain round whose tree drafter also builds, unverified, the tree it would have sent
+    # (`Proposal.shadow`): the verdict prices its side candidates without a tree forward
+    shadow: bool = False
 
     def keep_drafting(self, confidence: float) -> bool:
         return confidence >= self.min_confidence
 
     def capped(self, length: int) -> Plan:
         n = max(0, min(self.length, length))
-        return Plan(n, self.exit_layer, self.min_confidence, self.where, self.tree_depth)
+        return Plan(
+            n, self.exit_layer, self.min_confidence, self.where, self.tree_depth, self.shadow
+        )
 
 
 @dataclass
@@ -87,6 +92,7 @@ class Proposal:
     where: Where = "split"  # where the policy placed this round (the decode loop sets it)
     tree: TokenTree | None = None  # several candidates per position; `tokens` its main path
     tree_q: list[SparseQ] | None = None  # kind "sampled": each node's q (siblings' alike)
+    shadow: TokenTree | None = None  # a chain round's unverified tree (`Plan.shadow`)
 
     @property
     def exit_layer(self) -> int | None:

@@ -87,6 +87,27 @@ class TokenTree:
             node = kids[rank]
         return tuple(out)
 
+    def shadow_offers(self, known: Sequence[int]) -> tuple[tuple[int, int], ...]:
+        """`offers` of a tree that was not verified, against the tokens the target is known to
+        have produced after its root (a chain round's accepted drafts and the target's own
+        token): per depth, the children offered under the matching path and the rank of the
+        known token among them (-1 where none matched; that ends the path). Where the known
+        tokens end, nothing more is known: no entry."""
+        out: list[tuple[int, int]] = []
+        node = -1
+        for token in known:
+            kids = self.children(node)
+            if not kids:
+                break
+            ranked = [self.tokens[k] for k in kids]
+            if token not in ranked:
+                out.append((len(kids), -1))
+                break
+            rank = ranked.index(token)
+            out.append((len(kids), rank))
+            node = kids[rank]
+        return tuple(out)
+
     def positions(self, start: int) -> np.ndarray:
         """Each node's position when the sequence before the tree holds `start` tokens
         (the root, the last of them, sits at start - 1)."""

@@ -136,6 +136,9 @@ def merged_paths(paths: Sequence[Sequence[int]], budget: int, max_depth: int) ->
     return best_first(root, expand, budget, max_depth)[0]
 
 
+SHADOW_NODES = 16  # a shadow tree's nodes: what the tree policy prices at most
+
+
 class AsTree:
     """`drafter`'s trees as its proposals: at most `plan.length` nodes, `max_depth` deep,
     through `Proposal.of_tree` (the main path is the most likely root path)."""
@@ -164,7 +167,10 @@ class AsTree:
         if plan.length <= 0:
             return Proposal([], "point", None, perf_counter() - start)
         if plan.tree_depth == 0:  # the policy chose a chain this round
-            return self.drafter.propose(seq, plan, params, rng)
+            proposal = self.drafter.propose(seq, plan, params, rng)
+            if plan.shadow:  # and the tree it would have sent, to price side candidates
+                proposal.shadow = self.drafter.propose_tree(seq, SHADOW_NODES, self.max_depth)
+            return proposal
         tree = self.drafter.propose_tree(seq, plan.length, plan.tree_depth or self.max_depth)
         return Proposal.of_tree(tree, seconds=perf_counter() - start)
 

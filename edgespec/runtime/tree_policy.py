@@ -11,8 +11,16 @@ more tokens per second.
                   T(nodes) (the cost model learns a round's seconds per node count: drafting
                   plus verifying that width); plans a tree only when it beats the best chain
                   by `margin`, else the chain the drafter's own chain policy (`auto`) plans,
-                  as it would without trees; while side ranks are unmeasured it sends a
-                  small probe tree every `probe_every` rounds (measurement, not a pick)
+                  as it would without trees. Side ranks are measured without sending a tree:
+                  every `shadow_every` chain rounds the drafter also builds the tree it would
+                  have sent (`Plan.shadow`), and the verdict's tokens (the drafts kept and the
+                  target's own) say which of its candidates the target took, as a tree round
+                  would have (exactly: greedy, and under sampling where the tree's first
+                  candidate is the chain's draft — the target's token after a rejected draft
+                  is drawn from the residual that recursive rejection sampling would have
+                  offered the next sibling). So no tree
+                  forward runs, and the tree graphs are never opened, unless a tree is priced to
+                  pay. (`probe_every` > 0 sends small probe trees instead, as a test needs.)
   with_trees      what `trees=auto|on|off` makes of a model-free drafter on a bundle
 
 The expected tokens of a spine-with-leaves tree: a side candidate at depth d is accepted with
@@ -137,7 +145,8 @@ class TreePolicy:
     cost: CostModel = field(default_factory=CostModel)
     acceptance: RankAcceptance = field(default_factory=RankAcceptance)
     margin: float = 0.05  # a tree must promise this much more than the best chain
-    probe_every: int = 16  # rounds between probe trees while side ranks are unmeasured
+    shadow_every: int = 8  # chain rounds between shadow trees (their side ranks' measurement)
+    probe_every: int = 0  # rounds between probe trees while side ranks are unmeasured (0: none)
     probe_until: float = 8.0  # side-rank offers (forgotten like acceptance) that end probing
     side: int = 3  # a probe tree's side candidates
     # rounds priced before any probe: the cost line's slope over width is learned from the
@@ -148,6 +157,14 @@ class TreePolicy:
     # the chain policy the drafter had (`auto`): it plans every round that is not a tree, as
     # it would without trees, and learns from those rounds only; None: the best chain here
     chain: Any = None
+    # the first tree opens the tree-verification graphs: about a second of CPU (1.0-5.7 s
+    # measured on a loaded 2-core host), a cost no round's price holds. Rent or buy: a first
+    # tree is planned only once the time trees would have saved in the rounds they were
+    # priced to pay (`_missed`) adds up to that cost, so opening costs at most what waiting
+    # did, and trees that would pay a few % in a handful of rounds never open them
+    open_seconds: float = 1.0
+    trees_open: bool = False
+    _missed: float = 0.0  # seconds trees were priced to save while their graphs were closed
     _rounds: int = 0
 
     def plan(self, source: str | None = None) -> Plan:
@@ -157,16 +174,31 @@ class TreePolicy:
             return replace(base or Plan(min(4, self.max_length)), tree_depth=0)
         table = self.acceptance.table()
         chain, tree = self.last = best_shapes(table, self.cost.cost, self.max_length)
-        if tree is not None and tree.rate > (1 + self.margin) * chain.rate:
+        pays = tree is not None and tree.rate > (1 + self.margin) * chain.rate
+        if pays and self._repays(chain, tree):
+            self.trees_open = True
             return Plan(tree.nodes, tree_depth=tree.depth)
         base = base or Plan(chain.nodes)
         # probe only where a tree could pay: if even second candidates taking all the spine
         # leaves would not buy one at these costs (a verify whose cost grows with width), none
-        probing = self.acceptance.measured(1) < self.probe_until and self._could_pay()
-        if base.length > 0 and probing and self._rounds % self.probe_every == 0:
+        due = self.probe_every > 0 and self._rounds % self.probe_every == 0
+        probing = due and self.acceptance.measured(1) < self.probe_until and self._could_pay()
+        if base.length > 0 and probing:
             nodes = min(base.length + self.side, self.max_length)
             return Plan(nodes, tree_depth=base.length)
-        return replace(base, tree_depth=0)
+        shadow = base.length > 0 and self.shadow_every and self._rounds % self.shadow_every == 0
+        return replace(base, tree_depth=0, shadow=bool(shadow))
+
+    def _repays(self, chain: Shape, tree: Shape | None) -> bool:
+        """Whether the tree graphs are open, or the time trees would have saved so far (this
+        round's saving counted) repays opening them."""
+        assert tree is not None
+        if self.trees_open:
+            return True
+        # this round: a chain costs chain.nodes' price for chain.tokens; a tree, for the same
+        # tokens, that time over the ratio of their rates
+        self._missed += self.cost.cost(chain.nodes) * (1 - chain.rate / tree.rate)
+        return self._missed >= self.open_seconds
 
     def _could_pay(self) -> bool:
         if self.cost.rounds < self.probe_after:
@@ -176,11 +208,13 @@ class TreePolicy:
         return tree is not None and tree.rate > (1 + self.margin) * chain.rate
 
     def observe(self, stats: RoundStats) -> None:
+        self.trees_open = self.trees_open or stats.tree_nodes > 0
         if stats.tree_nodes:
             offers = stats.tree_offers
             priced = replace(stats, drafted=stats.tree_nodes)
-        else:
-            offers = ((1, 0),) * stats.accepted + ((1, -1),) * (stats.accepted < stats.drafted)
+        else:  # a shadow tree's offers, or the chain's own (rank 0 at each depth it reached)
+            chain = ((1, 0),) * stats.accepted + ((1, -1),) * (stats.accepted < stats.drafted)
+            offers = stats.tree_offers or chain
             priced = stats
             if self.chain is not None:
                 self.chain.observe(stats)
