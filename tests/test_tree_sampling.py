@@ -192,3 +192,34 @@ def test_decoding_with_tree_proposals_samples_the_targets_marginals(tiny_vocab_b
         seen = expected > 0
         chi2 = float(((counts[seen] - expected[seen]) ** 2 / expected[seen]).sum())
         assert chi2 < 37.70  # chi-square quantile at p = 0.001, 15 degrees of freedom
+
+
+def drafter_row(prefix: tuple[int, ...]) -> np.ndarray:
+    """A drafting model's logits after `prefix` (fixed, random, unlike the target's)."""
+    seed = 5 + sum(t * 11**i for i, t in enumerate(prefix)) + 777 * len(prefix)
+    return np.log(np.random.default_rng(seed).dirichlet(np.ones(V) * 0.8))
+
+
+def dynamic_tree_of_a_model(rng: np.random.Generator) -> tuple[TokenTree, list[SparseQ]]:
+    """A model drafter's dynamic tree (runtime/model_tree.py): a spine of two tokens each
+    drawn from the drafter's q, and its runner-ups at each depth as point-mass leaves."""
+    from edgespec.runtime.model_tree import _tree_proposal, dynamic_tree
+
+    spine, rows_, qs = [], [], []
+    for _ in range(2):
+        row = drafter_row(tuple(spine))
+        q = quantize(np.arange(V), np.exp(row))
+        spine.append(q.sample(rng))
+        rows_.append(row)
+        qs.append(q)
+    tree = dynamic_tree(spine, rows_, budget=int(rng.integers(3, 7)), side=2)
+    proposal = _tree_proposal(tree, spine, qs, PARAMS, 0.0)
+    assert proposal.tree is tree and proposal.tree_q is not None
+    return tree, proposal.tree_q
+
+
+def test_a_model_drafters_dynamic_trees_keep_the_target_distribution():
+    counts = first_two(dynamic_tree_of_a_model, accept_tree_sampled, 20000, seed=2)
+    assert chi_square(counts, joint()) < CHI2_CRITICAL_P001_24
+    biased_counts = first_two(dynamic_tree_of_a_model, biased, 20000, seed=2)  # power control
+    assert chi_square(biased_counts, joint()) > CHI2_CRITICAL_P001_24

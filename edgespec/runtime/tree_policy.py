@@ -13,7 +13,8 @@ more tokens per second.
                   by `margin`, else the chain the drafter's own chain policy (`auto`) plans,
                   as it would without trees; while side ranks are unmeasured it sends a
                   small probe tree every `probe_every` rounds (measurement, not a pick)
-  with_trees      what `trees=auto|on|off` makes of a model-free drafter on a bundle
+  with_trees      what `trees=auto|on|off` makes of a drafter on a bundle (a model drafter:
+                its dynamic trees, `runtime/model_tree.py`, priced per spine step)
 
 The expected tokens of a spine-with-leaves tree: a side candidate at depth d is accepted with
 p(d, r) when the spine reached d - 1, and ends the path there; so E = 1 + Σ_d s(d-1)·Σ_r p(d, r)
@@ -36,6 +37,7 @@ MAX_DEPTH = 8  # the deepest spine priced
 MAX_RANK = 4  # candidates per depth priced (rank 0: the spine)
 MAX_NODES = 16  # the largest round priced (chain or tree)
 TREE_MODES = ("auto", "on", "off")
+TREE_DRAFTERS = "lookup, suffix, recycle, draft, exit:K"
 
 
 @dataclass
@@ -97,11 +99,19 @@ class Shape:
         return self.nodes > self.depth
 
 
-def best_shapes(p: list[list[float]], cost: Any, max_nodes: int) -> tuple[Shape, Shape | None]:
+def best_shapes(
+    p: list[list[float]], cost: Any, max_nodes: int, side_discount: float = 0.0
+) -> tuple[Shape, Shape | None]:
     """(the best chain, the best tree or None) by expected tokens per second; `p[d][r]` as
-    `RankAcceptance.table`, `cost(n)` a round's seconds verifying n drafted nodes."""
+    `RankAcceptance.table`, `cost(n)` a round's seconds verifying n drafted nodes, each
+    drafted at a step's price; `side_discount`: what a side node costs less than that (a
+    model drafter's side leaves: a whole draft step, as they come from the spine's rows)."""
     chain, tree = Shape(0, 0, 0.0, -1.0), None
-    cost = _memo(cost)
+    memo = _memo(cost)
+
+    def cost(nodes: int, depth: int) -> float:
+        return max(memo(nodes) - (nodes - depth) * side_discount, 1e-9)
+
     for depth in range(1, min(MAX_DEPTH, max_nodes) + 1):
         survive, tokens, gains = 1.0, 1.0, []
         for d in range(1, depth + 1):
@@ -109,7 +119,7 @@ def best_shapes(p: list[list[float]], cost: Any, max_nodes: int) -> tuple[Shape,
                 gains.append((-survive * p[min(d, MAX_DEPTH)][r], d, r))
             survive *= p[min(d, MAX_DEPTH)][0]
             tokens += survive
-        best = Shape(depth, depth, tokens, tokens / cost(depth))
+        best = Shape(depth, depth, tokens, tokens / cost(depth, depth))
         if best.rate > chain.rate:
             chain = best
         taken: dict[int, int] = {}  # depth -> side ranks taken (in rank order)
@@ -122,7 +132,7 @@ def best_shapes(p: list[list[float]], cost: Any, max_nodes: int) -> tuple[Shape,
             taken[d] = r
             nodes += 1
             tokens -= gain
-            shape = Shape(nodes, depth, tokens, tokens / cost(nodes))
+            shape = Shape(nodes, depth, tokens, tokens / cost(nodes, depth))
             if tree is None or shape.rate > tree.rate:
                 tree = shape
     return chain, tree
@@ -148,18 +158,25 @@ class TreePolicy:
     # the chain policy the drafter had (`auto`): it plans every round that is not a tree, as
     # it would without trees, and learns from those rounds only; None: the best chain here
     chain: Any = None
+    # the drafter drafts one step per depth (a model drafter's dynamic trees): a side node
+    # costs verify width only, and a tree round's draft time is per spine step
+    per_depth: bool = False
+    force: bool = False  # trees="on": every drafting round a tree (the best, else a probe's)
     _rounds: int = 0
 
     def plan(self, source: str | None = None) -> Plan:
         self._rounds += 1
         base = self.chain.plan(source) if self.chain is not None else None
-        if self.cost.t_draft is None or not self.cost.round_time:  # learn what a round costs
+        learning = self.cost.t_draft is None or not self.cost.round_time
+        if learning and not self.force:  # learn what a round costs
             return replace(base or Plan(min(4, self.max_length)), tree_depth=0)
-        table = self.acceptance.table()
-        chain, tree = self.last = best_shapes(table, self.cost.cost, self.max_length)
-        if tree is not None and tree.rate > (1 + self.margin) * chain.rate:
-            return Plan(tree.nodes, tree_depth=tree.depth)
-        base = base or Plan(chain.nodes)
+        if not learning:
+            chain, tree = self.last = self._price(self.acceptance.table())
+            if tree is not None and tree.rate > (1 + self.margin) * chain.rate:
+                return Plan(tree.nodes, tree_depth=tree.depth)
+        base = base or Plan(chain.nodes if not learning else min(4, self.max_length))
+        if self.force and base.length > 0:  # on: the chain's spine and side candidates
+            return Plan(min(base.length + self.side, self.max_length), tree_depth=base.length)
         # probe only where a tree could pay: if even second candidates taking all the spine
         # leaves would not buy one at these costs (a verify whose cost grows with width), none
         probing = self.acceptance.measured(1) < self.probe_until and self._could_pay()
@@ -171,21 +188,28 @@ class TreePolicy:
     def _could_pay(self) -> bool:
         if self.cost.rounds < self.probe_after:
             return False
-        table = self.acceptance.table(optimistic=True)
-        chain, tree = best_shapes(table, self.cost.cost, self.max_length)
+        chain, tree = self._price(self.acceptance.table(optimistic=True))
         return tree is not None and tree.rate > (1 + self.margin) * chain.rate
 
     def observe(self, stats: RoundStats) -> None:
+        steps = None
         if stats.tree_nodes:
             offers = stats.tree_offers
             priced = replace(stats, drafted=stats.tree_nodes)
+            steps = stats.drafted if self.per_depth else None
+            if self.force and self.chain is not None:  # its rounds are all trees: its spines
+                self.chain.observe(stats)
         else:
             offers = ((1, 0),) * stats.accepted + ((1, -1),) * (stats.accepted < stats.drafted)
             priced = stats
             if self.chain is not None:
                 self.chain.observe(stats)
         self.acceptance.observe(offers)
-        self.cost.observe(priced)  # T(nodes): a round's seconds by the nodes it verified
+        self.cost.observe(priced, steps)  # T(nodes): a round's seconds by the nodes verified
+
+    def _price(self, table: list[list[float]]) -> tuple[Shape, Shape | None]:
+        discount = (self.cost.t_draft or 0.0) if self.per_depth else 0.0
+        return best_shapes(table, self.cost.cost, self.max_length, discount)
 
     def channel_estimates(self) -> tuple[float | None, float | None]:
         return None, None
@@ -209,26 +233,30 @@ def _table() -> list[list[float]]:
 def with_trees(
     trees: str, reasons: list[str], drafter: Drafter, policy: Any
 ) -> tuple[Drafter, Any]:
-    """`drafter` and `policy` as `trees` (auto | on | off) makes them: a model-free drafter's
-    trees through `AsTree` and a `TreePolicy`, unless one of `reasons` (why this bundle or
+    """`drafter` and `policy` as `trees` (auto | on | off) makes them: the drafter's trees
+    (a model drafter's dynamic trees, `ModelTrees`) through `AsTree` and a `TreePolicy`
+    (`on`: forced every drafting round), unless one of `reasons` (why this bundle or
     configuration cannot use trees) holds: then `auto` keeps the chain and `on` refuses."""
+    from edgespec.runtime.drafters import EarlyExitDrafter, ModelDrafter
+    from edgespec.runtime.model_tree import ModelTrees
     from edgespec.runtime.tree_draft import AsTree, TreeDrafter
 
     if trees not in TREE_MODES:
         raise InputError(f"trees={trees!r} is not one of: {', '.join(TREE_MODES)}")
     if trees == "off":
         return drafter, policy
+    per_depth = isinstance(drafter, ModelDrafter | EarlyExitDrafter)
+    if per_depth and not reasons:
+        drafter = ModelTrees(drafter)  # type: ignore[arg-type]
     if not isinstance(drafter, TreeDrafter):
-        reasons = [
-            *reasons,
-            f"drafter {drafter.name!r} proposes no trees (lookup, suffix and recycle do)",
-        ]
+        reasons = [*reasons, f"drafter {drafter.name!r} proposes no trees ({TREE_DRAFTERS} do)"]
     if reasons:
         if trees == "on":
             raise InputError(f"trees='on' cannot be used here: {reasons[0]}")
         return drafter, policy
     priors = policy.cost.priors if hasattr(policy, "cost") else PRIORS
-    tree_policy = TreePolicy(cost=CostModel(priors=priors), chain=policy)
+    tree_policy = TreePolicy(cost=CostModel(priors=priors), chain=policy, per_depth=per_depth)
+    tree_policy.force = trees == "on"
     tree_policy.acceptance.priors = priors
     return AsTree(drafter, max_depth=MAX_DEPTH), tree_policy
 
@@ -250,6 +278,6 @@ def tree_reasons(config: Any, graphs: Any, spec: str) -> list[str]:
             f"draft policy {config.draft_policy!r} plans chains; drop --draft-policy so the "
             "tree policy sizes each round"
         )
-    if spec not in ("lookup", "suffix", "recycle"):
-        out.append(f"drafter {spec!r} proposes no trees; use lookup, suffix or recycle")
+    if spec not in ("lookup", "suffix", "recycle", "draft") and not spec.startswith("exit:"):
+        out.append(f"drafter {spec!r} proposes no trees; use one of {TREE_DRAFTERS}")
     return out
