@@ -24,7 +24,7 @@ from edgespec.runtime.stack import Stack
 from edgespec.runtime.tree_draft import AsTree
 from edgespec.runtime.tree_policy import TreePolicy
 
-FAMILIES = ["qwen2", "llama-gqa-tied"]
+FAMILIES = ["qwen2", "llama-gqa-tied", "gpt2"]
 PROMPT = "def parse(text):\n    return"
 GREEDY = SamplingParams(temperature=0.0)
 
@@ -84,6 +84,16 @@ def test_greedy_with_model_trees_is_ar_token_for_token(near_bundles, name, mode)
     trees = [s for s in rounds if s.tree_nodes]
     assert trees and all(s.tree_nodes > s.drafted for s in trees)  # side leaves were sent
     assert got.stats.tree_rounds == len(trees)
+
+
+@pytest.mark.parametrize("mode", ["spec", "self-spec"])
+def test_trees_auto_with_a_model_drafter_decodes_as_ar(near_bundles, mode):
+    bundle = near_bundles["qwen2"]
+    want = edgespec.load(bundle, mode="ar").generate(PROMPT, max_new_tokens=48, ignore_eos=True)
+    model = edgespec.load(bundle, mode=mode, trees="auto")
+    assert isinstance(model.drafter, AsTree) and not model.policy.force
+    got = model.generate(PROMPT, max_new_tokens=48, ignore_eos=True)
+    assert got.tokens == want.tokens
 
 
 def test_side_candidates_are_taken_where_the_draft_disagrees(near_bundles):
