@@ -72,7 +72,30 @@ def replays(
     return out
 
 
-def end_to_end(bundle: Path, prompts: list[list[int]], n_new: int, threads: int) -> dict:
+def best(table: dict[str, Any], roles: list[str]) -> dict[str, Any]:
+    """Per drafter and cost curve: the best chain and the best tree by projected tokens/s,
+    and the tree's ratio to the chain."""
+    out: dict[str, Any] = {}
+    for role in roles:
+        for curve in ("measured", "flat"):
+            rates = {
+                k.split(" ", 1)[1]: v["projected_tokens_per_s"][curve]
+                for k, v in table.items()
+                if k.split(" ", 1)[0] == role
+            }
+            chain = max((k for k in rates if k.startswith("chain")), key=rates.__getitem__)
+            tree = max((k for k in rates if k.startswith("tree")), key=rates.__getitem__)
+            out.setdefault(role, {})[curve] = {
+                "chain": chain,
+                "tree": tree,
+                "tree_over_chain": round(rates[tree] / rates[chain], 3),
+            }
+    return out
+
+
+def end_to_end(
+    bundle: Path, prompts: list[list[int]], n_new: int, threads: int, repeats: int
+) -> dict:
     import edgespec
 
     models = {"ar": edgespec.load(bundle, mode="ar", threads=threads)}
@@ -84,7 +107,7 @@ def end_to_end(bundle: Path, prompts: list[list[int]], n_new: int, threads: int)
     tokens = dict.fromkeys(models, 0)
     texts: dict[str, list[list[int]]] = {m: [] for m in models}
     tree_rounds = dict.fromkeys(models, 0)
-    for i, ids in enumerate(prompts):
+    for i, ids in enumerate(prompts * repeats):
         order = list(models)[i % len(models) :] + list(models)[: i % len(models)]
         for mode in order:
             got, first, start = [], None, time.process_time()
@@ -96,7 +119,8 @@ def end_to_end(bundle: Path, prompts: list[list[int]], n_new: int, threads: int)
                 got += chunk.tokens
             cpu[mode] += time.process_time() - (first or start)
             tokens[mode] += len(got) - 1
-            texts[mode].append(got)
+            if i < len(prompts):
+                texts[mode].append(got)
     out: dict[str, Any] = {}
     for mode in models:
         out[mode] = {
@@ -118,11 +142,12 @@ def main() -> None:
     add_common(p, threads=1)
     p.add_argument("--prompts", type=int, default=4, help="per style (code, text)")
     p.add_argument("--n-new", type=int, default=96)
-    p.add_argument("--roles", default="draft,head@4", help="drafters replayed")
+    p.add_argument("--roles", default="draft,head@2,head@4", help="drafters replayed")
     p.add_argument("--chains", default="2,3,4,6", help="chain lengths replayed")
     p.add_argument("--trees", default="5,2;6,3;8,3;7,4;10,4;9,6", help="budget,depth;...")
     p.add_argument("--widths", default="1,2,3,4,5,6,7,8,10,12,16", help="verify widths")
     p.add_argument("--repeats-curve", type=int, default=7)
+    p.add_argument("--repeats", type=int, default=2, help="end-to-end passes")
     p.add_argument("--no-end-to-end", action="store_true")
     args = p.parse_args()
     log(load_line())
@@ -146,7 +171,8 @@ def main() -> None:
             reply = ar.generate(ids, max_new_tokens=args.n_new, ignore_eos=True)
             truths.append((ids + reply.tokens, len(ids)))
         table: dict[str, Any] = {}
-        for label, stats in replays(graphs, listed(args.roles), truths, shapes).items():
+        roles = listed(args.roles)
+        for label, stats in replays(graphs, roles, truths, shapes).items():
             row = stats.as_json()
             row["projected_tokens_per_s"] = {
                 k: round(v, 1) for k, v in projected(stats, curve).items()
@@ -158,9 +184,17 @@ def main() -> None:
                 f"projected tok/s measured {row['projected_tokens_per_s']['measured']:7.1f}"
                 f" flat {row['projected_tokens_per_s']['flat']:7.1f}"
             )
-        data[style] = {"replay": table}
+        summary = best(table, roles)
+        for role, curves in summary.items():
+            log(
+                f"{style:5} {role:8} best tree / best chain: measured "
+                f"{curves['measured']['tree_over_chain']:.2f} ({curves['measured']['tree']} vs "
+                f"{curves['measured']['chain']}), flat {curves['flat']['tree_over_chain']:.2f} "
+                f"({curves['flat']['tree']} vs {curves['flat']['chain']})"
+            )
+        data[style] = {"replay": table, "best": summary}
         if not args.no_end_to_end:
-            e2e = end_to_end(bundle, prompts, args.n_new, args.threads)
+            e2e = end_to_end(bundle, prompts, args.n_new, args.threads, args.repeats)
             for mode, row in e2e.items():
                 log(
                     f"{style:5} e2e {mode:10} {row['decode_tokens_per_cpu_s']:8.1f} tok/CPU-s  "
