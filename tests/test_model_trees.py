@@ -145,3 +145,23 @@ def test_trees_on_with_a_model_drafter_needs_tree_graphs(spec_bundles):
         edgespec.load(spec_bundles["qwen2"], mode="spec", trees="on")
     auto = edgespec.load(spec_bundles["qwen2"], mode="spec", trees="auto")
     assert isinstance(auto.drafter, ModelDrafter)  # auto stays on chains
+
+
+@pytest.mark.parametrize("mode", ["spec", "self-spec"])
+def test_under_a_grammar_model_trees_draft_masked_chains(near_bundles, mode):
+    """A grammar masks what a model drafter draws: its tree rounds become masked chains, and
+    the output is the constrained `ar` output."""
+    pytest.importorskip("llguidance")
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string", "maxLength": 8}, "ok": {"type": "boolean"}},
+        "required": ["name", "ok"],
+        "additionalProperties": False,
+    }
+    fmt = {"type": "json_schema", "json_schema": {"name": "p", "schema": schema}}
+    bundle = near_bundles["llama-gqa-tied"]
+    want = edgespec.load(bundle, mode="ar").generate(PROMPT, max_new_tokens=40, response_format=fmt)
+    model = edgespec.load(bundle, mode=mode, trees="on")
+    model.policy.chain = FixedLength(4)
+    got = model.generate(PROMPT, max_new_tokens=40, response_format=fmt)
+    assert got.tokens == want.tokens and got.stats.tree_rounds == 0
