@@ -60,17 +60,26 @@ def runner_ups(
 ) -> list[tuple[int, float]]:
     """The `side` most likely tokens of the row other than `drawn`, with their probabilities
     (softmax of the logits), most likely first; none unless the row splits."""
-    x = np.asarray(logits, np.float64)
+    return _split(np.asarray(logits), drawn, side, top1, ratio)[0]
+
+
+def _split(
+    x: np.ndarray, drawn: int, side: int, top1: float, ratio: float
+) -> tuple[list[tuple[int, float]], float]:
+    """(`runner_ups`, the drawn token's probability), from one pass over the row."""
     k = min(side + 1, x.shape[-1])
     top = np.argpartition(-x, k - 1)[:k]
     top = top[np.argsort(-x[top], kind="stable")]
-    if not np.isfinite(x[top[0]]):
-        return []
-    p = np.exp(x[top] - x[top[0]]) / np.exp(x - x[top[0]]).sum()
+    peak = x[top[0]]
+    if not np.isfinite(peak):
+        return [], 1.0
+    z = float(np.exp(x - peak).sum(dtype=np.float64))
+    p = np.exp((x[top] - peak).astype(np.float64)) / z
+    drawn_p = float(np.exp(np.float64(x[drawn] - peak)) / z)
     if k < 2 or not (p[0] < top1 or p[1] >= ratio * p[0]):
-        return []
+        return [], drawn_p
     out = [(int(t), float(q)) for t, q in zip(top, p, strict=True) if t != drawn and q > 0.0]
-    return out[:side]
+    return out[:side], drawn_p
 
 
 def dynamic_tree(
@@ -80,11 +89,10 @@ def dynamic_tree(
     drew spine[i]), the most likely by their path probability."""
     path, scored = 1.0, []  # (score, depth, rank, token)
     for d, (token, row) in enumerate(zip(spine, rows, strict=True)):
-        ups = runner_ups(row, token, side)
+        ups, drawn_p = _split(np.asarray(row), token, side, TOP1, RATIO)
         for rank, (t, p) in enumerate(ups, 1):
             scored.append((path * p, d, rank, t))
-        x = np.asarray(row, np.float64)
-        path *= 1.0 / float(np.exp(x - x[token]).sum())  # the spine's own probability
+        path *= drawn_p  # the spine's own probability
     room = max(budget - len(spine), 0)
     kept = sorted(sorted(scored, key=lambda s: -s[0])[:room], key=lambda s: (s[1], s[2]))
     tokens = [*spine, *(t for *_, t in kept)]
