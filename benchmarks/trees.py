@@ -23,7 +23,6 @@ T(width)), with T measured here and with T flat (every width costs T(1), a launc
 
 from __future__ import annotations
 
-import statistics
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -33,7 +32,7 @@ from benchmarks.lib.copy_workloads import CHAT, CODE, requests
 from benchmarks.lib.flags import add_common, listed, parser
 from benchmarks.lib.machine import load_line, log
 from benchmarks.lib.tables import write_result
-from benchmarks.lib.tree_replay import ReplayStats, projected, replay
+from benchmarks.lib.tree_replay import ReplayStats, projected, replay, verify_curve
 
 CODE_MODEL = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "code_model"
 DRAFTERS = ("lookup", "suffix", "recycle")  # modes, end to end
@@ -49,26 +48,6 @@ def target_rows(ar: Any, ids: list[int]) -> Any:
     target = ar.target
     target.reset(len(ids) + 1)
     return target.forward(np.asarray(ids, np.int64), keep=len(ids))
-
-
-def verify_curve(ar: Any, widths: list[int], repeats: int) -> dict[int, float]:
-    """CPU seconds of one target forward over `width` new positions after 256 cached ones."""
-    import numpy as np
-
-    target, context = ar.target, 256
-    ids = np.arange(1, context + max(widths) + 1, dtype=np.int64) % 1000 + 10
-    target.reset(context + max(widths) + 1)
-    target.forward(ids[:context], keep=0)
-    out = {}
-    for w in widths:
-        times = []
-        for _ in range(repeats):
-            start = time.process_time()
-            target.forward(ids[context : context + w], keep=w)
-            times.append(time.process_time() - start)
-            target.truncate(context)
-        out[w] = statistics.median(times)
-    return out
 
 
 def new_drafter(name: str) -> Any:

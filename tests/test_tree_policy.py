@@ -207,7 +207,7 @@ def test_trees_on_is_refused_where_trees_cannot_run(tree_bundles):  # noqa: F811
     with pytest.raises(InputError, match="fixed:4"):
         edgespec.load(bundle, mode="suffix", trees="on", draft_policy="fixed:4")
     with pytest.raises(InputError, match="proposes no trees"):
-        edgespec.load(bundle, mode="self-spec", trees="on")
+        edgespec.load(bundle, mode="self-spec", drafter="lookup+exit", trees="on")
     with pytest.raises(InputError, match="auto, on, off"):
         edgespec.load(bundle, mode="suffix", trees="sometimes")
     auto = edgespec.load(bundle, mode="suffix", trees="auto")
@@ -226,3 +226,44 @@ def test_generate_refuses_trees_on_a_bundle_without_tree_graphs_in_one_line(bund
     r = CliRunner().invoke(main, [*args, "--trees", "on"])
     assert r.exit_code == 1 and "--tree-verify" in r.output and "Traceback" not in r.output
     assert CliRunner().invoke(main, [*args, "--trees", "auto"]).exit_code == 0
+
+
+def test_a_model_drafters_side_leaves_are_priced_at_verify_width_only():
+    from edgespec.runtime.tree_policy import MAX_DEPTH, MAX_RANK, best_shapes
+
+    table = [[0.5, 0.3] + [0.0] * (MAX_RANK - 2) for _ in range(MAX_DEPTH + 1)]
+    step = 0.004  # a draft step; the verify is nearly flat in width
+
+    def cost(nodes: int) -> float:  # every node priced at a draft step, as a chain's are
+        return nodes * step + 0.010 * (1 + 0.02 * (nodes - 1))
+
+    chain, tree = best_shapes(table, cost, 16)
+    assert tree is None or tree.rate <= 1.05 * chain.rate  # side nodes drafted: no tree
+    chain, tree = best_shapes(table, cost, 16, side_discount=step)  # leaves of the spine's rows
+    assert tree is not None and tree.rate > 1.05 * chain.rate
+
+
+def test_a_model_drafters_tree_rounds_teach_the_draft_step_per_depth():
+    for per_depth, want in ((True, 0.004), (False, 0.004 * 4 / 7)):
+        policy = TreePolicy(per_depth=per_depth)
+        for _ in range(30):  # trees of 7 nodes on a spine of 4: four draft steps each
+            stats = RoundStats("decode", 3, 8, 0.03, drafted=4, accepted=2, index=100)
+            stats.draft_seconds, stats.tree_nodes = 4 * 0.004, 7
+            stats.tree_offers = ((2, 0), (2, 0), (2, -1))
+            policy.observe(stats)
+        assert policy.cost.t_draft == pytest.approx(want)
+
+
+def test_trees_on_forces_a_tree_every_drafting_round():
+    from edgespec.runtime.policies import FixedLength
+
+    policy = TreePolicy(force=True, chain=FixedLength(3))
+    plan = policy.plan()  # nothing measured yet
+    assert (plan.length, plan.tree_depth) == (6, 3)
+    policy = fed(steep, rank1=0.0)  # trees cannot pay here: auto keeps chains, on does not
+    policy.chain = FixedLength(3)
+    assert policy.plan().tree_depth == 0
+    policy.force = True
+    assert policy.plan().tree_depth == 3
+    policy.chain = FixedLength(0)  # a round the chain policy would not draft stays plain
+    assert policy.plan().length == 0

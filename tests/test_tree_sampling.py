@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
+import pytest
 
 from edgespec.runtime.draft_q import SparseQ, quantize
 from edgespec.runtime.sampling import SamplingParams, probabilities, sample
@@ -153,6 +154,22 @@ class PointTrees:
         pass
 
 
+def exact_marginals(t, prompt: list[int], params: SamplingParams) -> tuple[np.ndarray, ...]:
+    """The target's exact marginals of the 2nd and 3rd generated tokens, by enumeration."""
+
+    def dist(ids: list[int]) -> np.ndarray:
+        t.reset(16)
+        return probabilities(t.forward(np.array(ids), keep=1)[-1], params)
+
+    p1, p2, p3 = dist(prompt), np.zeros(16), np.zeros(16)
+    for a in np.flatnonzero(p1):
+        p2_given = dist([*prompt, a])
+        p2 += p1[a] * p2_given
+        for b in np.flatnonzero(p2_given):
+            p3 += p1[a] * p2_given[b] * dist([*prompt, a, b])
+    return p2, p3
+
+
 def test_decoding_with_tree_proposals_samples_the_targets_marginals(tiny_vocab_bundle, tmp_path):
     """The whole path (tree graphs, cache gather, acceptance) under sampling: the 2nd and 3rd
     generated tokens have the target's exact marginals, computed by enumeration."""
@@ -165,18 +182,7 @@ def test_decoding_with_tree_proposals_samples_the_targets_marginals(tiny_vocab_b
     export_bundle(source, bundle, tree_verify=True)
     params = SamplingParams(temperature=1.0, top_p=0.95)
     prompt = [3, 7, 1, 3, 7]
-    t = edgespec.load(bundle, mode="ar").target
-
-    def dist(ids: list[int]) -> np.ndarray:
-        t.reset(16)
-        return probabilities(t.forward(np.array(ids), keep=1)[-1], params)
-
-    p1, p2, p3 = dist(prompt), np.zeros(16), np.zeros(16)
-    for a in np.flatnonzero(p1):
-        p2_given = dist([*prompt, a])
-        p2 += p1[a] * p2_given
-        for b in np.flatnonzero(p2_given):
-            p3 += p1[a] * p2_given[b] * dist([*prompt, a, b])
+    p2, p3 = exact_marginals(edgespec.load(bundle, mode="ar").target, prompt, params)
     model = edgespec.load(bundle, mode="lookup", draft_policy="fixed:6")
     model.drafter = PointTrees(16)
     second, third = np.zeros(16), np.zeros(16)
@@ -186,6 +192,82 @@ def test_decoding_with_tree_proposals_samples_the_targets_marginals(tiny_vocab_b
         ).tokens
         second[out[1]] += 1
         third[out[2]] += 1
+    for counts, p in ((second, p2), (third, p3)):
+        expected = p * counts.sum()
+        assert counts[expected == 0].sum() == 0
+        seen = expected > 0
+        chi2 = float(((counts[seen] - expected[seen]) ** 2 / expected[seen]).sum())
+        assert chi2 < 37.70  # chi-square quantile at p = 0.001, 15 degrees of freedom
+
+
+def drafter_row(prefix: tuple[int, ...]) -> np.ndarray:
+    """A drafting model's logits after `prefix` (fixed, random, unlike the target's)."""
+    seed = 5 + sum(t * 11**i for i, t in enumerate(prefix)) + 777 * len(prefix)
+    return np.log(np.random.default_rng(seed).dirichlet(np.ones(V) * 0.8))
+
+
+def dynamic_tree_of_a_model(rng: np.random.Generator) -> tuple[TokenTree, list[SparseQ]]:
+    """A model drafter's dynamic tree (runtime/model_tree.py): a spine of two tokens each
+    drawn from the drafter's q, and its runner-ups at each depth as point-mass leaves."""
+    from edgespec.runtime.model_tree import _tree_proposal, dynamic_tree
+
+    spine, rows_, qs = [], [], []
+    for _ in range(2):
+        row = drafter_row(tuple(spine))
+        q = quantize(np.arange(V), np.exp(row))
+        spine.append(q.sample(rng))
+        rows_.append(row)
+        qs.append(q)
+    tree = dynamic_tree(spine, rows_, budget=int(rng.integers(3, 7)), side=2)
+    proposal = _tree_proposal(tree, spine, qs, PARAMS, 0.0)
+    assert proposal.tree is tree and proposal.tree_q is not None
+    return tree, proposal.tree_q
+
+
+def test_a_model_drafters_dynamic_trees_keep_the_target_distribution():
+    counts = first_two(dynamic_tree_of_a_model, accept_tree_sampled, 20000, seed=2)
+    assert chi_square(counts, joint()) < CHI2_CRITICAL_P001_24
+    biased_counts = first_two(dynamic_tree_of_a_model, biased, 20000, seed=2)  # power control
+    assert chi_square(biased_counts, joint()) > CHI2_CRITICAL_P001_24
+
+
+@pytest.mark.parametrize("mode", ["spec", "self-spec"])
+def test_decoding_with_a_models_dynamic_trees_samples_the_targets_marginals(
+    tiny_vocab_bundle, tmp_path, mode
+):
+    """The draft model's (or the exit's) dynamic trees end to end under sampling: spine
+    tokens drawn from the drafter's q, runner-ups as point masses, the tree graphs, the
+    cache gather; the 2nd and 3rd tokens have the target's exact marginals."""
+    import edgespec
+    from edgespec.bundle import load_manifest
+    from edgespec.export import export_bundle
+    from edgespec.runtime.policies import FixedLength
+
+    manifest = load_manifest(tiny_vocab_bundle)
+    bundle = tmp_path / "tree"
+    export_bundle(
+        manifest.source["model"],
+        bundle,
+        draft=manifest.draft_source["model"],
+        exit_layers=[1],
+        tree_verify=True,
+    )
+    params = SamplingParams(temperature=1.0, top_p=0.95)
+    prompt = [3, 7, 1, 3, 7]
+    p2, p3 = exact_marginals(edgespec.load(bundle, mode="ar").target, prompt, params)
+    model = edgespec.load(bundle, mode=mode, trees="on")
+    model.policy.chain = FixedLength(3)  # every round a tree: a spine of 3 and side leaves
+    sides = []
+    observe = model.policy.observe
+    model.policy.observe = lambda s: (sides.append(s.tree_nodes > s.drafted), observe(s))
+    second, third = np.zeros(16), np.zeros(16)
+    for seed in range(1500):
+        out = model.generate(
+            prompt, max_new_tokens=6, temperature=1.0, top_p=0.95, seed=seed, ignore_eos=True
+        )
+        second[out.tokens[1]] += 1
+        third[out.tokens[2]] += 1
+    assert sum(sides) > 1000  # side leaves were sent
     for counts, p in ((second, p2), (third, p3)):
         expected = p * counts.sum()
         assert counts[expected == 0].sum() == 0

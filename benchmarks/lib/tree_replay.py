@@ -18,6 +18,7 @@ rows depend on the tree), so a replayed recycler learns somewhat less than a rea
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -148,6 +149,26 @@ def replay(
         stats.nodes += len(proposal)
         pos += n + 1
     return stats
+
+
+def verify_curve(ar: Any, widths: list[int], repeats: int) -> dict[int, float]:
+    """CPU seconds of one target forward over `width` new positions after 256 cached ones."""
+    import numpy as np
+
+    target, context = ar.target, 256
+    ids = np.arange(1, context + max(widths) + 1, dtype=np.int64) % 1000 + 10
+    target.reset(context + max(widths) + 1)
+    target.forward(ids[:context], keep=0)
+    out = {}
+    for w in widths:
+        times = []
+        for _ in range(repeats):
+            start = time.process_time()
+            target.forward(ids[context : context + w], keep=w)
+            times.append(time.process_time() - start)
+            target.truncate(context)
+        out[w] = statistics.median(times)
+    return out
 
 
 def verify_cost(costs: dict[int, float], width: float) -> float:

@@ -183,9 +183,10 @@ def decoding_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             "--trees",
             type=click.Choice(["auto", "on", "off"]),
             default="off",
-            help="Token trees with lookup/suffix/recycle on a bundle exported with "
-            "--tree-verify: auto (a tree only where measured costs say it pays; for devices "
-            "whose verify cost is flat in width), on, off [off].",
+            help="Token trees with lookup/suffix/recycle, or the draft model's and early "
+            "exits' dynamic trees (spec, self-spec), on a bundle exported with --tree-verify: "
+            "auto (a tree only where measured costs say it pays; for devices whose verify "
+            "cost is flat in width), on (a tree every drafting round), off [off].",
         ),
         click.option("--static", is_flag=True, help="Run the bundle's fixed-shape (NPU) graphs."),
         click.option(

@@ -250,7 +250,9 @@ class CostModel:
         if self.t_draft is not None:  # calibrated: worth a few rounds of drafts
             self._drafting = (4 * weight * self.t_draft, 4 * weight)
 
-    def observe(self, s: RoundStats) -> None:
+    def observe(self, s: RoundStats, draft_steps: int | None = None) -> None:
+        """`draft_steps`: the steps the round's draft time bought, where not one per drafted
+        token (a model drafter's tree: one per depth, its side leaves free)."""
         p = self.priors
         self.rounds += 1
         self._age()
@@ -266,7 +268,7 @@ class CostModel:
         else:
             self._warm.add(g)
         if s.drafted:
-            draft = self._learn_drafting(s.drafted, s.accepted, draft)
+            draft = self._learn_drafting(draft_steps or s.drafted, s.accepted, draft)
         if self.round_time:  # a round much slower than expected is noise, not a price
             seconds = min(seconds, p.slow * self.cost(g))
         # a running mean over the first rounds of a γ, then an EWMA: the first measurement

@@ -16,6 +16,9 @@
   AsTree        a tree drafter proposing trees through the chain contract: `plan.length` is
                 the node budget, `plan.tree_depth` the depth (0: the drafter's chain; a
                 verifier that cannot verify trees takes the main path)
+  TreeRounds    a tree drafter whose trees come with how they were drawn (a model drafter's:
+                its q per node, its timings; `runtime/model_tree.py`): AsTree takes its
+                whole proposal
   shared        the one store (or table) of a bundle that every generation on it shares
 
 Node order is best-first order, so parents come before children as `TokenTree` requires, and
@@ -28,6 +31,7 @@ from __future__ import annotations
 import heapq
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from time import perf_counter
 from typing import Protocol, TypeVar, runtime_checkable
 from weakref import WeakKeyDictionary
@@ -65,6 +69,15 @@ class TreeDrafter(Drafter, Protocol):
     def propose_tree(self, seq: list[int], budget: int, max_depth: int) -> TokenTree:
         """At most `budget` nodes, at most `max_depth` deep, to follow seq (prompt + output so
         far; committed tokens only). An empty tree when there is nothing to propose."""
+
+
+@runtime_checkable
+class TreeRounds(TreeDrafter, Protocol):
+    def propose_tree_round(
+        self, seq: list[int], plan: Plan, params: SamplingParams, rng: np.random.Generator
+    ) -> Proposal:
+        """A tree of at most `plan.length` nodes, its spine `plan.tree_depth` deep, as a
+        proposal (or a chain, where the drafter found no side candidates)."""
 
 
 def best_first(
@@ -168,10 +181,16 @@ class AsTree:
             return Proposal([], "point", None, perf_counter() - start)
         if plan.tree_depth == 0:  # the policy chose a chain this round
             proposal = self.drafter.propose(seq, plan, params, rng)
-            if plan.shadow:  # and the tree it would have sent, to price side candidates
+            if plan.shadow and not isinstance(self.drafter, TreeRounds):
+                # and the tree it would have sent, to price side candidates (model-free
+                # drafters: a model drafter's tree would cost draft steps and its cache)
                 proposal.shadow = self.drafter.propose_tree(seq, SHADOW_NODES, self.max_depth)
             return proposal
-        tree = self.drafter.propose_tree(seq, plan.length, plan.tree_depth or self.max_depth)
+        depth = plan.tree_depth or self.max_depth
+        if isinstance(self.drafter, TreeRounds):
+            plan = replace(plan, tree_depth=depth)
+            return self.drafter.propose_tree_round(seq, plan, params, rng)
+        tree = self.drafter.propose_tree(seq, plan.length, depth)
         return Proposal.of_tree(tree, seconds=perf_counter() - start)
 
     def observe_verify(self, inputs: list[int], logits: np.ndarray) -> None:

@@ -11,17 +11,20 @@ more tokens per second.
                   T(nodes) (the cost model learns a round's seconds per node count: drafting
                   plus verifying that width); plans a tree only when it beats the best chain
                   by `margin`, else the chain the drafter's own chain policy (`auto`) plans,
-                  as it would without trees. Side ranks are measured without sending a tree:
-                  every `shadow_every` chain rounds the drafter also builds the tree it would
-                  have sent (`Plan.shadow`), and the verdict's tokens (the drafts kept and the
-                  target's own) say which of its candidates the target took, as a tree round
-                  would have (exactly: greedy, and under sampling where the tree's first
-                  candidate is the chain's draft — the target's token after a rejected draft
-                  is drawn from the residual that recursive rejection sampling would have
-                  offered the next sibling). So no tree
-                  forward runs, and the tree graphs are never opened, unless a tree is priced to
-                  pay. (`probe_every` > 0 sends small probe trees instead, as a test needs.)
-  with_trees      what `trees=auto|on|off` makes of a model-free drafter on a bundle
+                  as it would without trees. Side ranks of a model-free drafter are measured
+                  without sending a tree: every `shadow_every` chain rounds the drafter also
+                  builds the tree it would have sent (`Plan.shadow`), and the verdict's tokens
+                  (the drafts kept and the target's own) say which of its candidates the
+                  target took, as a tree round would have (exactly: greedy, and under sampling
+                  where the tree's first candidate is the chain's draft — the target's token
+                  after a rejected draft is drawn from the residual that recursive rejection
+                  sampling would have offered the next sibling). So no tree forward runs, and
+                  the tree graphs are never opened, unless a tree is priced to pay. A model
+                  drafter's tree costs draft steps and its cache, so its side ranks are
+                  measured by a small probe tree every `probe_every` rounds instead, where
+                  even optimistic side ranks could pay (measurement, not a pick)
+  with_trees      what `trees=auto|on|off` makes of a drafter on a bundle (a model drafter:
+                  its dynamic trees, `runtime/model_tree.py`, priced per spine step)
 
 The expected tokens of a spine-with-leaves tree: a side candidate at depth d is accepted with
 p(d, r) when the spine reached d - 1, and ends the path there; so E = 1 + Σ_d s(d-1)·Σ_r p(d, r)
@@ -44,6 +47,7 @@ MAX_DEPTH = 8  # the deepest spine priced
 MAX_RANK = 4  # candidates per depth priced (rank 0: the spine)
 MAX_NODES = 16  # the largest round priced (chain or tree)
 TREE_MODES = ("auto", "on", "off")
+TREE_DRAFTERS = "lookup, suffix, recycle, draft, exit:K"
 
 
 @dataclass
@@ -105,11 +109,19 @@ class Shape:
         return self.nodes > self.depth
 
 
-def best_shapes(p: list[list[float]], cost: Any, max_nodes: int) -> tuple[Shape, Shape | None]:
+def best_shapes(
+    p: list[list[float]], cost: Any, max_nodes: int, side_discount: float = 0.0
+) -> tuple[Shape, Shape | None]:
     """(the best chain, the best tree or None) by expected tokens per second; `p[d][r]` as
-    `RankAcceptance.table`, `cost(n)` a round's seconds verifying n drafted nodes."""
+    `RankAcceptance.table`, `cost(n)` a round's seconds verifying n drafted nodes, each
+    drafted at a step's price; `side_discount`: what a side node costs less than that (a
+    model drafter's side leaves: a whole draft step, as they come from the spine's rows)."""
     chain, tree = Shape(0, 0, 0.0, -1.0), None
-    cost = _memo(cost)
+    memo = _memo(cost)
+
+    def cost(nodes: int, depth: int) -> float:
+        return max(memo(nodes) - (nodes - depth) * side_discount, 1e-9)
+
     for depth in range(1, min(MAX_DEPTH, max_nodes) + 1):
         survive, tokens, gains = 1.0, 1.0, []
         for d in range(1, depth + 1):
@@ -117,7 +129,7 @@ def best_shapes(p: list[list[float]], cost: Any, max_nodes: int) -> tuple[Shape,
                 gains.append((-survive * p[min(d, MAX_DEPTH)][r], d, r))
             survive *= p[min(d, MAX_DEPTH)][0]
             tokens += survive
-        best = Shape(depth, depth, tokens, tokens / cost(depth))
+        best = Shape(depth, depth, tokens, tokens / cost(depth, depth))
         if best.rate > chain.rate:
             chain = best
         taken: dict[int, int] = {}  # depth -> side ranks taken (in rank order)
@@ -130,7 +142,7 @@ def best_shapes(p: list[list[float]], cost: Any, max_nodes: int) -> tuple[Shape,
             taken[d] = r
             nodes += 1
             tokens -= gain
-            shape = Shape(nodes, depth, tokens, tokens / cost(nodes))
+            shape = Shape(nodes, depth, tokens, tokens / cost(nodes, depth))
             if tree is None or shape.rate > tree.rate:
                 tree = shape
     return chain, tree
@@ -165,20 +177,27 @@ class TreePolicy:
     open_seconds: float = 1.0
     trees_open: bool = False
     _missed: float = 0.0  # seconds trees were priced to save while their graphs were closed
+    # the drafter drafts one step per depth (a model drafter's dynamic trees): a side node
+    # costs verify width only, and a tree round's draft time is per spine step
+    per_depth: bool = False
+    force: bool = False  # trees="on": every drafting round a tree (the best, else a probe's)
     _rounds: int = 0
 
     def plan(self, source: str | None = None) -> Plan:
         self._rounds += 1
         base = self.chain.plan(source) if self.chain is not None else None
-        if self.cost.t_draft is None or not self.cost.round_time:  # learn what a round costs
+        learning = self.cost.t_draft is None or not self.cost.round_time
+        if learning and not self.force:  # learn what a round costs
             return replace(base or Plan(min(4, self.max_length)), tree_depth=0)
-        table = self.acceptance.table()
-        chain, tree = self.last = best_shapes(table, self.cost.cost, self.max_length)
-        pays = tree is not None and tree.rate > (1 + self.margin) * chain.rate
-        if pays and self._repays(chain, tree):
-            self.trees_open = True
-            return Plan(tree.nodes, tree_depth=tree.depth)
-        base = base or Plan(chain.nodes)
+        if not learning:
+            chain, tree = self.last = self._price(self.acceptance.table())
+            pays = tree is not None and tree.rate > (1 + self.margin) * chain.rate
+            if pays and (self.force or self._repays(chain, tree)):
+                self.trees_open = True
+                return Plan(tree.nodes, tree_depth=tree.depth)
+        base = base or Plan(chain.nodes if not learning else min(4, self.max_length))
+        if self.force and base.length > 0:  # on: the chain's spine and side candidates
+            return Plan(min(base.length + self.side, self.max_length), tree_depth=base.length)
         # probe only where a tree could pay: if even second candidates taking all the spine
         # leaves would not buy one at these costs (a verify whose cost grows with width), none
         due = self.probe_every > 0 and self._rounds % self.probe_every == 0
@@ -203,15 +222,18 @@ class TreePolicy:
     def _could_pay(self) -> bool:
         if self.cost.rounds < self.probe_after:
             return False
-        table = self.acceptance.table(optimistic=True)
-        chain, tree = best_shapes(table, self.cost.cost, self.max_length)
+        chain, tree = self._price(self.acceptance.table(optimistic=True))
         return tree is not None and tree.rate > (1 + self.margin) * chain.rate
 
     def observe(self, stats: RoundStats) -> None:
         self.trees_open = self.trees_open or stats.tree_nodes > 0
+        steps = None
         if stats.tree_nodes:
             offers = stats.tree_offers
             priced = replace(stats, drafted=stats.tree_nodes)
+            steps = stats.drafted if self.per_depth else None
+            if self.force and self.chain is not None:  # its rounds are all trees: its spines
+                self.chain.observe(stats)
         else:  # a shadow tree's offers, or the chain's own (rank 0 at each depth it reached)
             chain = ((1, 0),) * stats.accepted + ((1, -1),) * (stats.accepted < stats.drafted)
             offers = stats.tree_offers or chain
@@ -219,7 +241,11 @@ class TreePolicy:
             if self.chain is not None:
                 self.chain.observe(stats)
         self.acceptance.observe(offers)
-        self.cost.observe(priced)  # T(nodes): a round's seconds by the nodes it verified
+        self.cost.observe(priced, steps)  # T(nodes): a round's seconds by the nodes verified
+
+    def _price(self, table: list[list[float]]) -> tuple[Shape, Shape | None]:
+        discount = (self.cost.t_draft or 0.0) if self.per_depth else 0.0
+        return best_shapes(table, self.cost.cost, self.max_length, discount)
 
     def channel_estimates(self) -> tuple[float | None, float | None]:
         return None, None
@@ -243,26 +269,32 @@ def _table() -> list[list[float]]:
 def with_trees(
     trees: str, reasons: list[str], drafter: Drafter, policy: Any
 ) -> tuple[Drafter, Any]:
-    """`drafter` and `policy` as `trees` (auto | on | off) makes them: a model-free drafter's
-    trees through `AsTree` and a `TreePolicy`, unless one of `reasons` (why this bundle or
+    """`drafter` and `policy` as `trees` (auto | on | off) makes them: the drafter's trees
+    (a model drafter's dynamic trees, `ModelTrees`) through `AsTree` and a `TreePolicy`
+    (`on`: forced every drafting round), unless one of `reasons` (why this bundle or
     configuration cannot use trees) holds: then `auto` keeps the chain and `on` refuses."""
+    from edgespec.runtime.drafters import EarlyExitDrafter, ModelDrafter
+    from edgespec.runtime.model_tree import ModelTrees
     from edgespec.runtime.tree_draft import AsTree, TreeDrafter
 
     if trees not in TREE_MODES:
         raise InputError(f"trees={trees!r} is not one of: {', '.join(TREE_MODES)}")
     if trees == "off":
         return drafter, policy
+    per_depth = isinstance(drafter, ModelDrafter | EarlyExitDrafter)
+    if per_depth and not reasons:
+        drafter = ModelTrees(drafter)  # type: ignore[arg-type]
     if not isinstance(drafter, TreeDrafter):
-        reasons = [
-            *reasons,
-            f"drafter {drafter.name!r} proposes no trees (lookup, suffix and recycle do)",
-        ]
+        reasons = [*reasons, f"drafter {drafter.name!r} proposes no trees ({TREE_DRAFTERS} do)"]
     if reasons:
         if trees == "on":
             raise InputError(f"trees='on' cannot be used here: {reasons[0]}")
         return drafter, policy
     priors = policy.cost.priors if hasattr(policy, "cost") else PRIORS
-    tree_policy = TreePolicy(cost=CostModel(priors=priors), chain=policy)
+    tree_policy = TreePolicy(cost=CostModel(priors=priors), chain=policy, per_depth=per_depth)
+    if per_depth:  # no shadow trees (they would cost draft steps): probe trees measure
+        tree_policy.probe_every, tree_policy.shadow_every = 16, 0
+    tree_policy.force = trees == "on"
     tree_policy.acceptance.priors = priors
     return AsTree(drafter, max_depth=MAX_DEPTH), tree_policy
 
@@ -284,6 +316,6 @@ def tree_reasons(config: Any, graphs: Any, spec: str) -> list[str]:
             f"draft policy {config.draft_policy!r} plans chains; drop --draft-policy so the "
             "tree policy sizes each round"
         )
-    if spec not in ("lookup", "suffix", "recycle"):
-        out.append(f"drafter {spec!r} proposes no trees; use lookup, suffix or recycle")
+    if spec not in ("lookup", "suffix", "recycle", "draft") and not spec.startswith("exit:"):
+        out.append(f"drafter {spec!r} proposes no trees; use one of {TREE_DRAFTERS}")
     return out
