@@ -286,7 +286,9 @@ export class Stack {
   }
 
   reset(capacity: number): void {
-    if (this.cache && this.cache.capacity >= capacity) {
+    // a cache kept from a much longer generation is replaced: onnxruntime-node copies every
+    // KV output at its full capacity after each call, so its size is paid on every step
+    if (this.cache && this.cache.capacity >= capacity && this.cache.capacity <= 2 * capacity) {
       this.cache.truncate(0);
       return;
     }
