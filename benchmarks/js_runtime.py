@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 from benchmarks.lib.machine import load_line
+from benchmarks.lib.tables import write_result
 
 JS = Path(__file__).resolve().parent.parent / "js"
 
@@ -72,6 +73,7 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=0, help="0: each runtime's default")
     ap.add_argument("--modes", default="ar,spec:fixed:4")
+    ap.add_argument("--json", type=Path, help="write the rates and the machine's facts here")
     a = ap.parse_args()
     lines = Path(a.prompts).read_text().splitlines()[: a.count]
     prompts = [json.loads(line)["prompt"] for line in lines]
@@ -102,6 +104,7 @@ def main() -> None:
     rate = node[ar]["rate"] / py[ar]["rate"]
     cpu = (node[ar]["tokens"] / node[ar]["cpu"]) / (py[ar]["tokens"] / py[ar]["cpu"])
     print(f"Node {ar} over Python's: {rate:.2f}x decode tokens/s, {cpu:.2f}x tokens per CPU second")
+    write_result(a.json, a, {"python": py, "node": node, "load_before": before})
 
 
 if __name__ == "__main__":
