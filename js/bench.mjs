@@ -1,8 +1,9 @@
 // Node's decode speed per mode on one bundle (benchmarks/js_runtime.py runs it beside Python):
 // node js/bench.mjs BUNDLE PROMPTS.json MAX_NEW THREADS MODE[:POLICY]...
 // PROMPTS.json: a JSON list of prompts. THREADS: 0 = onnxruntime's default. Prints one JSON
-// object: mode -> decode tokens/s (tokens after the first over the decode seconds), after one
-// warm-up generation per mode.
+// object: mode -> { rate: decode tokens/s (tokens after the first over the decode seconds),
+// cpu: this process's CPU seconds over the generations (prefill included), tokens: generated },
+// after one warm-up generation per mode.
 import { readFileSync } from "node:fs";
 import { load } from "./dist/node.js";
 
@@ -15,12 +16,15 @@ for (const spec of modes) {
   const model = await load(bundle, { mode, draftPolicy: policy || undefined, sessionOptions });
   const options = { maxNewTokens: Number(maxNew), ignoreEos: true };
   await model.generate(prompts[0], { ...options, maxNewTokens: 16 });
-  let tokens = 0, seconds = 0;
+  let decoded = 0, seconds = 0, tokens = 0;
+  const start = process.cpuUsage();
   for (const p of prompts) {
     const g = await model.generate(p, options);
-    tokens += g.tokens.length - 1;
+    decoded += g.tokens.length - 1;
+    tokens += g.tokens.length;
     seconds += g.stats.decodeSeconds;
   }
-  out[spec] = tokens / seconds;
+  const cpu = process.cpuUsage(start);
+  out[spec] = { rate: decoded / seconds, cpu: (cpu.user + cpu.system) / 1e6, tokens };
 }
 console.log(JSON.stringify(out));

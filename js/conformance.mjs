@@ -32,7 +32,11 @@ for (const b of vectors.bundles) {
     }
     if (g === b.generations[0]) {
       for (const text of b.texts) out.tokenizer.push({ bundle: b.name, text, ids: model.tokenizer.encode(text) });
-      for (const ids of b.decode) out.decode.push({ bundle: b.name, ids, text: model.tokenizer.decode(ids, true) });
+      for (const ids of b.decode) {
+        const detok = model.tokenizer.streamDecoder(true);
+        const streamed = [...ids.map((id) => detok.push(id)), detok.flush()];
+        out.decode.push({ bundle: b.name, ids, text: model.tokenizer.decode(ids, true), streamed });
+      }
     }
     const prompt = g.chat ? model.renderChat(g.chat) : g.prompt;
     const sampling = g.sampling ?? {};

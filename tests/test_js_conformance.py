@@ -33,6 +33,8 @@ TEXTS = [
     "Hello, world! It's 2026; naïve café — 世界 🙂\r\n\ttabs  and   spaces ",
     "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>ok</think>",
     "import os, sys\nfor i in range(10):\n\tprint(f'{i:03d}')\n\n\n",
+    # spaces before punctuation stay (transformers' clean-up would drop them)
+    "f(a , b) . c ? d ! e isn 't it ' s x 're y 've z 'm",
     "   leading spaces, 12345678901234 digits, UPPER lower MiXeD's don't",
     "",
 ]
@@ -215,12 +217,19 @@ def python_vectors(bundles: dict[str, Path]) -> dict:
             )
         assert tokenizer is not None
         entry["ids"] = [tokenizer.encode(t) for t in TEXTS]
-        entry["decode"] = [tokenizer.encode(t) for t in TEXTS[:4]]
+        entry["decode"] = [tokenizer.encode(t) for t in TEXTS[:5]]
         entry["decoded"] = [
             tokenizer.decode(ids, skip_special_tokens=True) for ids in entry["decode"]
         ]
+        entry["streamed"] = [streamed(tokenizer, ids) for ids in entry["decode"]]
         vectors["bundles"].append(entry)
     return vectors
+
+
+def streamed(tokenizer, ids: list[int]) -> list[str]:
+    """The pieces a stream of `ids` releases, one per id, then the flush."""
+    detok = tokenizer.stream_decoder(skip_special_tokens=True)
+    return [detok.push(i) for i in ids] + [detok.flush()]
 
 
 @pytest.fixture(scope="module")
@@ -255,6 +264,9 @@ def test_js_tokenizer_gives_the_python_runtimes_ids(conformance):
     assert got == expected
     decoded = [(d["bundle"], d["text"]) for d in js["decode"]]
     assert decoded == [(b["name"], t) for b in vectors["bundles"] for t in b["decoded"]]
+    # streamed text: the same piece after each id as the Python runtime's stream decoder
+    streamed = [(d["bundle"], d["streamed"]) for d in js["decode"]]
+    assert streamed == [(b["name"], p) for b in vectors["bundles"] for p in b["streamed"]]
 
 
 def test_js_renders_chat_templates_as_python_does(conformance):

@@ -6,7 +6,8 @@ model or with prompt lookup) and generates; its greedy tokens must equal the Pyt
 `ar`, and its drafts and acceptances the Python split client's on the same server. A chat of
 two turns keeps the server's session between them (PAUSE, then START with `keep`): the second
 turn's prompt is mostly not sent again, and its tokens equal the Python runtime's chat.
-Refusals (no server there, a wrong token) are messages, not stack traces.
+Refusals (no server there, a wrong token) are messages, not stack traces. A server killed
+in the middle of a generation: the bundle's own target finishes it, with `ar`'s tokens.
 """
 
 from __future__ import annotations
@@ -122,3 +123,40 @@ def test_js_split_refusals_say_what_to_do(bundle, server, tmp_path):
     run = cli(bundle, "--server", server.url, "--token-file", str(tmp_path / "token"))
     assert run.returncode == 2 and "refused the token" in run.stderr, run.stderr
     assert "    at " not in run.stderr  # a message, not a stack trace
+
+
+def test_js_split_finishes_locally_when_the_server_dies_mid_generation(bundle, tmp_path):
+    """The server verifies the first round, then is killed (SIGKILL) while the stream waits;
+    the rest of the generation is verified by the bundle's `full` graph, and the tokens are
+    `ar`'s."""
+    from edgespec.runtime.model import Model
+
+    build_js()
+    (tmp_path / "server").mkdir()
+    server = start_server(bundle, tmp_path / "server")
+    case = dict(prompt=PROMPT, drafter="draft", policy="fixed:4", max_new_tokens=MAX_NEW,
+                pause_after=2)  # fmt: skip
+    (tmp_path / "cases.json").write_text(
+        json.dumps(dict(bundle=str(bundle), server=server.url, token=TOKEN, cases=[case]))
+    )
+    node = subprocess.Popen(
+        [NODE, *node_flags(), str(JS / "split_check.mjs"), str(tmp_path / "cases.json"),
+         str(tmp_path / "out.json")],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert node.stdout.readline() == "paused\n", node.stderr.read()[-3000:]
+        server.stop()  # killed between two rounds of the generation
+        node.stdin.write("go\n")
+        node.stdin.flush()
+        _, err = node.communicate(timeout=120)
+    finally:
+        server.stop()
+        if node.poll() is None:
+            node.kill()
+    assert node.returncode == 0, err[-3000:]
+    [js] = json.loads((tmp_path / "out.json").read_text())
+    ar = Model.load(bundle, mode="ar").generate(PROMPT, max_new_tokens=MAX_NEW, ignore_eos=True)
+    assert js["down"] and "closed the connection" in js["down"]  # it did go on locally
+    assert js["chunks"] > 2  # rounds after the server died
+    assert js["tokens"] == ar.tokens

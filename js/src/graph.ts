@@ -68,9 +68,23 @@ export interface Outputs {
   [name: string]: Tensor;
 }
 
+/** The feeds and fetches of "bound" calls on one cache, kept across calls: the scalar inputs
+ * are tensors over arrays written in place, the KV entries never change (`GraphSession.run`). */
+interface BoundCall {
+  cache: KVCache;
+  buffers: Map<string, Tensor>; // the cache's buffers these entries were made from
+  feeds: Record<string, Tensor>;
+  fetches: Record<string, Tensor | null>;
+  seqlens: Int32Array;
+  total: Int32Array;
+  keep: BigInt64Array;
+}
+
 export class GraphSession {
   readonly takesHidden: boolean;
   readonly outputNames: string[];
+  private call: BoundCall | null = null;
+  private pending = false;
 
   constructor(
     readonly ort: Ort,
@@ -119,6 +133,8 @@ export class GraphSession {
     const total = past + s;
     const bound = this.kvOutputs === "bound", exact = this.kvOutputs === "concatenated";
     if (total > cache.capacity) throw new RangeError(`KV cache full: ${total} positions > capacity ${cache.capacity}`);
+    // (a second call while one is pending gets feeds of its own: the kept ones are shared)
+    if (bound && !this.pending) return this.runBound(cache, total, this.newPositions(input, s), keep);
     const feeds: Record<string, Tensor> = {
       seqlens_k: new ort.Tensor("int32", Int32Array.of(total - 1), [1]),
       total_seq_len: new ort.Tensor("int32", Int32Array.of(total), []),
@@ -170,6 +186,48 @@ export class GraphSession {
       }
     }
     return out;
+  }
+
+  private newPositions(input: { ids?: number[]; hidden?: Float32Array }, s: number): [string, Tensor] {
+    return this.takesHidden
+      ? ["hidden", new this.ort.Tensor("float32", input.hidden!, [1, s, this.model.hidden_size])]
+      : ["input_ids", new this.ort.Tensor("int64", BigInt64Array.from(input.ids!, BigInt), [1, s])];
+  }
+
+  /** A "bound" call: the cache's buffers are both past and preallocated present, written in
+   * place. The feeds and fetches are built once per cache and reused (building ~40 named
+   * entries per call cost a small graph's step more than a tenth of its time). */
+  private async runBound(cache: KVCache, total: number, [name, tensor]: [string, Tensor], keep: number): Promise<Outputs> {
+    let c = this.call;
+    if (!c || c.cache !== cache || c.buffers !== cache.buffers) {
+      const ort = this.ort;
+      const seqlens = new Int32Array(1), totalLen = new Int32Array(1), keeps = new BigInt64Array(1);
+      const feeds: Record<string, Tensor> = {
+        seqlens_k: new ort.Tensor("int32", seqlens, [1]),
+        total_seq_len: new ort.Tensor("int32", totalLen, []),
+        num_logits_to_keep: new ort.Tensor("int64", keeps, []),
+      };
+      const fetches: Record<string, Tensor | null> = {};
+      for (const n of this.outputNames) fetches[n] = null;
+      for (const i of this.graph.kv_layers) {
+        for (const kind of ["key", "value"]) {
+          const buffer = cache.buffers.get(`${kind}.${i}`)!;
+          feeds[`past_${kind}.${i}`] = buffer;
+          fetches[`present_${kind}.${i}`] = buffer; // the same memory, written in place
+        }
+      }
+      c = this.call = { cache, buffers: cache.buffers, feeds, fetches, seqlens, total: totalLen, keep: keeps };
+    }
+    c.seqlens[0] = total - 1;
+    c.total[0] = total;
+    c.keep[0] = BigInt(keep);
+    c.feeds[name] = tensor;
+    this.pending = true;
+    try {
+      return (await this.session.run(c.feeds, c.fetches)) as Outputs;
+    } finally {
+      this.pending = false;
+    }
   }
 
   /** The first `n` positions of a [1, heads, capacity, dim] buffer as a [1, heads, n, dim] tensor. */
@@ -228,7 +286,9 @@ export class Stack {
   }
 
   reset(capacity: number): void {
-    if (this.cache && this.cache.capacity >= capacity) {
+    // a cache kept from a much longer generation is replaced: onnxruntime-node copies every
+    // KV output at its full capacity after each call, so its size is paid on every step
+    if (this.cache && this.cache.capacity >= capacity && this.cache.capacity <= 2 * capacity) {
       this.cache.truncate(0);
       return;
     }

@@ -23,6 +23,7 @@ import { EarlyExitDrafter, LookupDrafter, ModelDrafter, NoDrafter } from "./draf
 import { InputError } from "./errors.js";
 import type { BundleFiles } from "./files.js";
 import { GraphSession, Stack, type KVOutputs, type Ort } from "./graph.js";
+import { FallbackVerifier } from "./fallback.js";
 import { LocalVerifier } from "./local.js";
 import { parsePolicy, type DraftLengthPolicy } from "./policies.js";
 import { samplingParams, type SamplingParams } from "./sampling.js";
@@ -156,8 +157,12 @@ export async function loadModel(files: BundleFiles, ort: Ort, options: LoadOptio
     const kind = options.drafter ?? (has ? "draft" : "lookup");
     if (kind !== "draft" && kind !== "lookup") throw new InputError(`drafter '${kind}' is not one of: draft, lookup`);
     drafter = kind === "draft" ? new ModelDrafter(new Stack(ort, [await open("draft")])) : new LookupDrafter();
-    const verifier = new RemoteVerifier(options.split!, manifest.target.max_position_embeddings,
+    const remote = new RemoteVerifier(options.split!, manifest.target.max_position_embeddings,
       manifest.backbone_fingerprint, kind === "draft" ? DEFAULT_SUPPORT.topK : null);
+    // the bundle's own target finishes a generation whose link fails (FallbackVerifier)
+    const local = options.split!.localFallback !== false && manifest.graphs.some((g) => g.role === "full")
+      ? new LocalVerifier(new Stack(ort, [await open("full")])) : null;
+    const verifier = local ? new FallbackVerifier(remote, local) : remote;
     progress("reading the tokenizer");
     const tokenizer = await Tokenizer.fromBundle(files);
     const template = manifest.chat ? await ChatTemplate.fromBundle(files, manifest.chat) : null;

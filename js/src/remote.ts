@@ -25,6 +25,11 @@ export class SplitError extends EdgespecError {
   override name = "SplitError";
 }
 
+/** The link failed (no connection, closed, no answer in time): a fallback may continue. */
+export class LinkError extends SplitError {
+  override name = "LinkError";
+}
+
 /** The WebSocket class (the browser's, Node >= 22's, or undici's under Node 20's
  * `--experimental-websocket`); Node's takes `{ protocols, headers }` as its second argument. */
 export type WebSocketClass = new (url: string, options?: string[] | { protocols: string[]; headers: Record<string, string> }) => WebSocket;
@@ -37,6 +42,9 @@ export interface SplitOptions {
   /** Seconds to wait for the connection and for each answer (default 30). */
   timeout?: number;
   WebSocket?: WebSocketClass;
+  /** Finish on the bundle's own `full` graph when the link fails (default true where the
+   * bundle has one; false: the generation ends with a SplitError). */
+  localFallback?: boolean;
 }
 
 /** One WebSocket to the server: messages out, answers in order. */
@@ -58,7 +66,7 @@ class Link {
     };
     ws.onclose = (e) => {
       this.closed = `the server at ${url} closed the connection (code ${e.code}${e.reason ? `: ${e.reason}` : ""})`;
-      this.deliver(new SplitError(this.closed));
+      this.deliver(new LinkError(this.closed));
     };
   }
 
@@ -76,11 +84,11 @@ class Link {
     const ws = o.token ? new WS(url, { protocols: [SUBPROTOCOL], headers: { Authorization: `Bearer ${o.token}` } }) : new WS(url, [SUBPROTOCOL]);
     const timeout = (o.timeout ?? 30) * 1000;
     await new Promise<void>((resolve, reject) => {
-      const timer = setTimeout(() => reject(new SplitError(`no connection to ${url} within ${timeout / 1000} s`)), timeout);
+      const timer = setTimeout(() => reject(new LinkError(`no connection to ${url} within ${timeout / 1000} s`)), timeout);
       ws.onopen = () => { clearTimeout(timer); resolve(); };
       ws.onerror = () => {
         clearTimeout(timer);
-        reject(new SplitError(`cannot connect to ${url} (refused, wrong address, or the server refused the token): is \`edgespec serve\` running there?`));
+        reject(new LinkError(`cannot connect to ${url} (refused, wrong address, or the server refused the token): is \`edgespec serve\` running there?`));
       };
     });
     ws.onerror = null;
@@ -98,14 +106,18 @@ class Link {
   }
 
   send(bytes: Uint8Array): void {
-    if (this.closed) throw new SplitError(this.closed);
-    this.ws.send(bytes);
+    if (this.closed) throw new LinkError(this.closed);
+    try {
+      this.ws.send(bytes);
+    } catch (e) {
+      throw new LinkError(`cannot send to ${this.url}: ${(e as Error).message}`);
+    }
   }
 
   /** The next answer; an ERROR comes back as a message, a lost link as a SplitError. */
   async receive(): Promise<Result | ErrorMessage> {
     const m = this.answers.shift() ?? await new Promise<Result | ErrorMessage | Error>((resolve) => {
-      const timer = setTimeout(() => resolve(new SplitError(`no answer from ${this.url} within ${this.timeout / 1000} s`)), this.timeout);
+      const timer = setTimeout(() => resolve(new LinkError(`no answer from ${this.url} within ${this.timeout / 1000} s`)), this.timeout);
       this.waiting = (x) => { clearTimeout(timer); resolve(x); };
     });
     if (m instanceof Error) throw m instanceof SplitError ? m : new SplitError(`the server at ${this.url} sent a bad message: ${m.message}`);

@@ -5,8 +5,34 @@ import { Tokenizer as HFTokenizer } from "@huggingface/tokenizers";
 import { BundleError } from "./errors.js";
 import type { BundleFiles } from "./files.js";
 
+/** tokenizer.json's decoder chain as a list (a `Sequence` unpacked). */
+function decoderChain(json: Record<string, unknown>): Array<Record<string, unknown>> {
+  const d = json.decoder as Record<string, unknown> | null | undefined;
+  if (!d) return [];
+  return d.type === "Sequence" ? (d.decoders as Array<Record<string, unknown>>) : [d];
+}
+
+/** Whether streamed text may restart its decoding after a token (`is_stream_local` in
+ * `runtime/tokenizer/decoder.py`) with this package's decode: the chain must also ignore
+ * whether a token starts the sequence (Metaspace and Strip do not; the Python runtime passes
+ * that flag, `@huggingface/tokenizers` cannot) and hold no byte-fallback pieces. */
+export function streamLocal(decoders: Array<Record<string, unknown>>): boolean {
+  if (!decoders.length) return false;
+  let fused = false;
+  for (const c of decoders) {
+    const kind = c.type as string;
+    if (!["ByteLevel", "Replace", "Fuse"].includes(kind)) return false;
+    fused ||= kind === "ByteLevel" || kind === "Fuse";
+    const pattern = Object.values((c.pattern ?? {}) as Record<string, string>)[0] ?? "";
+    if (fused && kind === "Replace" && pattern.length !== 1) return false;
+  }
+  return true;
+}
+
 export class Tokenizer {
-  constructor(readonly hf: HFTokenizer) {}
+  /** `streamLocal` of the bundle's decoder chain: streamed text decodes from the last
+   * restart point, not from the first generated token (linear, not quadratic, in its length). */
+  constructor(readonly hf: HFTokenizer, readonly streamLocal = false) {}
 
   static async fromBundle(files: BundleFiles): Promise<Tokenizer> {
     const read = async (name: string): Promise<object> => {
@@ -19,7 +45,8 @@ export class Tokenizer {
     const json = await read("tokenizer.json");
     if (!("model" in json)) throw new BundleError(`${files.where} has no tokenizer.json: re-export the bundle`);
     try {
-      return new Tokenizer(new HFTokenizer(json, await read("tokenizer_config.json")));
+      const hf = new HFTokenizer(json, await read("tokenizer_config.json"));
+      return new Tokenizer(hf, streamLocal(decoderChain(json as Record<string, unknown>)));
     } catch (e) {
       throw new BundleError(`${files.where}/tokenizer.json cannot be read (${(e as Error).message})`);
     }
@@ -29,8 +56,11 @@ export class Tokenizer {
     return this.hf.encode(text, { add_special_tokens: addSpecialTokens }).ids;
   }
 
+  /** The text of `ids` as the Python runtime decodes it: without transformers' clean-up of
+   * spaces before punctuation (which `@huggingface/tokenizers` applies unless told not to). */
   decode(ids: number[], skipSpecialTokens = false): string {
-    return this.hf.decode(ids, { skip_special_tokens: skipSpecialTokens });
+    if (!ids.length) return "";
+    return this.hf.decode(ids, { skip_special_tokens: skipSpecialTokens, clean_up_tokenization_spaces: false });
   }
 
   idToToken(id: number): string | undefined {
@@ -42,10 +72,13 @@ export class Tokenizer {
   }
 }
 
-/** Text as tokens arrive: a piece is released once it no longer ends inside a character. */
+/** Text as tokens arrive (`StreamDecoder` in `runtime/tokenizer/decoder.py`): a piece is
+ * released once it no longer ends inside a character; the pieces concatenate to the decoded
+ * ids. Where the decoder chain is stream-local, decoding restarts after each released piece,
+ * so a token costs the same at the end of a long reply as at its start. */
 export class StreamDecoder {
-  private ids: number[] = [];
-  private emitted = "";
+  private ids: number[] = []; // the window still being decoded
+  private emitted = ""; // text already returned for the window
   constructor(readonly tokenizer: Tokenizer, readonly skip: boolean) {}
 
   push(id: number): string {
@@ -53,7 +86,12 @@ export class StreamDecoder {
     const text = this.tokenizer.decode(this.ids, this.skip);
     if (text.endsWith("\ufffd") || !text.startsWith(this.emitted)) return "";
     const piece = text.slice(this.emitted.length);
-    this.emitted = text;
+    if (this.tokenizer.streamLocal && text) {
+      this.ids = [];
+      this.emitted = "";
+    } else {
+      this.emitted = text;
+    }
     return piece;
   }
 
