@@ -52,9 +52,10 @@ from edgespec.runtime.policies import (
 from edgespec.runtime.recycling import RecycleTable, RecyclingDrafter
 from edgespec.runtime.remote import FallbackVerifier, RemoteVerifier
 from edgespec.runtime.round import Drafter, Verifier
+from edgespec.runtime.split_trees import SplitTrees
 from edgespec.runtime.stack import Stack
 from edgespec.runtime.suffix import SuffixDrafter, SuffixStore
-from edgespec.runtime.tree_draft import shared
+from edgespec.runtime.tree_draft import AsTree, shared
 from edgespec.runtime.tree_policy import tree_reasons, with_trees
 
 
@@ -320,6 +321,8 @@ def _build(graphs: BundleGraphs, config: LoadConfig) -> Decoder:
             raise InputError("split mode verifies on the server: drop verifier=")
         drafter = with_trees(c.trees, tree_reasons(c, graphs, spec), b.drafter(spec, None), 0)[0]
         fallback = _split_verifier(b, spec)
+        if isinstance(drafter, AsTree):  # trees where the server offers them
+            policy = SplitTrees(policy, lambda: fallback.remote.remote.tree_nodes)
         local = fallback.local.target if fallback.local is not None else None
         return Decoder(fallback, drafter, per_source(policy, drafter), local, fallback.remote)
     if c.mode == "self-spec":
