@@ -10,6 +10,7 @@ offers none and refuses a tree naming `--tree-verify`."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -234,3 +235,52 @@ def test_a_bundle_without_tree_graphs_offers_none_and_refuses_a_tree(
         assert server.health()["tree_rounds"] == 0
     finally:
         server.stop()
+
+
+def test_mutated_tree_frames_on_a_live_server_are_answered_by_name(tree_bundle, server):
+    """Tree VERIFY frames the real split client sent, mutated (bit flips, boundary bytes,
+    truncation, junk): every one is answered (a PATH, a RESULT or an ERROR naming the
+    problem, never a 500 or a hang), and the server's slots all come back."""
+    import random
+
+    from test_server_fuzz import mutate
+
+    sent: list[bytes] = []
+    encode = P.encode
+
+    def recording(msg):
+        sent.append(encode(msg))
+        return sent[-1]
+
+    model = split_model(tree_bundle, server, "suffix")
+    model.policy.probe_every, model.policy.probe_until = 1, float("inf")
+    model.policy.inner.plan = lambda source=None: Plan(4)
+    P.encode = recording
+    try:
+        model.generate(TEXT, max_new_tokens=48, ignore_eos=True)
+    finally:
+        P.encode = encode
+    model.remote.drop()
+    trees = [f for f in sent if f[3] == P.VERIFY and f[P.HEADER.size + 4] & P.TREE]
+    start = next(f for f in sent if f[3] == P.START)
+    assert trees
+    rng, answers = random.Random(36), {"ok": 0, "error": 0, "closed": 0}
+    for _ in range(60):
+        with ws(server, subprotocols=[P.TREES]) as conn:
+            first = ask(conn, start)
+            frame = bytearray(rng.choice(trees))
+            frame[P.HEADER.size : P.HEADER.size + 4] = first.length.to_bytes(4, "little")
+            conn.send(mutate(rng, bytes(frame)))
+            try:
+                answer = P.decode(conn.recv(timeout=10))
+            except Exception as e:  # the server closed after its ERROR
+                assert type(e).__name__.startswith("Connection"), e
+                answers["closed"] += 1
+                continue
+            assert not (isinstance(answer, P.Error) and answer.code == P.INTERNAL), answer
+            answers["error" if isinstance(answer, P.Error) else "ok"] += 1
+    assert answers["error"] > 0 and answers["ok"] > 0, answers
+    deadline = time.monotonic() + 5
+    while server.health()["sessions"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert server.health()["sessions"] == 0
