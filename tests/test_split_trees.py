@@ -284,3 +284,32 @@ def test_mutated_tree_frames_on_a_live_server_are_answered_by_name(tree_bundle, 
     while server.health()["sessions"] and time.monotonic() < deadline:
         time.sleep(0.05)
     assert server.health()["sessions"] == 0
+
+
+def test_a_device_bundle_without_tree_graphs_sends_trees_and_falls_back_on_main_paths(
+    checkpoints, tmp_path, tree_bundle, server
+):
+    """The server's graphs verify trees, so the device's bundle needs none; its own fallback
+    verifier then verifies a tree proposal's main path (a late round, a lost link)."""
+    from edgespec.export import export_bundle
+    from edgespec.runtime.sampling import SamplingParams
+
+    plain = tmp_path / "plain"
+    export_bundle(checkpoints[ARCH], plain)
+    ar = edgespec.load(tree_bundle, threads=1)
+    want = ar.generate(TEXT, max_new_tokens=48, ignore_eos=True).tokens
+    model = split_model(plain, server, "suffix")
+    model.policy.probe_every, model.policy.probe_until = 1, float("inf")
+    model.policy.inner.plan = lambda source=None: Plan(4)
+    got = model.generate(TEXT, max_new_tokens=48, ignore_eos=True)
+    assert got.tokens == want and got.stats.tree_rounds > 0
+    local = model.verifier.local
+    prompt = ar.encode(TEXT)
+    rng = np.random.default_rng(0)
+    first, _ = local.prefill(prompt, 128, SamplingParams(), rng)
+    a, b = want[1], want[2]
+    tree = TokenTree((a + 1, a, b), (-1, -1, 1))  # main path: a + 1 (wrong)
+    from edgespec.runtime.round import Proposal
+
+    verdict = local.submit([*prompt, first], Proposal.of_tree(tree), SamplingParams(), rng).result()
+    assert verdict.tree_path is None and (verdict.accepted, verdict.token) == (0, a)
