@@ -21,6 +21,7 @@ from test_speculative_sampling import CHI2_CRITICAL_P001, chi_square
 from test_split_sampling import PARAMS, PROMPT, marginals, sample_counts
 from test_split_server import ask, refused, ws
 from test_tree_sampling import PointTrees
+from test_tree_verify import TreeDrafter
 
 import edgespec
 from edgespec import protocol as P
@@ -302,7 +303,7 @@ def test_a_device_bundle_without_tree_graphs_sends_trees_and_falls_back_on_main_
     model.policy.probe_every, model.policy.probe_until = 1, float("inf")
     model.policy.inner.plan = lambda source=None: Plan(4)
     got = model.generate(TEXT, max_new_tokens=48, ignore_eos=True)
-    assert got.tokens == want and got.stats.tree_rounds > 0
+    assert got.tokens == want and got.stats.tree_rounds > 0 and got.stats.accepted > 0
     local = model.verifier.local
     prompt = ar.encode(TEXT)
     rng = np.random.default_rng(0)
@@ -313,3 +314,66 @@ def test_a_device_bundle_without_tree_graphs_sends_trees_and_falls_back_on_main_
 
     verdict = local.submit([*prompt, first], Proposal.of_tree(tree), SamplingParams(), rng).result()
     assert verdict.tree_path is None and (verdict.accepted, verdict.token) == (0, a)
+
+
+@pytest.fixture(scope="module")
+def int8_trees(checkpoints, tmp_path_factory) -> Path:
+    from edgespec.bundle import load_manifest
+    from edgespec.export import export_bundle
+
+    bundle = tmp_path_factory.mktemp("int8") / "b"
+    export_bundle(checkpoints["llama-gqa-tied"], bundle, quantize="int8", tree_verify=True)
+    assert load_manifest(bundle).step_width == 2
+    return bundle
+
+
+@pytest.mark.parametrize("nodes", [4, 5])
+def test_a_pool_row_scores_a_tree_bitwise_as_the_devices_verifier(int8_trees, nodes):
+    """The server's tree forward on a pool row (padded to the pool's step width) gives the
+    logits the device's own `Stack.forward_tree` gives, bit for bit, and keeps the same
+    rows: what makes the server's acceptance the device's."""
+    from edgespec.runtime.kv_cache import KVPool
+    from edgespec.runtime.tree_verify import tree_feed
+    from edgespec.serve.batching import forward_alone, forward_tree_alone, keep_rows
+
+    target = edgespec.load(int8_trees, threads=1).target
+    prompt = list(range(3, 20))
+    rng = np.random.default_rng(nodes)
+    parents = [-1] + [int(rng.integers(-1, i)) for i in range(1, nodes)]
+    tree = TokenTree(tuple(int(t) for t in rng.integers(0, 200, nodes)), tuple(parents))
+    ids, positions, mask = tree_feed(prompt[-1], tree, len(prompt))
+    target.reset(64)
+    target.forward(np.asarray(prompt[:-1]), keep=1)
+    want = target.forward_tree(ids, positions, mask, keep=len(ids))
+    m = target.model
+    pool = KVPool.allocate(target.layers, m.num_kv_heads, m.head_dim, 64, 2,
+                           target.stages[0].kv_dtype, target.step_width)  # fmt: skip
+    slot = pool.acquire()
+    forward_alone(target.stages, pool, slot, np.asarray(prompt[:-1]))
+    got = forward_tree_alone(target.tree_graphs(), pool, slot, ids, positions, mask)
+    assert np.array_equal(got, want)
+    path = tree.path(nodes - 1)
+    target.cache.keep_rows(len(prompt), path)
+    keep_rows(pool, slot, len(prompt), path)
+    n = len(prompt) + len(path)
+    for k, pk in zip(target.cache.keys, pool.keys, strict=True):
+        assert np.array_equal(k[0, :, :n], pk[slot, :, :n])
+
+
+def test_an_int8_activation_bundle_verifies_split_trees_as_ar(int8_trees, tmp_path):
+    """Graphs whose activations are quantized run even widths (manifest step_width 2): the
+    server pads a tree's feed as the device's own verifier pads it, so output stays `ar`'s."""
+    bundle = int8_trees
+    server = start_server(bundle, tmp_path)
+    try:
+        ar = edgespec.load(bundle, threads=1)
+        want = ar.generate(TEXT, max_new_tokens=40, ignore_eos=True).tokens
+        model = edgespec.load(bundle, mode="split", server=server.url, token=TOKEN, threads=1,
+                              drafter="lookup", draft_policy="fixed:6")  # fmt: skip
+        # trees of 6 nodes (7 positions with the root: padded to 8) hiding the truth on a
+        # random branch, mostly right
+        model.drafter = TreeDrafter(want, model.manifest.target.vocab_size, seed=0)
+        got = model.generate(TEXT, max_new_tokens=40, ignore_eos=True)
+    finally:
+        server.stop()
+    assert got.tokens == want and got.stats.tree_rounds > 0 and got.stats.accepted > 0

@@ -185,7 +185,8 @@ def decoding_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             default="off",
             help="Token trees with lookup/suffix/recycle on a bundle exported with "
             "--tree-verify: auto (a tree only where measured costs say it pays; for devices "
-            "whose verify cost is flat in width), on, off [off].",
+            "whose verify cost is flat in width; in split mode, sent to a server that offers "
+            "trees where the link's round time per width says they pay), on, off [off].",
         ),
         click.option("--static", is_flag=True, help="Run the bundle's fixed-shape (NPU) graphs."),
         click.option(
