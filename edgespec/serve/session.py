@@ -38,9 +38,8 @@ from edgespec.runtime.constraints import Constraint
 from edgespec.runtime.graph import GraphSession
 from edgespec.runtime.kv_cache import KVPool
 from edgespec.runtime.sampling import SamplingParams, next_token
-from edgespec.runtime.tree_verify import TreeGraph
 from edgespec.serve.batching import forward_alone, forward_rounds
-from edgespec.serve.tree_rounds import verify_tree
+from edgespec.serve.tree_rounds import TreeStages, verify_tree
 
 MIN_CHUNK = 16  # positions: smaller prefill chunks cost more in per-forward overhead
 
@@ -283,11 +282,11 @@ def verify_rounds(
     stages: list[GraphSession],
     rounds: list[tuple[ServerSession, Verify]],
     stats: BatchStats | None = None,
-    tree_stages: list[TreeGraph] | None = None,
+    tree_stages: TreeStages | None = None,
 ) -> list[Outcome]:
     """One outcome per round (a Result, or the error for that round's session only); a
-    token tree's round runs alone on `tree_stages` (None: the bundle has none, it is
-    refused)."""
+    token tree's round runs alone on the graphs `tree_stages()` opens (None: the bundle
+    has none, it is refused)."""
     t0 = perf_counter()
     out: list[Outcome] = [(None, None)] * len(rounds)
     ready: list[int] = []

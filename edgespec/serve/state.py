@@ -9,7 +9,6 @@ one `KVPool` with a row per session and per conversation, verified on one `Worke
 from __future__ import annotations
 
 import itertools
-import logging
 import math
 from dataclasses import dataclass, field
 
@@ -22,9 +21,7 @@ from edgespec.runtime.chat_store import bundle_identity
 from edgespec.runtime.graph import GraphSession
 from edgespec.runtime.kv_cache import KVPool
 from edgespec.runtime.opener import GraphOptions, open_bundle
-from edgespec.runtime.stack import Stack
 from edgespec.runtime.tokenizer import Tokenizer
-from edgespec.runtime.tree_verify import TreeGraph
 from edgespec.serve.auth import Gate
 from edgespec.serve.cache_rows import layouts
 from edgespec.serve.chat_engine import ChatEngine, load_model
@@ -32,9 +29,8 @@ from edgespec.serve.pool_verifier import PoolVerifier
 from edgespec.serve.prefix_cache import PrefixCache
 from edgespec.serve.session import BatchStats, ServerSession, verify_rounds
 from edgespec.serve.streaming import Streams
+from edgespec.serve.tree_rounds import TreeStages
 from edgespec.serve.worker import Worker
-
-log = logging.getLogger("edgespec.serve")
 
 
 @dataclass
@@ -164,7 +160,8 @@ class State:
     rounds: int = 0
     chat: ChatEngine | None = None  # the OpenAI endpoints' decoder
     streams: Streams = field(default_factory=lambda: Streams(0, None))  # STREAM sessions
-    tree_stages: list[TreeGraph] | None = None  # verifying token trees (None: chains only)
+    # the target's tree-verification graphs, opened on the first tree (None: chains only)
+    tree_stages: TreeStages | None = None
 
     def busy(self) -> bool:
         """Whether streams give way to split sessions now (`stream_below` sessions open:
@@ -186,7 +183,7 @@ def load_state(config: ServerConfig) -> State:
         context = min(context, config.max_context)
     limits = P.Limits(graphs.manifest.target.vocab_size, config.max_request_bytes, context)
     stages, m = target.stages, target.model
-    tree_stages = _tree_stages(target) if graphs.manifest.tree_graphs else None
+    tree_stages = target.tree_graphs if graphs.manifest.tree_graphs else None
     pool = KVPool.allocate(
         target.layers,
         m.num_kv_heads,
@@ -229,16 +226,6 @@ def load_state(config: ServerConfig) -> State:
     state.streams.busy = state.busy
     state.tree_stages = tree_stages
     return state
-
-
-def _tree_stages(target: Stack) -> list[TreeGraph] | None:
-    """The target's tree-verification graphs (a tree round's), or None where they cannot
-    run here (logged: the server then offers no trees and devices send chains)."""
-    try:
-        return target.tree_graphs()
-    except ValueError as e:  # BundleError: the graphs cannot verify trees
-        log.warning("token trees are not verified here: %s", e)
-        return None
 
 
 # -- a fleet (`--replicas`, serve/fleet.py) -------------------------------------------------

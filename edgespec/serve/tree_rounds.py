@@ -2,7 +2,8 @@
 
 A VERIFY with a tree (`Verify.parents`, sent only by a device the server offered trees to)
 runs the target's tree-verification graphs (exported with `--tree-verify`:
-`Manifest.tree_graphs`) over the session's row alone, batch 1: onnxruntime's
+`Manifest.tree_graphs`; opened on the first tree, so a server whose devices send chains
+holds one copy of the weights) over the session's row alone, batch 1: onnxruntime's
 GroupQueryAttention with a KV cache takes a multi-token tree step only at batch 1, so the
 chain rounds of other sessions keep sharing their forwards while a tree runs by itself. The
 nodes are laid out as the device's own verifier lays them out (`tree_feed`: the root, the
@@ -16,6 +17,7 @@ its length before the round. The answer is a PATH: the RESULT and the kept nodes
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from time import perf_counter
 from typing import Any
 
@@ -27,6 +29,7 @@ from edgespec.runtime.tree_verify import TreeGraph, tree_feed
 from edgespec.serve.batching import forward_tree_alone, keep_rows
 
 ServerSession = Any  # serve.session.ServerSession (which imports this module)
+TreeStages = Callable[[], list[TreeGraph]]  # the graphs, opened on first use (`Stack.tree_graphs`)
 
 NO_TREES = (
     "this server's bundle has no tree-verification graphs: send chains (VERIFY without a "
@@ -34,8 +37,11 @@ NO_TREES = (
 )
 
 
-def check_tree(s: ServerSession, msg: Verify, stages: list[TreeGraph] | None) -> TokenTree:
-    """The round's tree; ProtocolError (422) if this server or session cannot verify it."""
+def check_tree(
+    s: ServerSession, msg: Verify, stages: TreeStages | None
+) -> tuple[TokenTree, list[TreeGraph]]:
+    """The round's tree and the graphs verifying it; ProtocolError (422) if this server or
+    session cannot verify it."""
     assert msg.parents is not None
     if stages is None:
         raise ProtocolError(NO_TREES, BAD_REQUEST)
@@ -47,22 +53,25 @@ def check_tree(s: ServerSession, msg: Verify, stages: list[TreeGraph] | None) ->
         )
     if msg.q is not None and len(msg.q) != len(msg.drafts):
         raise ProtocolError("VERIFY: a tree's q rows must be one per node", BAD_REQUEST)
-    return TokenTree(tuple(msg.drafts), tuple(msg.parents))
+    try:
+        graphs = stages()  # opened on the first tree: a second copy of the target's weights
+    except ValueError as e:  # BundleError: these graphs cannot verify trees
+        raise ProtocolError(f"{NO_TREES} ({e})", BAD_REQUEST) from None
+    return TokenTree(tuple(msg.drafts), tuple(msg.parents)), graphs
 
 
 def verify_tree(
-    pool: KVPool, stages: list[TreeGraph] | None, s: ServerSession, msg: Verify, t0: float
+    pool: KVPool, stages: TreeStages | None, s: ServerSession, msg: Verify, t0: float
 ) -> Result:
     """Score every node of msg's tree in one forward on s's row, accept a root path, keep
     its rows; s.seq grows by the path and the target's next token."""
-    tree = check_tree(s, msg, stages)
-    assert stages is not None
+    tree, graphs = check_tree(s, msg, stages)
     slot, base = s.slot, len(s.seq)
     assert slot is not None
     valid = base - 1  # what stays valid in the row if anything below raises
     try:
         ids, positions, mask = tree_feed(s.seq[-1], tree, base)
-        logits = forward_tree_alone(stages, pool, slot, ids, positions, mask)
+        logits = forward_tree_alone(graphs, pool, slot, ids, positions, mask)
         path, token = accept_tree(tree, msg.q, logits, s.params, s.rng)
         keep_rows(pool, slot, base, path)  # node i's row is base + i
         valid = base + len(path)
