@@ -377,3 +377,17 @@ def test_an_int8_activation_bundle_verifies_split_trees_as_ar(int8_trees, tmp_pa
     finally:
         server.stop()
     assert got.tokens == want and got.stats.tree_rounds > 0 and got.stats.accepted > 0
+
+
+def test_a_tree_round_advances_what_the_link_knows_the_server_holds():
+    """A conversation resumes the server's session from what the link knows it holds: after
+    a tree round, the kept path's tokens (not the first drafts sent)."""
+    from edgespec.runtime.link import Remote
+
+    remote = Remote("ws://127.0.0.1:1")
+    remote.held, remote.sent_base, remote.sent_drafts = [1, 2, 3], 3, [7, 8, 9, 10]
+    remote._advance(P.Result(2, 11, 6, 0.0, path=[1, 3]))
+    assert remote.held == [1, 2, 3, 8, 10, 11]
+    remote.sent_base, remote.sent_drafts = 6, [4, 5]
+    remote._advance(P.Result(1, 12, 8, 0.0, path=[5]))  # not a node that was sent
+    assert remote.held is None
