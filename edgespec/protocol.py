@@ -23,13 +23,19 @@ Every message is a 12-byte header then a type-specific body, all little-endian:
              each draft was drawn from: u8 3 | u32 n | int32[n] ids | u16[n] counts, q(id) =
              count / 65535 exactly (`sparse_q`: the drafter samples from exactly this, so the
              residual norm(max(0, p - q)) stays exact). Each draft must be in its support.
-             Protocol 1's float32 rows (kinds 1, 2) are refused.
+             Protocol 1's float32 rows (kinds 1, 2) are refused. TREE (kind | 2, only to a
+             server that offers trees): the drafts are a token tree's nodes, then u8[count]
+             parents (node i's parent + 1, 0: the root = the last committed token; a parent
+             comes before its child; depth <= MAX_TREE_DEPTH), then a q row per node
     RESULT   s->c  accepted u16 | token i32 | length u32 | server_seconds f32 [| max_context
              u32 | max_request_bytes u32 | stream_rate f32 | stream_room u16] the limits and
              streaming offer, in the answer to a START to a device that offered the WebSocket
              subprotocol `edgespec.limits` (else none: the device knows no limits). Rounds are
              sized to them (`max_drafts`, `fit`). stream_rate: tokens/s the server's recent
              streams ran at, each (0: none yet); stream_room: streams it would start now
+             [| tree_nodes u16: the largest tree it verifies (0: none), to a device that
+             offered `edgespec.trees`]. PATH s->c: a tree round's RESULT | u8 accepted | u8[]
+             the kept root path's nodes, ascending
     ERROR    s->c  code u16 | text: u16 length + utf-8
     END      c->s  (no body) the generation is over; the server frees its cache
     PAUSE    c->s  (no body) the generation is over; the server keeps its cache for a START
@@ -59,53 +65,27 @@ from dataclasses import dataclass
 import numpy as np
 
 from edgespec.sparse_q import SparseQ
-from edgespec.wire import (  # re-exported: the protocol's codes and error
-    BAD_MESSAGE as BAD_MESSAGE,
-)
-from edgespec.wire import (
-    BAD_REQUEST as BAD_REQUEST,
-)
-from edgespec.wire import (
-    BUSY as BUSY,
-)
-from edgespec.wire import (
-    GONE as GONE,
-)
-from edgespec.wire import (
-    IDLE_TIMEOUT as IDLE_TIMEOUT,
-)
-from edgespec.wire import (
-    INCOMPATIBLE as INCOMPATIBLE,
-)
-from edgespec.wire import (
-    INTERNAL as INTERNAL,
-)
-from edgespec.wire import (
-    OUT_OF_SYNC as OUT_OF_SYNC,
-)
-from edgespec.wire import (
-    ROW_HEAD as ROW_HEAD,
-)
-from edgespec.wire import (
-    ROW_SUPPORT as ROW_SUPPORT,
-)
-from edgespec.wire import (
-    TOO_LARGE as TOO_LARGE,
-)
-from edgespec.wire import (
-    UNAUTHORIZED as UNAUTHORIZED,
-)
-from edgespec.wire import (
-    UNAVAILABLE as UNAVAILABLE,
-)
-from edgespec.wire import (
-    ProtocolError as ProtocolError,
-)
+from edgespec.wire import BAD_MESSAGE as BAD_MESSAGE  # re-exported: codes and error
+from edgespec.wire import BAD_REQUEST as BAD_REQUEST
+from edgespec.wire import BUSY as BUSY
+from edgespec.wire import GONE as GONE
+from edgespec.wire import IDLE_TIMEOUT as IDLE_TIMEOUT
+from edgespec.wire import INCOMPATIBLE as INCOMPATIBLE
+from edgespec.wire import INTERNAL as INTERNAL
+from edgespec.wire import OUT_OF_SYNC as OUT_OF_SYNC
+from edgespec.wire import ROW_HEAD as ROW_HEAD
+from edgespec.wire import ROW_SUPPORT as ROW_SUPPORT
+from edgespec.wire import TOO_LARGE as TOO_LARGE
+from edgespec.wire import UNAUTHORIZED as UNAUTHORIZED
+from edgespec.wire import UNAVAILABLE as UNAVAILABLE
+from edgespec.wire import ProtocolError as ProtocolError
 from edgespec.wire import Reader as _Reader
 from edgespec.wire import q_row as _q_row
+from edgespec.wire import tree_parents as _tree_parents
+from edgespec.wire import tree_path as _tree_path
 
 MAGIC = b"ES"
-VERSION = 4  # 2: sparse q rows; 3: START keep, PAUSE, STREAM, TOKENS, STOP; 4: stream offer, SHED
+VERSION = 4  # 2: sparse q; 3: keep, PAUSE, STREAM, TOKENS, STOP; 4: stream offer, SHED, trees
 HEADER = struct.Struct("<2sBBII")
 START_HEAD = struct.Struct("<BIffQII")
 VERIFY_HEAD = struct.Struct("<IB")
@@ -113,19 +93,21 @@ RESULT_BODY = struct.Struct("<HiIf")
 LIMITS_BODY = struct.Struct("<IIfH")
 STREAM_BODY = struct.Struct("<II")
 TOKENS_HEAD = struct.Struct("<BIf")
+TREES_BODY = struct.Struct("<H")
 SUBPROTOCOL = "edgespec.limits"  # a device that reads the limits in START's RESULT
+TREES = "edgespec.trees"  # ... and may send token trees (implies the limits)
 MAX_DRAFTS = 64  # more drafts per round than any policy asks for is a malformed request
 MAX_TEXT = 4096
 
 # message types
-START, VERIFY, RESULT, ERROR, END, PAUSE, STREAM, TOKENS, STOP = range(1, 10)
-_KINDS = ("START", "VERIFY", "RESULT", "ERROR", "END", "PAUSE", "STREAM", "TOKENS", "STOP")
+START, VERIFY, RESULT, ERROR, END, PAUSE, STREAM, TOKENS, STOP, PATH = range(1, 11)
+_KINDS = ("START", "VERIFY", "RESULT", "ERROR", "END", "PAUSE", "STREAM", "TOKENS", "STOP", "PATH")
 NAMES = dict(enumerate(_KINDS, 1))
 
 # START flags
 SAMPLING, HAS_SEED, GRAMMAR = 1, 2, 4
 # VERIFY: whether q rows follow the drafts, and how each row is stored
-Q_NONE, Q_ROWS = 0, 1
+Q_NONE, Q_ROWS, TREE = 0, 1, 2
 # TOKENS flags
 FINAL, SHED = 1, 2
 
@@ -150,6 +132,7 @@ class Verify:
     base: int  # committed tokens the client assumes the server holds
     drafts: list[int]
     q: list[SparseQ] | None = None  # the distribution each draft was drawn from
+    parents: list[int] | None = None  # a token tree: each draft's parent node (-1: the root)
     session: int = 0
     round: int = 0
 
@@ -162,6 +145,7 @@ class ServerLimits:
     max_request_bytes: int
     stream_rate: float = 0.0
     stream_room: int = 0
+    tree_nodes: int | None = None  # the largest tree verified (0: none; None: not asked)
 
 
 @dataclass
@@ -173,6 +157,7 @@ class Result:
     session: int = 0
     round: int = 0
     limits: ServerLimits | None = None  # in the answer to START, when negotiated
+    path: list[int] | None = None  # a tree round's: the accepted nodes (a PATH message)
 
 
 @dataclass
@@ -258,8 +243,10 @@ def encode(msg: Message) -> bytes:
             body += _text(msg.grammar[0], 1 << 30, "<I") + struct.pack("<I", msg.grammar[1])
         return _header(START, msg.session, msg.round) + body
     if isinstance(msg, Verify):
-        body = VERIFY_HEAD.pack(msg.base, Q_NONE if msg.q is None else Q_ROWS)
-        body += _ids(msg.drafts)
+        kind = (Q_NONE if msg.q is None else Q_ROWS) | (TREE if msg.parents is not None else 0)
+        body = VERIFY_HEAD.pack(msg.base, kind) + _ids(msg.drafts)
+        if msg.parents is not None:
+            body += bytes(p + 1 for p in msg.parents)
         for q in msg.q or []:
             body += ROW_HEAD.pack(ROW_SUPPORT, len(q.ids))
             body += q.ids.astype("<i4").tobytes() + q.counts.astype("<u2").tobytes()
@@ -270,7 +257,10 @@ def encode(msg: Message) -> bytes:
             x = msg.limits
             body += LIMITS_BODY.pack(x.max_context, x.max_request_bytes, x.stream_rate,
                                      min(max(x.stream_room, 0), 0xFFFF))  # fmt: skip
-        return _header(RESULT, msg.session, msg.round) + body
+            body += TREES_BODY.pack(x.tree_nodes) if x.tree_nodes is not None else b""
+        if msg.path is not None:
+            body += bytes([len(msg.path), *msg.path])
+        return _header(RESULT if msg.path is None else PATH, msg.session, msg.round) + body
     if isinstance(msg, Error):
         body = struct.pack("<H", msg.code) + _text(msg.text)
         return _header(ERROR, msg.session, msg.round) + body
@@ -338,16 +328,21 @@ def decode(data: bytes | str, limits: Limits | None = None) -> Message:
         )
     elif kind == VERIFY:
         base, q_kind = r.unpack(VERIFY_HEAD, "VERIFY fields")
-        if q_kind not in (Q_NONE, Q_ROWS):
+        if q_kind & ~(Q_ROWS | TREE):
             raise ProtocolError(f"VERIFY: unknown q kind {q_kind}")
         drafts = r.ids("drafts", MAX_DRAFTS, limits.vocab_size)
-        q = [_q_row(r, d, limits.vocab_size) for d in drafts] if q_kind == Q_ROWS else None
-        msg = Verify(base, drafts, q)
-    elif kind == RESULT:
+        parents = _tree_parents(r, len(drafts)) if q_kind & TREE else None
+        q = [_q_row(r, d, limits.vocab_size) for d in drafts] if q_kind & Q_ROWS else None
+        msg = Verify(base, drafts, q, parents)
+    elif kind in (RESULT, PATH):
         accepted, token, length, seconds = r.unpack(RESULT_BODY, "RESULT fields")
         msg = Result(accepted, token, length, seconds)
-        if len(data) - r.offset == LIMITS_BODY.size:
+        if kind == RESULT and len(data) - r.offset in (14, 16):  # LIMITS_BODY (+ TREES_BODY)
             msg.limits = ServerLimits(*r.unpack(LIMITS_BODY, "RESULT limits"))
+            if len(data) - r.offset == TREES_BODY.size:
+                (msg.limits.tree_nodes,) = r.unpack(TREES_BODY, "RESULT tree nodes")
+        if kind == PATH:
+            msg.path = _tree_path(r, accepted)
     elif kind == ERROR:
         (code,) = r.unpack(struct.Struct("<H"), "ERROR code")
         msg = Error(code, r.text("ERROR text"))
@@ -372,10 +367,11 @@ def decode(data: bytes | str, limits: Limits | None = None) -> Message:
     return msg
 
 
-def verify_size(drafts: int, support_sizes: list[int] | None) -> int:
-    """Bytes of a VERIFY message with `drafts` drafts and q rows of these support sizes."""
+def verify_size(drafts: int, support_sizes: list[int] | None, tree: bool = False) -> int:
+    """Bytes of a VERIFY message with `drafts` drafts (a tree's nodes: with their parents)
+    and q rows of these support sizes."""
     rows = sum(ROW_HEAD.size + 6 * n for n in support_sizes or [])
-    return HEADER.size + VERIFY_HEAD.size + 4 + 4 * drafts + rows
+    return HEADER.size + VERIFY_HEAD.size + 4 + (5 if tree else 4) * drafts + rows
 
 
 def max_drafts(max_request: int, row_ids: int | None) -> int:
@@ -389,12 +385,15 @@ def max_drafts(max_request: int, row_ids: int | None) -> int:
 def fit(msg: Verify, max_request: int, most: int = MAX_DRAFTS) -> Verify:
     """`msg` with trailing drafts (and their q rows) dropped until it carries at most `most`
     (the positions the server's session has left) and fits `max_request` bytes (a prefix of
-    a proposal is a valid proposal; γ = 0 always fits); unchanged if it fits."""
+    a proposal is a valid proposal, the first nodes of a tree a valid tree; γ = 0 always
+    fits); unchanged if it fits."""
     n = max(0, min(len(msg.drafts), most, MAX_DRAFTS))
     sizes = [len(q.ids) for q in msg.q] if msg.q is not None else None
-    while n and verify_size(n, sizes[:n] if sizes is not None else None) > max_request:
+    tree = msg.parents is not None
+    while n and verify_size(n, sizes[:n] if sizes is not None else None, tree) > max_request:
         n -= 1
     if n == len(msg.drafts):
         return msg
     q = msg.q[:n] if msg.q is not None and n else None
-    return Verify(msg.base, msg.drafts[:n], q, msg.session, msg.round)
+    parents = msg.parents[:n] if msg.parents is not None and n else None
+    return Verify(msg.base, msg.drafts[:n], q, parents, msg.session, msg.round)

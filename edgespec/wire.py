@@ -117,3 +117,40 @@ def q_row(r: Reader, draft: int, vocab: int) -> SparseQ:
             BAD_REQUEST,
         )
     return q
+
+
+MAX_TREE_DEPTH = 32  # deeper trees than any drafter grows are a malformed request
+
+
+def tree_parents(r: Reader, n: int) -> list[int]:
+    """A VERIFY tree's parents, one byte per node (its parent's index + 1; 0: the root),
+    checked to form a tree: each parent comes before its child (so there is no cycle), and
+    no node is deeper than MAX_TREE_DEPTH."""
+    raw = r.take(n, "tree parents")
+    parents, depth = [b - 1 for b in raw], []
+    for i, p in enumerate(parents):
+        if p >= i:
+            raise ProtocolError(
+                f"VERIFY: tree node {i}'s parent is node {p}: a parent must be the root (byte "
+                "0) or an earlier node (byte = its index + 1)",
+                BAD_REQUEST,
+            )
+        depth.append(1 if p < 0 else depth[p] + 1)
+        if depth[-1] > MAX_TREE_DEPTH:
+            raise ProtocolError(
+                f"VERIFY: tree node {i} is {depth[-1]} deep, beyond the limit of "
+                f"{MAX_TREE_DEPTH}: send a shallower tree",
+                TOO_LARGE,
+            )
+    return parents
+
+
+def tree_path(r: Reader, accepted: int) -> list[int]:
+    """A PATH's kept nodes: as many as it accepted, in ascending node order."""
+    (n,) = r.unpack(struct.Struct("<B"), "path count")
+    if n != accepted:
+        raise ProtocolError(f"PATH: {n} nodes for {accepted} accepted drafts")
+    path = list(r.take(n, "path nodes"))
+    if any(b <= a for a, b in zip(path, path[1:], strict=False)):
+        raise ProtocolError(f"PATH: nodes {path} do not ascend: not a root path")
+    return path

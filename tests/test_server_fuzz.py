@@ -61,6 +61,11 @@ def frames(long_bundle, server, monkeypatch_module) -> list[bytes]:
             model.remote.drop()  # its connection would hold one of the server's 4 sessions
     monkeypatch_module.undo()
     sent += [P.encode(P.Pause()), P.encode(P.Start([7, 8], 40, keep=5))]
+    # token trees (this server has no tree graphs: refused by name) and a tree's answer
+    sent += [P.encode(P.Verify(10, [5, 6, 7, 8], None, [-1, -1, 0, 2]))]
+    q = SparseQ(np.array([5, 6], np.int32), np.array([SCALE // 2, SCALE - SCALE // 2]))
+    sent += [P.encode(P.Verify(10, [5, 6], [q, q], [-1, -1]))]
+    sent += [P.encode(P.Result(2, 9, 13, 0.01, path=[1, 3]))]
     kinds = {P.HEADER.unpack_from(f)[2] for f in sent}
     assert {P.START, P.VERIFY, P.PAUSE} <= kinds, kinds
     return sent

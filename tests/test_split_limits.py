@@ -147,6 +147,7 @@ def test_against_a_server_that_announces_no_limits_the_refusal_ends_in_local_rou
     protocol-2 devices outright) refuses the round past its context with ERROR 422: the
     device finishes locally."""
     monkeypatch.setattr(P, "SUBPROTOCOL", "edgespec.not-this-one")
+    monkeypatch.setattr(P, "TREES", "edgespec.nor-this-one")  # (the trees offer implies them)
     model = split(bundle, small_server.url)
     out = model.generate(PROMPT, max_new_tokens=N, ignore_eos=True)
     assert model.verifier.remote.remote.limits is None

@@ -24,6 +24,11 @@ def test_every_message_round_trips():
         P.Result(2, 17, 15, 0.25, 3, 9),
         P.Result(0, 17, 4, 0.5, 3, 1, limits=P.ServerLimits(128, 1 << 20)),
         P.Result(0, 17, 4, 0.5, 3, 1, limits=P.ServerLimits(128, 1 << 20, 42.5, 3)),
+        P.Result(0, 17, 4, 0.5, 3, 1, limits=P.ServerLimits(128, 1 << 20, 0.0, 3, 64)),
+        P.Verify(12, [4, 5, 6, 7], None, [-1, -1, 1, 2], round=9),  # a token tree
+        P.Verify(12, [4, 5], q, [-1, -1], round=9),  # sampled siblings, a q row each
+        P.Result(2, 17, 15, 0.25, 3, 9, path=[1, 3]),  # a tree's answer: PATH
+        P.Result(0, 17, 13, 0.25, 3, 9, path=[]),
         P.Error(P.TOO_LARGE, "too big é", 3, 9),
         P.End(3, 10),
         P.Pause(3, 11),
@@ -142,3 +147,21 @@ def test_start_with_bad_sampling_parameters_is_refused():
     data = data.replace(struct.pack("<f", 0.5), struct.pack("<f", 2.0))
     with pytest.raises(P.ProtocolError, match="out of range"):
         P.decode(data, LIMITS)
+
+
+def test_tree_messages_are_compact_and_their_answers_checked():
+    """A node costs 5 bytes (its id and its parent's byte), the answer 1 + its path; a PATH
+    whose count is not its accepted count, or whose nodes do not ascend, is refused."""
+    tree = P.Verify(12, list(range(16)), None, [-1] + list(range(15)))
+    assert len(P.encode(tree)) == P.verify_size(16, None, tree=True) == 12 + 5 + 4 + 5 * 16
+    assert P.fit(tree, P.verify_size(7, None, tree=True)).parents == list(range(-1, 6))
+    good = P.encode(P.Result(2, 17, 15, 0.25, path=[1, 3]))
+    assert P.HEADER.unpack_from(good)[2] == P.PATH
+    with pytest.raises(P.ProtocolError, match="2 accepted"):
+        P.decode(good[:-3] + bytes([1, 1]))
+    with pytest.raises(P.ProtocolError, match="do not ascend"):
+        P.decode(good[:-2] + bytes([3, 1]))
+    with pytest.raises(P.ProtocolError, match="unknown q kind"):
+        P.decode(
+            P.encode(P.Verify(3, [1])).replace(b"\x00\x01\x00\x00\x00", b"\x04\x01\x00\x00\x00", 1)
+        )

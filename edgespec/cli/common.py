@@ -186,7 +186,9 @@ def decoding_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             help="Token trees with lookup/suffix/recycle, or the draft model's and early "
             "exits' dynamic trees (spec, self-spec), on a bundle exported with --tree-verify: "
             "auto (a tree only where measured costs say it pays; for devices whose verify "
-            "cost is flat in width), on (a tree every drafting round), off [off].",
+            "cost is flat in width; in split mode, sent to a server that offers trees where "
+            "the link's round time per width says they pay), on (a tree every drafting "
+            "round), off [off].",
         ),
         click.option("--static", is_flag=True, help="Run the bundle's fixed-shape (NPU) graphs."),
         click.option(

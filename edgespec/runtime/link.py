@@ -83,6 +83,11 @@ class Remote:
     late_floor: float = 0.5  # seconds: never late sooner (scheduling jitter, GC pauses)
 
     @property
+    def tree_nodes(self) -> int:
+        """The largest token tree the server verifies, as it announced (0: chains only)."""
+        return (self.limits.tree_nodes or 0) if self.limits is not None else 0
+
+    @property
     def max_request(self) -> int | None:
         """The largest message (bytes) the server takes, as it announced; None: not known."""
         return self.limits.max_request_bytes if self.limits is not None else None
@@ -236,13 +241,14 @@ class Remote:
     def _advance(self, r: P.Result) -> None:
         """`held` after a VERIFY's answer: it plus the accepted drafts and the server's token
         (unknown if the answer does not fit what was sent)."""
-        base, held, n = self.sent_base, self.held, r.accepted
+        base, held, n, sent = self.sent_base, self.held, r.accepted, self.sent_drafts
         if base is None:
             return  # a START's answer: `start` sets it
-        if held is None or not len(held) == base == r.length - n - 1 or n > len(self.sent_drafts):
+        kept = sent[:n] if r.path is None else [sent[i] for i in r.path if i < len(sent)]
+        if held is None or not len(held) == base == r.length - n - 1 or len(kept) != n:
             self.held = None
         else:
-            self.held = [*held, *self.sent_drafts[:n], r.token]
+            self.held = [*held, *kept, r.token]
 
     def end(self) -> None:
         """Tell the server the generation is over (frees its cache), keep the link."""

@@ -24,8 +24,10 @@ from edgespec.runtime.tree_verify import tree_feed
 
 
 class LocalVerifier:
-    def __init__(self, target: Stack) -> None:
-        self.target = target
+    def __init__(self, target: Stack, trees: bool = True) -> None:
+        """trees=False: verify a tree proposal's main path (split mode's fallback on a device
+        bundle without tree graphs, whose drafter proposes trees for the server)."""
+        self.target, self.trees = target, trees
         self.max_positions = target.max_positions
         self.constraint: Constraint | None = None
 
@@ -61,7 +63,8 @@ class LocalVerifier:
     ) -> Done:
         start = perf_counter()
         g = len(proposal.tokens)
-        if proposal.tree is not None and proposal.tail is None and self.target.verifies_trees:
+        trees = self.trees and self.target.verifies_trees
+        if proposal.tree is not None and proposal.tail is None and trees:
             return self._submit_tree(seq, proposal, params, rng, start)
         if proposal.tail is not None:
             logits = self.target.forward_tail(proposal.tail.tail, proposal.tail.hidden, g + 1)

@@ -52,9 +52,10 @@ from edgespec.runtime.policies import (
 from edgespec.runtime.recycling import RecycleTable, RecyclingDrafter
 from edgespec.runtime.remote import FallbackVerifier, RemoteVerifier
 from edgespec.runtime.round import Drafter, Verifier
+from edgespec.runtime.split_trees import SplitTrees
 from edgespec.runtime.stack import Stack
 from edgespec.runtime.suffix import SuffixDrafter, SuffixStore
-from edgespec.runtime.tree_draft import shared
+from edgespec.runtime.tree_draft import AsTree, shared
 from edgespec.runtime.tree_policy import tree_reasons, with_trees
 
 
@@ -320,6 +321,8 @@ def _build(graphs: BundleGraphs, config: LoadConfig) -> Decoder:
             raise InputError("split mode verifies on the server: drop verifier=")
         drafter = with_trees(c.trees, tree_reasons(c, graphs, spec), b.drafter(spec, None), 0)[0]
         fallback = _split_verifier(b, spec)
+        if isinstance(drafter, AsTree):  # trees where the server offers them
+            policy = SplitTrees(policy, lambda: fallback.remote.remote.tree_nodes)
         local = fallback.local.target if fallback.local is not None else None
         return Decoder(fallback, drafter, per_source(policy, drafter), local, fallback.remote)
     if c.mode == "self-spec":
@@ -381,11 +384,8 @@ def _split_verifier(b: _Builder, drafter: str) -> FallbackVerifier:
     q_ids = None if drafter in MODEL_FREE else b.config.draft_support.max_ids(m.target.vocab_size)
     late = {}
     if c.late_after is not None:  # a fixed deadline instead of the adaptive one
-        if isinstance(c.late_after, bool) or not (
-            isinstance(c.late_after, int | float)
-            and math.isfinite(c.late_after)
-            and c.late_after > 0
-        ):
+        x = c.late_after
+        if isinstance(x, bool) or not (isinstance(x, int | float) and math.isfinite(x) and x > 0):
             raise InputError(
                 f"late_after={c.late_after!r}: give seconds (more than 0), or None for the "
                 "adaptive deadline"
@@ -393,5 +393,7 @@ def _split_verifier(b: _Builder, drafter: str) -> FallbackVerifier:
         late = {"late_floor": float(c.late_after), "late_factor": 0.0}
     link = Remote(server, c.token, fingerprint, timeout=c.timeout, **late)
     remote = RemoteVerifier(link, m.target.max_position_embeddings, q_ids)
-    local = LocalVerifier(b.target("full")) if c.local_fallback and "full" in m.roles else None
+    local = None
+    if c.local_fallback and "full" in m.roles:  # trees to the server: here where it can
+        local = LocalVerifier(b.target("full"), trees=bool(m.tree_graphs))
     return FallbackVerifier(remote, local)

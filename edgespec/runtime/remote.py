@@ -169,7 +169,8 @@ class FallbackVerifier:
             self._down(e)
             return
         self.late = None
-        answer = [*self.late_drafts[: verdict.accepted], verdict.token]
+        kept = verdict.tree_path  # a tree round: the root path the server kept
+        answer = [*(self.late_drafts[: verdict.accepted] if kept is None else kept), verdict.token]
         if seq[pending.base :] == answer:
             self.next_retry, self.retry_after = None, self.first_retry
         else:  # e.g. sampled differently here, or more committed since: rebuild

@@ -1,8 +1,10 @@
 """The server as a verifier: one split-decoding session per generation (`RemoteVerifier`).
 
 Each round goes to the server as a VERIFY with the drafts (and, when sampling, the sparse
-distributions they were drawn from); `submit` answers with an `InFlight` the decode loop
-polls while it drafts ahead, checked against the round when its answer comes. The server
+distributions they were drawn from; a token tree whole, with its parents, to a server that
+offered trees: it answers with the root path it kept); `submit` answers with an `InFlight`
+the decode loop polls while it drafts ahead, checked against the round when its answer
+comes (a tree's path against the tree). The server
 applies the acceptance rule and keeps its own cache in step, so `truncate` has nothing to do.
 A START (re)builds the server's session from the committed tokens; with `hold` (a
 conversation) a generation ends with PAUSE and the next prefill resumes the session. The
@@ -23,6 +25,7 @@ from edgespec.runtime.link import Exchange, Remote
 from edgespec.runtime.round import Proposal, Verdict
 from edgespec.runtime.sampling import SamplingParams
 from edgespec.runtime.stats import ChannelStats, RoundStats
+from edgespec.runtime.tree import TokenTree
 
 
 def _channel(x: Exchange) -> ChannelStats:
@@ -44,6 +47,7 @@ class InFlight:
     remote: Remote
     base: int
     proposal: Proposal  # the drafts sent: the caller's, or the prefix that fit the server
+    tree: TokenTree | None = None  # the token tree sent (its nodes), if one was
 
     @property
     def sent(self) -> int:
@@ -55,11 +59,28 @@ class InFlight:
     def result(self, late: float | None = None) -> Verdict:
         """The verdict; RoundLate after `late` seconds (the round stays in flight)."""
         x = self.remote.receive(late=late)
-        n = x.result.accepted
-        if n > self.sent or x.result.length != self.base + n + 1:
+        r, tree = x.result, self.tree
+        kept = _root_path(tree, r.path) if tree is not None and r.path is not None else None
+        if tree is None:
+            fits = r.path is None and r.accepted <= self.sent
+        else:
+            fits = kept is not None and len(kept) == r.accepted
+        if not fits or r.length != self.base + r.accepted + 1:
             self.remote.drop()
             raise LinkError(f"the server's answer does not fit the round: {x.result}")
-        return _verdict(x)
+        verdict = _verdict(x)
+        verdict.tree_path = kept
+        return verdict
+
+
+def _root_path(tree: TokenTree, nodes: list[int]) -> list[int] | None:
+    """The tokens of `nodes` if they are a root path of `tree` (else None)."""
+    parent = -1
+    for i in nodes:
+        if not 0 <= i < len(tree) or tree.parents[i] != parent:
+            return None
+        parent = i
+    return [tree.tokens[i] for i in nodes]
 
 
 class RemoteVerifier:
@@ -131,16 +152,34 @@ class RemoteVerifier:
     def submit(
         self, seq: list[int], proposal: Proposal, params: SamplingParams, rng: np.random.Generator
     ) -> InFlight:
+        tree = self._tree(seq, proposal)
+        if tree is not None:  # every node, with its parent; the server answers a PATH
+            q = proposal.tree_q if proposal.kind == "sampled" else None
+            self.remote.send(P.Verify(len(seq), list(tree.tokens), q, list(tree.parents)))
+            return InFlight(self.remote, len(seq), proposal, tree)
         q = proposal.q if proposal.kind == "sampled" and proposal.tokens else None
         msg = P.Verify(len(seq), proposal.tokens, q)
         if self.remote.limits is not None:  # within the session's room and the request size
             most = max(self.server_capacity - len(seq), 0)
             msg = P.fit(msg, self.remote.limits.max_request_bytes, most)
-        sent = proposal
+        sent = replace(proposal, tree=None, tree_q=None)  # its main path, as a chain
         if len(msg.drafts) < len(proposal.tokens):  # the decode loop recommits its drafter
-            sent = replace(proposal, tokens=list(msg.drafts), q=msg.q)
+            sent = replace(sent, tokens=list(msg.drafts), q=msg.q)
         self.remote.send(msg)
         return InFlight(self.remote, len(seq), sent)
+
+    def _tree(self, seq: list[int], proposal: Proposal) -> TokenTree | None:
+        """The proposal's tree if it goes to the server whole: the server offered trees at
+        least this large, the session has room for every node and the VERIFY fits its
+        request size (else the main path goes, as a chain)."""
+        tree = proposal.tree
+        if tree is None or tree.is_chain or len(tree) > self.remote.tree_nodes:
+            return None
+        room = self.server_capacity - len(seq)
+        q = proposal.tree_q if proposal.kind == "sampled" else None
+        size = P.verify_size(len(tree), [len(x.ids) for x in q] if q else None, tree=True)
+        limit = self.remote.max_request
+        return tree if len(tree) <= room and (limit is None or size <= limit) else None
 
     def truncate(self, length: int) -> None:
         pass  # the server truncates its own cache to what it accepted

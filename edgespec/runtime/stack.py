@@ -57,6 +57,19 @@ def run_stages(
     return out
 
 
+def pad_tree(
+    ids: np.ndarray, positions: np.ndarray, mask: np.ndarray, pad: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A tree feed (`tree_verify.tree_feed`) with `pad` (0 or 1) copies of its last node after
+    it, each seeing what that node sees and itself; no node sees them."""
+    if not pad:
+        return ids, positions, mask
+    n = len(ids)
+    grown = np.zeros((n + 1, n + 1), bool)
+    grown[:n, :n], grown[n, :n], grown[n, n] = mask, mask[n - 1], True
+    return np.append(ids, ids[-1]), np.append(positions, positions[-1]), grown
+
+
 class Stack:
     def __init__(
         self,
@@ -143,25 +156,26 @@ class Stack:
         `positions`, each seeing the cache and the new positions `mask` allows."""
         cache = self.cache
         assert cache is not None, "call reset() first"
-        if self._tree is None:
-            if self._open_tree is None:
-                raise ValueError("these graphs cannot verify token trees")
-            self._tree = self._open_tree()
+        tree = self.tree_graphs()
         n = len(ids)
         pad, rows, wanted = pad_call(n, keep, self.step_width)
-        if pad:  # a copy of the last node, seeing what it sees and itself; no node sees it
-            ids, positions = np.append(ids, ids[-1]), np.append(positions, positions[-1])
-            grown = np.zeros((n + 1, n + 1), bool)
-            grown[:n, :n], grown[n, :n], grown[n, n] = mask, mask[n - 1], True
-            mask = grown
+        ids, positions, mask = pad_tree(ids, positions, mask, pad)
 
         def call(stage: TreeGraph, x: dict, last: bool) -> dict:
             k = rows if last else 0
             return stage.run_tree(cache, cache.length, positions, mask, keep=k, **x)
 
-        out = run_stages(self._tree, ids[None, :], call)
+        out = run_stages(tree, ids[None, :], call)
         cache.length += n
         return out[self.logits][0][wanted]
+
+    def tree_graphs(self) -> list[TreeGraph]:
+        """The stages' tree-verification twins (opened on first use; BundleError if none)."""
+        if self._tree is None:
+            if self._open_tree is None:
+                raise ValueError("these graphs cannot verify token trees")
+            self._tree = self._open_tree()
+        return self._tree
 
     @property
     def verifies_trees(self) -> bool:

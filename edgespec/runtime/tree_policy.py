@@ -302,20 +302,25 @@ def with_trees(
 def tree_reasons(config: Any, graphs: Any, spec: str) -> list[str]:
     """Why this configuration cannot verify token trees (empty: it can)."""
     out = []
-    if not graphs.manifest.tree_graphs:
+    split = config.mode == "split"  # the server's graphs verify: its offer decides, per link
+    if not graphs.manifest.tree_graphs and not split:
         out.append(
             f"bundle {graphs.folder} has no tree-verification graphs; re-export it with "
             "`edgespec export MODEL --out FOLDER --tree-verify`"
         )
-    if config.mode == "split":
-        out.append("split mode verifies chains on the server; use a local mode (suffix, lookup)")
-    if config.coreml:
+    if config.coreml and not split:
         out.append("Core ML packages cannot verify token trees; run the ONNX graphs")
-    if config.draft_policy not in (None, "auto", "acceptance"):
+    planners = ("placement", "channel-aware") if split else ("auto", "acceptance")
+    if config.draft_policy not in (None, *planners):
         out.append(
             f"draft policy {config.draft_policy!r} plans chains; drop --draft-policy so the "
             "tree policy sizes each round"
         )
     if spec not in ("lookup", "suffix", "recycle", "draft") and not spec.startswith("exit:"):
         out.append(f"drafter {spec!r} proposes no trees; use one of {TREE_DRAFTERS}")
+    elif split and spec not in ("lookup", "suffix", "recycle"):
+        out.append(
+            f"in split mode trees come from lookup, suffix or recycle, not drafter {spec!r} "
+            "(a model drafter's dynamic trees verify locally)"
+        )
     return out

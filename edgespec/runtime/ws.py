@@ -65,7 +65,9 @@ class Link:
                 compression=None,  # token ids barely compress; keep byte counts honest
                 proxy=None,
                 max_size=1 << 24,
-                subprotocols=[P.SUBPROTOCOL],  # ask for the limits in START's answer
+                # ask for the limits in START's answer, with the trees offer where the
+                # server knows it (one that does not picks the plain limits)
+                subprotocols=[P.TREES, P.SUBPROTOCOL],
                 **extra,
             )
         except InvalidStatus as e:
@@ -95,11 +97,12 @@ class Link:
                 at = perf_counter()
                 size = len(data)
                 try:
-                    # a server sends RESULT and ERROR only; decoding anything else (a VERIFY's
-                    # vocabulary-sized q rows) would let a hostile server cost memory and time
+                    # a server sends RESULT (PATH), ERROR and TOKENS only; decoding anything
+                    # else (a VERIFY's vocabulary-sized q rows) would let a hostile server cost
+                    # memory and time
                     if isinstance(data, bytes) and len(data) >= P.HEADER.size:
                         kind = P.HEADER.unpack_from(data)[2]
-                        if kind not in (P.RESULT, P.ERROR, P.TOKENS):
+                        if kind not in (P.RESULT, P.PATH, P.ERROR, P.TOKENS):
                             raise P.ProtocolError(f"message type {kind} is not an answer")
                     msg = P.decode(data)
                 except P.ProtocolError as e:

@@ -41,7 +41,8 @@ import numpy as np
 
 from edgespec.runtime.graph import GraphSession
 from edgespec.runtime.kv_cache import KVPool
-from edgespec.runtime.stack import pad_call, run_stages
+from edgespec.runtime.stack import pad_call, pad_tree, run_stages
+from edgespec.runtime.tree_verify import TreeGraph
 
 DUMMY_TOKEN = 0
 log = logging.getLogger("edgespec.serve")
@@ -145,3 +146,37 @@ def forward_batch(
     for slot, ids in work:
         pool.lengths[slot] += len(ids)
     return [out["logits"][slot - lo, : len(ids)] for slot, ids in work]
+
+
+def forward_tree_alone(
+    stages: list[TreeGraph],
+    pool: KVPool,
+    slot: int,
+    ids: np.ndarray,
+    positions: np.ndarray,
+    mask: np.ndarray,
+) -> np.ndarray:
+    """`forward_alone` for a token tree (`tree_verify.tree_feed`'s ids, positions and mask)
+    through the tree-verification graphs: batch 1, as a multi-token tree step with a KV
+    cache must run; padded to the pool's step width like every call on a row."""
+    view, past, n = pool.rows(slot, slot + 1), int(pool.lengths[slot]), len(ids)
+    pad, rows, wanted = pad_call(n, n, pool.step_width)
+    ids, positions, mask = pad_tree(ids, positions, mask, pad)
+
+    def call(stage: TreeGraph, x: dict, last: bool) -> dict:
+        return stage.run_tree(view, past, positions, mask, keep=rows if last else 0, **x)
+
+    out = run_stages(stages, ids[None, :], call)
+    pool.lengths[slot] += n
+    return out["logits"][0][wanted]
+
+
+def keep_rows(pool: KVPool, slot: int, start: int, rows: list[int]) -> None:
+    """`KVCache.keep_rows` on a pool row: positions start + rows[j] move to start + j (an
+    accepted tree path's keys and values follow the root); the caller sets the length."""
+    moved = [j for j, r in enumerate(rows) if r != j]
+    if moved:
+        src = np.asarray([start + rows[j] for j in moved])
+        dst = np.asarray([start + j for j in moved])
+        for buf in pool.keys + pool.values:
+            buf[slot, :, dst] = buf[slot, :, src]  # fancy indexing reads before it writes

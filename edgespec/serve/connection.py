@@ -55,9 +55,11 @@ async def session_endpoint(ws: WebSocket) -> None:
             )
         )
         return
-    # a device that offers the subprotocol learns the limits in its START's RESULT
-    limits = P.SUBPROTOCOL in ws.scope.get("subprotocols", [])
-    await ws.accept(subprotocol=P.SUBPROTOCOL if limits else None)
+    # a device that offers the subprotocol learns the limits in its START's RESULT (and,
+    # offering edgespec.trees, the largest token tree this server verifies)
+    offered = ws.scope.get("subprotocols", [])
+    limits = P.TREES if P.TREES in offered else P.SUBPROTOCOL if P.SUBPROTOCOL in offered else None
+    await ws.accept(subprotocol=limits)
     sid = next(state.ids)
     full = sessions_admitted(state) >= state.config.max_sessions  # OpenAI requests count too
     victim = _evictable(state) if full and not state.closing else None
@@ -103,14 +105,14 @@ async def _evict(state: State, victim: Conn) -> None:
     await _refuse(victim.ws, P.Error(P.GONE, text, victim.sid), 1000)
 
 
-async def _serve_session(conn: Conn, state: State, limits: bool) -> None:
+async def _serve_session(conn: Conn, state: State, limits: str | None) -> None:
     try:
         await _session_rounds(conn, state, limits)
     finally:  # on the worker, after any job of this session still queued there
         state.worker.submit(release_all, state.pool, conn.held)
 
 
-async def _session_rounds(conn: Conn, state: State, limits: bool) -> None:
+async def _session_rounds(conn: Conn, state: State, limits: str | None) -> None:
     streaming: list[Stream] = []  # the session's stream, while one may run
     try:
         await _rounds(conn, state, limits, streaming)
@@ -154,7 +156,7 @@ def _stream(
     return start_stream(state.streams, rows, session, msg, stop_ids, send, failed)
 
 
-async def _rounds(conn: Conn, state: State, limits: bool, streaming: list[Stream]) -> None:
+async def _rounds(conn: Conn, state: State, limits: str | None, streaming: list[Stream]) -> None:
     ws, sid = conn.ws, conn.sid
     session: ServerSession | None = None
     while True:
@@ -210,9 +212,12 @@ async def _rounds(conn: Conn, state: State, limits: bool, streaming: list[Stream
                 count.positions_kept += msg.keep
                 count.resumes += msg.keep > 0
                 if limits:
-                    reply.limits = P.ServerLimits(
+                    offer = P.ServerLimits(
                         state.max_context, state.config.max_request_bytes, *state.streams.offer()
                     )
+                    if limits == P.TREES:  # the largest tree it verifies; 0: chains only
+                        offer.tree_nodes = P.MAX_DRAFTS if state.tree_stages else 0
+                    reply.limits = offer
             elif isinstance(msg, P.Verify):
                 if session is None:
                     raise P.ProtocolError("VERIFY before START: start the session first")

@@ -6,7 +6,8 @@ interleaves with other sessions' rounds, then samples the next token; a START wi
 resumes the connection's session instead: its row is truncated to `keep` positions (a length
 change) and only the new ids are prefilled; `verify_rounds()` runs the
 rounds of several sessions that arrived together: each is checked, the target scores every
-[last, d_1..d_γ] in shared forwards (`batching.forward_rounds`), each row's drafts are
+[last, d_1..d_γ] in shared forwards (`batching.forward_rounds`; a token tree alone:
+`serve.tree_rounds`), each row's drafts are
 accepted with the same rule the device's local verifier uses (`runtime/accept.py`), and
 each row is truncated to its accepted prefix in `finally`, so a failing round never leaves a
 cache half-advanced. A bad round fails alone: its error goes to its own session, and if a
@@ -38,6 +39,7 @@ from edgespec.runtime.graph import GraphSession
 from edgespec.runtime.kv_cache import KVPool
 from edgespec.runtime.sampling import SamplingParams, next_token
 from edgespec.serve.batching import forward_alone, forward_rounds
+from edgespec.serve.tree_rounds import TreeStages, verify_tree
 
 MIN_CHUNK = 16  # positions: smaller prefill chunks cost more in per-forward overhead
 
@@ -71,6 +73,7 @@ class BatchStats:
     openai_rounds: int = 0
     openai_rounds_shared: int = 0  # of those: in a forward with other rounds
     mixed_forwards: int = 0  # forwards that ran OpenAI and split sessions' rounds together
+    tree_rounds: int = 0  # token-tree rounds (each its own forward: `serve.tree_rounds`)
 
     def add(self, rounds: int, forwards: list[list[int]], openai: Container[int] = ()) -> None:
         self.batches[rounds] = self.batches.get(rounds, 0) + 1
@@ -93,6 +96,7 @@ class BatchStats:
             "openai_rounds": self.openai_rounds,
             "openai_rounds_shared": self.openai_rounds_shared,
             "mixed_forwards": self.mixed_forwards,
+            "tree_rounds": self.tree_rounds,
         }
 
 
@@ -278,8 +282,11 @@ def verify_rounds(
     stages: list[GraphSession],
     rounds: list[tuple[ServerSession, Verify]],
     stats: BatchStats | None = None,
+    tree_stages: TreeStages | None = None,
 ) -> list[Outcome]:
-    """One outcome per round (a Result, or the error for that round's session only)."""
+    """One outcome per round (a Result, or the error for that round's session only); a
+    token tree's round runs alone on the graphs `tree_stages()` opens (None: the bundle
+    has none, it is refused)."""
     t0 = perf_counter()
     out: list[Outcome] = [(None, None)] * len(rounds)
     ready: list[int] = []
@@ -290,8 +297,13 @@ def verify_rounds(
             if s.slot in seen:  # a session has one round in flight; never two rows the same
                 raise ProtocolError("two rounds of one session at once: wait for the answer")
             seen.add(s.slot)  # type: ignore[arg-type]
-            ready.append(k)
-        except ProtocolError as e:
+            if msg.parents is None:
+                ready.append(k)
+                continue
+            out[k] = (verify_tree(pool, tree_stages, s, msg, t0), None)
+            if stats is not None:
+                stats.tree_rounds += 1
+        except Exception as e:  # this round's session only
             out[k] = (None, e)
     groups = [ready] if ready else []
     while groups:

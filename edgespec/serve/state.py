@@ -29,6 +29,7 @@ from edgespec.serve.pool_verifier import PoolVerifier
 from edgespec.serve.prefix_cache import PrefixCache
 from edgespec.serve.session import BatchStats, ServerSession, verify_rounds
 from edgespec.serve.streaming import Streams
+from edgespec.serve.tree_rounds import TreeStages
 from edgespec.serve.worker import Worker
 
 
@@ -159,6 +160,8 @@ class State:
     rounds: int = 0
     chat: ChatEngine | None = None  # the OpenAI endpoints' decoder
     streams: Streams = field(default_factory=lambda: Streams(0, None))  # STREAM sessions
+    # the target's tree-verification graphs, opened on the first tree (None: chains only)
+    tree_stages: TreeStages | None = None
 
     def busy(self) -> bool:
         """Whether streams give way to split sessions now (`stream_below` sessions open:
@@ -180,6 +183,7 @@ def load_state(config: ServerConfig) -> State:
         context = min(context, config.max_context)
     limits = P.Limits(graphs.manifest.target.vocab_size, config.max_request_bytes, context)
     stages, m = target.stages, target.model
+    tree_stages = target.tree_graphs if graphs.manifest.tree_graphs else None
     pool = KVPool.allocate(
         target.layers,
         m.num_kv_heads,
@@ -191,7 +195,7 @@ def load_state(config: ServerConfig) -> State:
     )
     stats = BatchStats()
     worker = Worker(
-        lambda rounds: verify_rounds(pool, stages, rounds, stats),
+        lambda rounds: verify_rounds(pool, stages, rounds, stats, tree_stages),
         config.max_batch,
         config.batch_window_ms / 1000,
     )
@@ -220,6 +224,7 @@ def load_state(config: ServerConfig) -> State:
         streams=Streams.for_model(config.max_streams, model),
     )
     state.streams.busy = state.busy
+    state.tree_stages = tree_stages
     return state
 
 
