@@ -246,3 +246,25 @@ def test_a_busy_server_hands_a_running_stream_back_and_the_device_decodes_on(bun
         assert server.state.streams.shed == 1 and server.state.streams.running == 0
     finally:
         server.stop()
+
+
+def test_a_local_rounds_catch_up_on_server_tokens_is_not_priced_as_its_draft_length(
+    bundle, server, ar_tokens
+):
+    """After rounds at the server the local graphs lack those tokens: the first local round
+    feeds them first. That one-off goes to `catchup_seconds`, which the cost models leave out,
+    not into the round's price (priced in, it made a γ look several times dearer than it is,
+    and placement's local `auto` stayed plain for generations)."""
+    from edgespec.runtime.estimates import CostModel
+
+    script = [("split", 3)] * 6 + [("local", 3)] * 2
+    model = split(bundle, server.url, script)
+    out = model.generate(PROMPT, max_new_tokens=N, ignore_eos=True)
+    assert out.tokens == ar_tokens
+    local = [s for s in model.policy.seen if s.phase == "decode" and s.verifier == "device"]
+    first, later = local[0], local[1:]
+    assert first.catchup_seconds > 0  # it fed the graphs the tokens decoded at the server
+    assert all(s.catchup_seconds == 0 for s in later)  # in step since
+    cost = CostModel()
+    cost.observe(first)
+    assert cost.round_time[first.drafted] == pytest.approx(first.seconds - first.catchup_seconds)

@@ -191,9 +191,13 @@ class Verdict:
     # a verified token tree: the accepted root path's tokens (d_1..d_n are not the
     # proposal's `tokens` then); None: the verifier verified `tokens`
     tree_path: list[int] | None = None
+    # seconds the verifier spent catching its cache up on tokens it lacked before this round
+    # (split mode's local graphs after rounds at the server): a one-off, not the round's price
+    catchup_seconds: float = 0.0
 
     def fill(self, stats: RoundStats) -> RoundStats:
         stats.verifier = self.verifier
+        stats.catchup_seconds += self.catchup_seconds
         stats.reconnected = self.resync  # counted as GenerationStats.reconnects
         stats.server_busy, stats.stream_rate = self.server_busy, self.stream_rate
         if self.channel is not None:

@@ -34,7 +34,9 @@ class RoundStats:
     exit_layer: int | None = None  # self-speculation: the exit layer that drafted
     source: str | None = None  # the drafter the round was planned for (a chain's member)
     index: int = 0  # the round's place in its generation (1: the first after the prefill)
-    catchup_seconds: float = 0.0  # drafter catching up on tokens it skipped while γ was 0
+    # drafter catching up on tokens it skipped while γ was 0, and split mode's local graphs
+    # catching up on tokens decoded at the server: one-offs the policies do not price
+    catchup_seconds: float = 0.0
     # split decoding (drafted here, verified by a server): the channel as this round saw it
     # "local" | "remote" | "none" (the grammar alone decided) | "stream" (the server
     # decoded on its own) | "device" (split mode: verified here because the placement
