@@ -23,6 +23,11 @@ class SparseQ:
     ids: np.ndarray
     counts: np.ndarray
 
+    @classmethod
+    def point(cls, token: int) -> SparseQ:
+        """All of q's mass on `token` (a forced token, a deterministic candidate)."""
+        return cls(np.array([token], np.int32), np.array([SCALE], np.int64))
+
     @property
     def probs(self) -> np.ndarray:
         return self.counts.astype(np.float64) / SCALE

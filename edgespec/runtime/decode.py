@@ -36,7 +36,7 @@ from time import perf_counter
 import numpy as np
 
 from edgespec.runtime.constraints import Constraint
-from edgespec.runtime.draft_q import SCALE, SparseQ
+from edgespec.runtime.draft_q import SparseQ
 from edgespec.runtime.policies import DraftLengthPolicy
 from edgespec.runtime.round import Drafter, LearnsFromVerify, Plan, Proposal, Verifier
 from edgespec.runtime.sampling import SamplingParams
@@ -237,7 +237,7 @@ def _with_forced(forced: list[int], proposal: Proposal) -> Proposal:
         return proposal
     q = None
     if proposal.kind == "sampled":
-        q = [SparseQ(np.array([t], np.int32), np.array([SCALE])) for t in forced]
+        q = [SparseQ.point(t) for t in forced]
         q += proposal.q or []
     kind = proposal.kind if proposal.tokens else "point"
     return replace(proposal, tokens=[*forced, *proposal.tokens], kind=kind, q=q)

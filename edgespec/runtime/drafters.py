@@ -28,7 +28,6 @@ import numpy as np
 from edgespec.runtime.constraints import Constraint
 from edgespec.runtime.draft_q import (
     DEFAULT_SUPPORT,
-    SCALE,
     DraftSupport,
     SparseQ,
     from_logits,
@@ -94,7 +93,7 @@ def draft_tokens(
                 only = int(mask.argmax())
                 tokens.append(only)
                 if not params.greedy:
-                    qs.append(SparseQ(np.array([only], np.int32), np.array([SCALE])))
+                    qs.append(SparseQ.point(only))
                 feed = [*feed, only]
                 continue
         logits = step(feed)

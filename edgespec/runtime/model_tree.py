@@ -42,7 +42,7 @@ from time import perf_counter
 import numpy as np
 
 from edgespec.runtime.constraints import Constraint
-from edgespec.runtime.draft_q import SCALE, SparseQ
+from edgespec.runtime.draft_q import SparseQ
 from edgespec.runtime.drafters import EarlyExitDrafter, ModelDrafter, draft_tokens
 from edgespec.runtime.round import Plan, Proposal, TailInput
 from edgespec.runtime.sampling import SamplingParams
@@ -237,5 +237,5 @@ def _tree_proposal(
     if params.greedy:
         return Proposal.of_tree(tree, "greedy", None, seconds)
     sides = tree.tokens[len(spine) :]
-    point = [SparseQ(np.array([t], np.int32), np.array([SCALE], np.int64)) for t in sides]
+    point = [SparseQ.point(t) for t in sides]
     return Proposal.of_tree(tree, "sampled", [*qs, *point], seconds)
