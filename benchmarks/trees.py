@@ -51,7 +51,7 @@ def target_rows(ar: Any, ids: list[int]) -> Any:
 
 
 def new_drafter(name: str) -> Any:
-    from edgespec.runtime.drafters import LookupDrafter
+    from edgespec.runtime.lookup import LookupDrafter
     from edgespec.runtime.recycling import RECYCLE, RecyclingDrafter
     from edgespec.runtime.suffix import SUFFIX, SuffixDrafter, SuffixStore
 

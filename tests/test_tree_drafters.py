@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from test_tree_verify import tree_bundles  # noqa: F401  (the bundles with tree graphs)
 
-from edgespec.runtime.drafters import LookupDrafter
+from edgespec.runtime.lookup import LookupDrafter
 from edgespec.runtime.recycling import RecycleConfig, RecycleTable, RecyclingDrafter
 from edgespec.runtime.round import Plan
 from edgespec.runtime.sampling import SamplingParams

@@ -6,9 +6,8 @@
   EarlyExitDrafter   the target's own first k layers (`head@k`) with the shared LM head; its
                      KV and hidden states are the target's, so verification runs only
                      `tail@k` and never recomputes layers 0..k-1 (LayerSkip-style reuse)
-  LookupDrafter      model-free: continues an n-gram of the recent text where it occurred
-                     earlier in the prompt or output (prompt lookup); as a tree, the last
-                     few places it occurred are its branches
+  LookupDrafter      (`runtime/lookup.py`) prompt lookup, model-free like `suffix.py` and
+                     `recycling.py`
   Chain              drafters tried in order (`lookup+draft`): the first that proposes wins
 
 A drafter sees the committed sequence (prompt + output so far) and feeds itself whatever it
@@ -21,6 +20,7 @@ target's row there; the decode loop cuts a lookup's drafts at the first one it f
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from time import perf_counter
 
 import numpy as np
@@ -43,8 +43,6 @@ from edgespec.runtime.round import (
 )
 from edgespec.runtime.sampling import SamplingParams
 from edgespec.runtime.stack import Stack, pad_call
-from edgespec.runtime.tree import TokenTree
-from edgespec.runtime.tree_draft import merged_paths
 
 
 def _pick(
@@ -177,14 +175,24 @@ class ModelDrafter:
             self.model.forward(np.asarray(prompt[kept:], np.int64), keep=0)
 
     def propose(
-        self, seq: list[int], plan: Plan, params: SamplingParams, rng: np.random.Generator
+        self,
+        seq: list[int],
+        plan: Plan,
+        params: SamplingParams,
+        rng: np.random.Generator,
+        rows: list[np.ndarray] | None = None,
     ) -> Proposal:
+        """rows: if given, receives the logits row each draft was drawn from (dynamic trees
+        read their runner-ups there, `runtime/model_tree.py`)."""
         start = perf_counter()
         plan = plan.capped(self.model.max_positions - len(seq))
         feed, catchup = self.catch_up(seq, plan)
 
         def step(ids: list[int]) -> np.ndarray:
-            return self.model.forward(np.asarray(ids, np.int64), keep=1)[-1]
+            row = self.model.forward(np.asarray(ids, np.int64), keep=1)[-1]
+            if rows is not None:
+                rows.append(row)
+            return row
 
         allowed = _allowed(self.constraint, seq)
         tokens, qs, _ = draft_tokens(step, feed, plan, params, rng, self.support, allowed)
@@ -207,6 +215,19 @@ class ModelDrafter:
 
     def commit(self, valid: int) -> None:
         self.model.truncate(valid)
+
+
+@dataclass
+class HeadDrafts:
+    """An exit head's drafts (`EarlyExitDrafter.spine`): the tokens, the q each was drawn
+    from (sampling), the exit logits row each came from, the seconds drafting took, and
+    `tail()`, which runs the head on the last token and returns the tail's input."""
+
+    tokens: list[int]
+    qs: list[SparseQ]
+    rows: list[np.ndarray]
+    seconds: float
+    tail: Callable[[], TailInput]
 
 
 class EarlyExitDrafter:
@@ -242,109 +263,55 @@ class EarlyExitDrafter:
     def propose(
         self, seq: list[int], plan: Plan, params: SamplingParams, rng: np.random.Generator
     ) -> Proposal:
+        spine = self.spine(seq, plan, params, rng)
+        return _proposal(spine.tokens, spine.qs, params, seconds=spine.seconds, tail=spine.tail())
+
+    def spine(
+        self, seq: list[int], plan: Plan, params: SamplingParams, rng: np.random.Generator
+    ) -> HeadDrafts:
+        """The head's drafts into the target's cache, before the tail's input is made (a
+        dynamic tree's round makes none: `runtime/model_tree.py`)."""
         start = perf_counter()
         k = plan.exit_layer or self.exit_layer
         head, cache = self.heads[k], self.target.cache
         assert cache is not None
         past = self.target.length
         hidden: list[np.ndarray] = []
+        rows: list[np.ndarray] = []
         step = self.target.step_width  # the head's calls padded as the target's (stack.py)
 
         def run_head(ids: list[int], keep: int = 1) -> np.ndarray:
             nonlocal past
-            pad, rows, wanted = pad_call(len(ids), keep, step)
+            pad, width, wanted = pad_call(len(ids), keep, step)
             feed = np.asarray([[*ids, *ids[-1:] * pad]], np.int64)
-            out = head.run(cache, past, input_ids=feed, keep=rows)
+            out = head.run(cache, past, input_ids=feed, keep=width)
             hidden.append(out["hidden"][0][: len(ids)])
             past += len(ids)
-            return out["exit_logits"][0][wanted][-1] if keep else out["exit_logits"]
+            if not keep:
+                return out["exit_logits"]
+            rows.append(out["exit_logits"][0][wanted][-1])
+            return rows[-1]
 
         allowed = _allowed(self.constraint, seq)
         tokens, qs, last = draft_tokens(
             run_head, seq[past:], plan, params, rng, self.support, allowed
         )
         drafting = perf_counter() - start
-        # the last token's hidden state: the tail verifies it too. One call a round, whatever
-        # γ: it is the verify's input, not drafting (counted as drafting it priced every
-        # draft token at twice a head step when γ is 1, which kept `auto` from longer drafts)
-        run_head(last, keep=0)
-        head_seconds = perf_counter() - start - drafting
-        tail = TailInput(np.concatenate(hidden), self.tails[k], k, head_seconds)
-        return _proposal(tokens, qs, params, seconds=drafting, tail=tail)
+
+        def tail() -> TailInput:
+            # the last token's hidden state: the tail verifies it too. One call a round,
+            # whatever γ: it is the verify's input, not drafting (counted as drafting it
+            # priced every draft token at twice a head step when γ is 1, which kept `auto`
+            # from longer drafts)
+            head_start = perf_counter()
+            run_head(last, keep=0)
+            head_seconds = perf_counter() - head_start
+            return TailInput(np.concatenate(hidden), self.tails[k], k, head_seconds)
+
+        return HeadDrafts(tokens, qs, rows, drafting, tail)
 
     def commit(self, valid: int) -> None:
         pass  # the head's layers live in the target's cache, which the round truncated
-
-
-class LookupDrafter:
-    """Prompt lookup: the longest recent n-gram (n = max_ngram..min_ngram) that occurred
-    before proposes the tokens that followed it. Deterministic, so q is a point mass."""
-
-    drafts_ahead = False
-    name = "lookup"
-
-    def __init__(self, max_ngram: int = 3, min_ngram: int = 2, branches: int = 4) -> None:
-        self.max_ngram, self.min_ngram, self.branches = max_ngram, min_ngram, branches
-        # where each n-gram ended, the last `branches` times (most recent last)
-        self.ends: dict[tuple[int, ...], list[int]] = {}
-        self.indexed = 0
-
-    def begin(
-        self,
-        prompt: list[int],
-        capacity: int,
-        cached: int = 0,
-        constraint: Constraint | None = None,
-    ) -> None:
-        # the index covers the last sequence up to `indexed`: still exact if the prompt
-        # shares all of it (a conversation's next turn), else rebuilt (lazily, in propose)
-        if cached < self.indexed:
-            self.ends, self.indexed = {}, 0
-
-    def source(self, seq: list[int]) -> str | None:
-        return self.name if self._match(seq) is not None else None
-
-    def propose(
-        self, seq: list[int], plan: Plan, params: SamplingParams, rng: np.random.Generator
-    ) -> Proposal:
-        start = perf_counter()
-        end = self._match(seq)
-        if end is not None and plan.length > 0:
-            tokens = seq[end + 1 : end + 1 + plan.length]
-            return Proposal(tokens, "point", None, perf_counter() - start)
-        return empty_proposal(perf_counter() - start)
-
-    def _match(self, seq: list[int]) -> int | None:
-        """Where the longest recent n-gram last ended before, or None."""
-        ends = self._matches(seq)
-        return ends[-1] if ends else None
-
-    def _matches(self, seq: list[int]) -> list[int]:
-        """Where the longest recent n-gram ended before, its last few times (oldest first)."""
-        self._index(seq, upto=len(seq) - 1)  # n-grams ending before the current last token
-        for n in range(self.max_ngram, self.min_ngram - 1, -1):
-            ends = self.ends.get(tuple(seq[-n:])) if len(seq) > n else None
-            if ends:
-                return ends
-        return []
-
-    def _index(self, seq: list[int], upto: int) -> None:
-        for end in range(self.indexed, upto):
-            for n in range(self.min_ngram, self.max_ngram + 1):
-                if end + 1 >= n:
-                    ends = self.ends.setdefault(tuple(seq[end + 1 - n : end + 1]), [])
-                    ends.append(end)
-                    del ends[: -self.branches]
-        self.indexed = max(self.indexed, upto)
-
-    def propose_tree(self, seq: list[int], budget: int, max_depth: int) -> TokenTree:
-        """The continuations of the longest n-gram's last few matches, merged where they agree
-        (a node's score: the share of matches through it; ties: the most recent first)."""
-        ends = self._matches(seq)[::-1]
-        return merged_paths([seq[e + 1 : e + 1 + max_depth] for e in ends], budget, max_depth)
-
-    def commit(self, valid: int) -> None:
-        pass
 
 
 class Chain:

@@ -37,16 +37,14 @@ Greedy acceptance takes the target's argmax wherever it is among the children.
 from __future__ import annotations
 
 from dataclasses import replace
-from time import perf_counter
 
 import numpy as np
 
 from edgespec.runtime.constraints import Constraint
 from edgespec.runtime.draft_q import SparseQ
-from edgespec.runtime.drafters import EarlyExitDrafter, ModelDrafter, draft_tokens
-from edgespec.runtime.round import Plan, Proposal, TailInput
+from edgespec.runtime.drafters import EarlyExitDrafter, ModelDrafter, _proposal
+from edgespec.runtime.round import Plan, Proposal
 from edgespec.runtime.sampling import SamplingParams
-from edgespec.runtime.stack import pad_call
 from edgespec.runtime.tree import TokenTree
 
 SIDE = 3  # runner-ups per depth at most (the tree policy prices ranks 1..3)
@@ -157,26 +155,14 @@ class ModelTrees:
             return self.inner.propose(seq, replace(plan, tree_depth=0), params, rng)
         if isinstance(self.inner, EarlyExitDrafter):
             return self._exit_round(seq, plan, depth, params, rng)
-        start = perf_counter()
-        d = self.inner
-        chain = Plan(depth).capped(d.model.max_positions - len(seq))
-        feed, catchup = d.catch_up(seq, chain)
         rows: list[np.ndarray] = []
-
-        def step(ids: list[int]) -> np.ndarray:
-            rows.append(d.model.forward(np.asarray(ids, np.int64), keep=1)[-1])
-            return rows[-1]
-
-        tokens, qs, _ = draft_tokens(step, feed, chain, params, rng, d.support)
-        seconds = perf_counter() - start - catchup
-        tree = dynamic_tree(tokens, rows, plan.length, self.side)
-        if len(tree) == len(tokens):  # no row split: a chain
-            q = qs if not params.greedy else None
-            kind = "greedy" if params.greedy else "sampled"
-            return Proposal(tokens, kind, q, seconds, catchup_seconds=catchup)
-        self._held = (len(seq), tokens)
-        out = _tree_proposal(tree, tokens, qs, params, seconds)
-        out.catchup_seconds = catchup
+        chain = self.inner.propose(seq, Plan(depth), params, rng, rows)
+        tree = dynamic_tree(chain.tokens, rows, plan.length, self.side)
+        if len(tree) == len(chain.tokens):  # no row split: a chain
+            return chain
+        self._held = (len(seq), chain.tokens)
+        out = _tree_proposal(tree, chain.tokens, chain.q or [], params, chain.seconds)
+        out.catchup_seconds = chain.catchup_seconds
         return out
 
     def _exit_round(
@@ -185,38 +171,15 @@ class ModelTrees:
         """The head drafts the spine into the target's cache as `EarlyExitDrafter.propose`
         does. A tree carries no tail input: the verifier runs the target's tree graphs (head
         and tail) over it, writing over the rows the head left past the cache's length."""
-        start = perf_counter()
         d = self.inner
         assert isinstance(d, EarlyExitDrafter)
-        k = plan.exit_layer or d.exit_layer
-        head, cache = d.heads[k], d.target.cache
-        assert cache is not None
-        past = d.target.length
-        hidden: list[np.ndarray] = []
-        rows: list[np.ndarray] = []
-
-        def run_head(ids: list[int], keep: int = 1) -> np.ndarray:
-            nonlocal past
-            pad, width, wanted = pad_call(len(ids), keep, d.target.step_width)
-            feed = np.asarray([[*ids, *ids[-1:] * pad]], np.int64)
-            out = head.run(cache, past, input_ids=feed, keep=width)
-            hidden.append(out["hidden"][0][: len(ids)])
-            past += len(ids)
-            if keep:
-                rows.append(out["exit_logits"][0][wanted][-1])
-                return rows[-1]
-            return out["exit_logits"]
-
-        chain = Plan(depth).capped(d.target.max_positions - len(seq))
-        tokens, qs, last = draft_tokens(run_head, seq[past:], chain, params, rng, d.support)
-        seconds = perf_counter() - start
-        tree = dynamic_tree(tokens, rows, plan.length, self.side)
-        if len(tree) > len(tokens):
-            return _tree_proposal(tree, tokens, qs, params, seconds)
-        run_head(last, keep=0)  # no row split: a chain, verified by the tail as usual
-        tail = TailInput(np.concatenate(hidden), d.tails[k], k, perf_counter() - start - seconds)
-        kind = "greedy" if params.greedy else "sampled"
-        return Proposal(tokens, kind, None if params.greedy else qs, seconds, tail=tail)
+        chain = Plan(depth, plan.exit_layer).capped(d.target.max_positions - len(seq))
+        spine = d.spine(seq, chain, params, rng)
+        tree = dynamic_tree(spine.tokens, spine.rows, plan.length, self.side)
+        if len(tree) > len(spine.tokens):
+            return _tree_proposal(tree, spine.tokens, spine.qs, params, spine.seconds)
+        # no row split: a chain, verified by the tail as usual
+        return _proposal(spine.tokens, spine.qs, params, seconds=spine.seconds, tail=spine.tail())
 
     def _resync(self, seq: list[int]) -> None:
         if self._held is None or not isinstance(self.inner, ModelDrafter):

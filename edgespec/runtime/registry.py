@@ -28,7 +28,6 @@ from edgespec.runtime.costs import best_local, calibration_entry, seed_from_cali
 from edgespec.runtime.drafters import (
     Chain,
     EarlyExitDrafter,
-    LookupDrafter,
     ModelDrafter,
     NoDrafter,
 )
@@ -37,6 +36,7 @@ from edgespec.runtime.estimates import PRIORS, AcceptanceModel, CostModel, Prior
 from edgespec.runtime.graph_protocol import Graph
 from edgespec.runtime.link import Remote
 from edgespec.runtime.local import LocalVerifier
+from edgespec.runtime.lookup import LookupDrafter
 from edgespec.runtime.modes import MODES
 from edgespec.runtime.opener import BundleGraphs
 from edgespec.runtime.placement import Placement
