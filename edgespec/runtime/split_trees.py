@@ -29,7 +29,7 @@ from typing import Any
 from edgespec.runtime.estimates import PRIORS
 from edgespec.runtime.round import Plan
 from edgespec.runtime.stats import RoundStats
-from edgespec.runtime.tree_policy import MAX_NODES, RankAcceptance, best_shapes
+from edgespec.runtime.tree_policy import MAX_NODES, RankAcceptance, best_shapes, chain_offers
 
 
 class SplitTrees:
@@ -90,8 +90,7 @@ class SplitTrees:
             self.inner.observe(replace(stats, accepted=min(spine, stats.drafted)))
             return
         if stats.phase == "decode" and stats.drafted:
-            missed = stats.accepted < stats.drafted
-            self.acceptance.observe(((1, 0),) * stats.accepted + ((1, -1),) * missed)
+            self.acceptance.observe(chain_offers(stats))
         self.inner.observe(stats)
 
     def channel_estimates(self) -> tuple[float | None, float | None]:

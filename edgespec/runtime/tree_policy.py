@@ -234,9 +234,8 @@ class TreePolicy:
             steps = stats.drafted if self.per_depth else None
             if self.force and self.chain is not None:  # its rounds are all trees: its spines
                 self.chain.observe(stats)
-        else:  # a shadow tree's offers, or the chain's own (rank 0 at each depth it reached)
-            chain = ((1, 0),) * stats.accepted + ((1, -1),) * (stats.accepted < stats.drafted)
-            offers = stats.tree_offers or chain
+        else:  # a shadow tree's offers, or the chain's own
+            offers = stats.tree_offers or chain_offers(stats)
             priced = stats
             if self.chain is not None:
                 self.chain.observe(stats)
@@ -249,6 +248,13 @@ class TreePolicy:
 
     def channel_estimates(self) -> tuple[float | None, float | None]:
         return None, None
+
+
+def chain_offers(stats: RoundStats) -> tuple[tuple[int, int], ...]:
+    """A chain round's `tree_offers`: one candidate at each depth it drafted, taken up to
+    the first rejection."""
+    missed = stats.accepted < stats.drafted
+    return ((1, 0),) * stats.accepted + ((1, -1),) * missed
 
 
 def _memo(cost: Any) -> Any:
