@@ -42,6 +42,11 @@ def pad_call(width: int, keep: int, step_width: int) -> tuple[int, int, slice]:
     return pad, rows, slice(rows - need, rows - pad)
 
 
+def pad_ids(ids: np.ndarray, pad: int) -> np.ndarray:
+    """`ids` with `pad` copies of its last id after it (`pad_call`'s pad)."""
+    return np.concatenate([ids, ids[-1:].repeat(pad)]) if pad else ids
+
+
 def run_stages(
     stages: Sequence[G], ids: np.ndarray, call: Callable[[G, dict[str, np.ndarray], bool], dict]
 ) -> dict:
@@ -140,7 +145,7 @@ class Stack:
         cache = self.cache
         assert cache is not None, "call reset() first"
         pad, rows, wanted = pad_call(len(ids), keep, self.step_width)
-        feed = np.concatenate([ids, ids[-1:].repeat(pad)]) if pad else ids
+        feed = pad_ids(ids, pad)
 
         def call(stage: Graph, x: dict, last: bool) -> dict:
             return stage.run(cache, cache.length, keep=rows if last else 0, **x)

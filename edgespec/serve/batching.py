@@ -41,7 +41,7 @@ import numpy as np
 
 from edgespec.runtime.graph import GraphSession
 from edgespec.runtime.kv_cache import KVPool
-from edgespec.runtime.stack import pad_call, pad_tree, run_stages
+from edgespec.runtime.stack import pad_call, pad_ids, pad_tree, run_stages
 from edgespec.runtime.tree_verify import TreeGraph
 
 DUMMY_TOKEN = 0
@@ -111,7 +111,7 @@ def forward_alone(
     """Logits [len(ids), vocab] for ids appended to one row, in one batch-1 forward."""
     view, past = pool.rows(slot, slot + 1), int(pool.lengths[slot])
     pad, rows, wanted = pad_call(len(ids), len(ids), pool.step_width)
-    feed = np.concatenate([ids, ids[-1:].repeat(pad)]) if pad else ids
+    feed = pad_ids(ids, pad)
 
     def call(stage: GraphSession, x: dict, last: bool) -> dict:
         return stage.run(view, past, keep=rows if last else 0, **x)
