@@ -23,7 +23,6 @@ T(width)), with T measured here and with T flat (every width costs T(1), a launc
 
 from __future__ import annotations
 
-import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,7 @@ from benchmarks.lib.copy_workloads import CHAT, CODE, requests
 from benchmarks.lib.flags import add_common, listed, parser
 from benchmarks.lib.machine import load_line, log
 from benchmarks.lib.tables import write_result
+from benchmarks.lib.timing import decode_in_turns
 from benchmarks.lib.tree_replay import ReplayStats, projected, replay, verify_curve
 
 CODE_MODEL = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "code_model"
@@ -86,35 +86,8 @@ def replays(
 
 def end_to_end(models: dict[str, Any], prompts: list[list[int]], n_new: int, repeats: int):
     """Decode tokens per CPU second per mode (modes in turns, request by request)."""
-    cpu = {m: 0.0 for m in models}
-    tokens = {m: 0 for m in models}
-    texts: dict[str, list[list[int]]] = {m: [] for m in models}
-    drafted = {m: [0, 0] for m in models}
-    for r in range(repeats):
-        for i, ids in enumerate(prompts):
-            order = list(models)[i + r :] + list(models)[: i + r]
-            for mode in order:
-                got, first, start = [], None, time.process_time()
-                for chunk in models[mode].stream(ids, max_new_tokens=n_new):
-                    if first is None:
-                        first = time.process_time()
-                    else:
-                        drafted[mode][0] += chunk.stats.drafted
-                        drafted[mode][1] += chunk.stats.accepted
-                    got += chunk.tokens
-                cpu[mode] += time.process_time() - (first or start)
-                tokens[mode] += len(got) - 1
-                if r == 0:
-                    texts[mode].append(got)
-    out = {}
-    for mode in models:
-        rate = tokens[mode] / cpu[mode] if cpu[mode] else 0.0
-        out[mode] = {
-            "decode_tokens_per_cpu_s": round(rate, 2),
-            "drafted": drafted[mode][0],
-            "accepted": drafted[mode][1],
-            "same_as_ar": texts[mode] == texts["ar"],
-        }
+    runs = decode_in_turns(models, prompts, n_new, repeats)
+    out = {mode: d.row(runs["ar"], "drafted", "accepted") for mode, d in runs.items()}
     for mode in models:
         for base in ("ar", "lookup"):
             b = out[base]["decode_tokens_per_cpu_s"]

@@ -16,7 +16,6 @@ expected tokens per second of its best tree over its best chain.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -24,41 +23,15 @@ from benchmarks.lib.copy_workloads import CHAT, requests
 from benchmarks.lib.flags import add_common, parser
 from benchmarks.lib.machine import load_line, log
 from benchmarks.lib.tables import write_result
+from benchmarks.lib.timing import decode_in_turns
 
 DRAFTERS = ("lookup", "suffix", "recycle")
 
 
 def decode(models: dict[str, Any], prompts: list[list[int]], n_new: int, repeats: int):
     """Per mode: decode tokens per CPU second, tree rounds / rounds, texts of the first pass."""
-    cpu = {m: 0.0 for m in models}
-    counts = {m: [0, 0, 0] for m in models}  # tokens, rounds, tree rounds
-    texts: dict[str, list[list[int]]] = {m: [] for m in models}
-    for r in range(repeats):
-        for i, ids in enumerate(prompts):
-            order = list(models)[i + r :] + list(models)[: i + r]
-            for mode in order:
-                got, first, start = [], None, time.process_time()
-                for chunk in models[mode].stream(ids, max_new_tokens=n_new):
-                    if first is None:
-                        first = time.process_time()
-                    else:
-                        counts[mode][1] += 1
-                        counts[mode][2] += chunk.stats.tree_nodes > 0
-                    got += chunk.tokens
-                cpu[mode] += time.process_time() - (first or start)
-                counts[mode][0] += len(got) - 1
-                if r == 0:
-                    texts[mode].append(got)
-    out = {}
-    for mode in models:
-        tokens, rounds, trees = counts[mode]
-        out[mode] = {
-            "decode_tokens_per_cpu_s": round(tokens / cpu[mode], 2) if cpu[mode] else 0.0,
-            "rounds": rounds,
-            "tree_rounds": trees,
-            "same_as_ar": texts[mode] == texts["ar"],
-        }
-    return out
+    runs = decode_in_turns(models, prompts, n_new, repeats)
+    return {mode: d.row(runs["ar"], "rounds", "tree_rounds") for mode, d in runs.items()}
 
 
 def flat_projection(policy: Any) -> dict[str, Any] | None:

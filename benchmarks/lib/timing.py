@@ -1,13 +1,15 @@
 """Timed generations: `Run` (prefill and decode times of one generation), `measure` (warm-up,
 then runs started on a quiet machine and tagged with the CPU others used meanwhile), and the
-runs a figure counts. Standard library only: the onnxruntime-genai and llama.cpp workers
+runs a figure counts; `decode_in_turns` (modes streaming the same requests by turns, decode
+CPU time per token). Standard library only: the onnxruntime-genai and llama.cpp workers
 import it in their own interpreters."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from benchmarks.lib.machine import QUIET_CORES, CpuMonitor, wait_for_quiet
 
@@ -72,3 +74,55 @@ def leading_match(a: list[int], b: list[int]) -> int:
             break
         n += 1
     return n
+
+
+@dataclass
+class Decoded:
+    """One mode's decoding over a set of requests (`decode_in_turns`)."""
+
+    cpu_s: float = 0.0  # this process's CPU time after each first token
+    tokens: int = 0  # tokens after each first one
+    rounds: int = 0
+    tree_rounds: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    texts: list[list[int]] = field(default_factory=list)  # the first pass's tokens
+
+    @property
+    def tokens_per_cpu_s(self) -> float:
+        return round(self.tokens / self.cpu_s, 2) if self.cpu_s else 0.0
+
+    def row(self, ar: Decoded, *counts: str) -> dict[str, Any]:
+        """A result row: the rate, these counts (field names), whether the texts are `ar`'s."""
+        return {
+            "decode_tokens_per_cpu_s": self.tokens_per_cpu_s,
+            **{c: getattr(self, c) for c in counts},
+            "same_as_ar": self.texts == ar.texts,
+        }
+
+
+def decode_in_turns(
+    models: dict[str, Any], prompts: list[list[int]], n_new: int, repeats: int
+) -> dict[str, Decoded]:
+    """Stream every prompt through every model, `repeats` passes, the models' order rotated
+    request by request so load drifts hit all alike; decode time only (the first token,
+    the prefill's, is left out)."""
+    out = {m: Decoded() for m in models}
+    for r in range(repeats):
+        for i, ids in enumerate(prompts):
+            for mode in list(models)[i + r :] + list(models)[: i + r]:
+                d, got, first, start = out[mode], [], None, time.process_time()
+                for chunk in models[mode].stream(ids, max_new_tokens=n_new):
+                    if first is None:
+                        first = time.process_time()
+                    else:
+                        d.rounds += 1
+                        d.tree_rounds += chunk.stats.tree_nodes > 0
+                        d.drafted += chunk.stats.drafted
+                        d.accepted += chunk.stats.accepted
+                    got += chunk.tokens
+                d.cpu_s += time.process_time() - (first or start)
+                d.tokens += len(got) - 1
+                if r == 0:
+                    d.texts.append(got)
+    return out
