@@ -16,7 +16,12 @@ generated token and devices served at or above the floor.
     python -m benchmarks.placement --rtts 10,50,150 --devices 1,16 --repeats 3 --seconds 3
     python -m benchmarks.placement --rtts 50 --devices 64 --trace --max-new-tokens 16
 
-Uses the trained pair (`python -m benchmarks.train_models`; its bundle: `full`, `draft`, exits).
+Uses the trained pair (`python -m benchmarks.train_models`; its bundle: `full`, `draft`, exits),
+or with `--bundle B` a bundle of a chat model with a draft model (SmolLM2-135M-Instruct with the
+draft of `benchmarks.distill_draft`) on `benchmarks.real`'s instruct prompts, rendered through
+its chat template:
+
+    python -m benchmarks.placement --bundle b-draft --rtts 50 --devices 1,4 --max-new-tokens 48
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from benchmarks.lib import flags
+from benchmarks.lib.instruct import WORKLOADS
 from benchmarks.lib.machine import load_line
 from benchmarks.lib.models import TRAINED, load_prompts, pair_bundle, trained_pair
 from benchmarks.lib.serving import free_port, start_server, stop_server
@@ -68,8 +74,9 @@ def run_placement(args, bundle: Path, prompts: list[str]) -> list[dict]:
         with Channel(f"127.0.0.1:{port}") as ch:
             url = f"ws://{ch.address}"
             models = [
-                edgespec.load(bundle, mode="split", server=url, threads=1, timeout=60.0,
-                              late_after=60.0)  # fmt: skip
+                edgespec.load(
+                    bundle, mode="split", server=url, threads=1, timeout=60.0, late_after=60.0
+                )  # fmt: skip
                 for _ in range(most)
             ]
             for name, condition in conditions:
@@ -112,6 +119,20 @@ def run_placement(args, bundle: Path, prompts: list[str]) -> list[dict]:
     finally:
         stop_server(proc)
     return rows
+
+
+def chat_prompts(bundle: Path, n: int) -> list[str]:
+    """The first `n` of benchmarks.real's conversations, rendered through the bundle's chat
+    template (a conversation's text up to the assistant's turn)."""
+    import edgespec
+    from edgespec.runtime.chat_template import ChatTemplate
+
+    model = edgespec.load(bundle, mode="ar", threads=1)
+    if model.manifest.chat is None:
+        raise SystemExit(f"{bundle} has no chat template: give a chat model's bundle")
+    template = ChatTemplate.from_bundle(model.folder, model.manifest)
+    convs = [c for convs in WORKLOADS.values() for c in convs][:n]
+    return [template.render(c, add_generation_prompt=True) for c in convs]
 
 
 def _use(models: list, policies: list) -> None:
@@ -206,6 +227,7 @@ def placement_table(rows: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> None:
     ap = flags.parser(__doc__)
     ap.add_argument("--models", type=Path, default=TRAINED)
+    ap.add_argument("--bundle", type=Path, help="a chat model's bundle with a draft instead")
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--seconds", type=float, default=3.0, help="wall time per row and pass")
@@ -220,9 +242,12 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     args.rtts = [float(x) for x in args.rtts.split(",") if x]
     args.devices = [int(x) for x in args.devices.split(",") if x]
-    models = trained_pair(args.models)
-    bundle = pair_bundle(models)
-    prompts = load_prompts(args.models / "prompts_code.jsonl", args.prompts)
+    if args.bundle:
+        bundle, prompts = args.bundle, chat_prompts(args.bundle, args.prompts)
+    else:
+        models = trained_pair(args.models)
+        bundle = pair_bundle(models)
+        prompts = load_prompts(args.models / "prompts_code.jsonl", args.prompts)
     print(load_line(), flush=True)
     rows = run_placement(args, bundle, prompts)
     print(f"\n{placement_table(rows)}\n\n{load_line()}")

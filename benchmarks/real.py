@@ -37,70 +37,10 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.lib.flags import add_common, parse_variants, parser
+from benchmarks.lib.instruct import WORKLOADS, own_prompts
 from benchmarks.lib.machine import load_line, log
 from benchmarks.lib.tables import write_result
 from benchmarks.lib.timing import leading_match
-
-WORKLOADS: dict[str, list[list[dict[str, str]]]] = {
-    "question": [
-        [{"role": "user", "content": "Why is the sky blue? Answer in a short paragraph."}],
-        [{"role": "user", "content": "What are three good habits for staying healthy?"}],
-    ],
-    "code-rewrite": [
-        [
-            {
-                "role": "user",
-                "content": "Rewrite this Python function with type hints and a docstring, "
-                "keeping its logic:\n\ndef mean(values):\n    total = 0\n    count = 0\n"
-                "    for v in values:\n        total += v\n        count += 1\n"
-                "    if count == 0:\n        return 0\n    return total / count\n",
-            }
-        ],
-        [
-            {
-                "role": "user",
-                "content": "Rename the variable x to count in this code and return the "
-                "whole code:\n\ndef tally(words):\n    x = {}\n    for w in words:\n"
-                "        x[w] = x.get(w, 0) + 1\n    return x\n\nprint(tally(['a', 'b', 'a']))\n",
-            }
-        ],
-    ],
-    "summarise": [
-        [
-            {
-                "role": "user",
-                "content": "Summarise this text in two sentences:\n\nThe city council met on "
-                "Tuesday to discuss the new bicycle lanes on Main Street. Supporters said the "
-                "lanes make cycling safer and reduce traffic, while shop owners worried that "
-                "removing parking spaces would hurt their business. After two hours of debate, "
-                "the council voted to keep the lanes for a six-month trial and to add parking "
-                "on two side streets. The results of the trial will be reviewed in the spring.",
-            }
-        ],
-        [
-            {
-                "role": "user",
-                "content": "Summarise the main points of this text:\n\nSolar panels turn "
-                "sunlight into electricity using cells made of silicon. When light hits a cell, "
-                "it frees electrons, which flow as an electric current. Panels work best in "
-                "direct sunlight but still produce some power on cloudy days. Most home systems "
-                "are connected to the grid, so extra power can be sold back to the utility. "
-                "Batteries can store power for use at night.",
-            }
-        ],
-    ],
-    "chat": [
-        [
-            {"role": "user", "content": "I want to learn to cook. Where should I start?"},
-            {
-                "role": "assistant",
-                "content": "Start with simple dishes such as eggs, pasta and rice. Learn to "
-                "use a knife safely and to control the heat of your pan.",
-            },
-            {"role": "user", "content": "Give me a simple pasta recipe for two people."},
-        ],
-    ],
-}
 
 DEFAULT_MODES = (
     "ar=ar",
@@ -111,73 +51,6 @@ DEFAULT_MODES = (
     "dynamic-exit=self-spec,draft_policy=dynamic-exit",
     "lookup fixed:4=lookup,draft_policy=fixed:4",
 )
-
-
-TOPICS = (
-    "photosynthesis",
-    "how vaccines work",
-    "the water cycle",
-    "inflation",
-    "black holes",
-    "the French revolution",
-    "how a bicycle stays upright",
-    "compound interest",
-    "tides",
-    "why we sleep",
-    "how bread rises",
-    "plate tectonics",
-    "the immune system",
-    "rainbows",
-    "how batteries work",
-    "machine learning",
-    "the printing press",
-    "volcanoes",
-)
-TASKS = (
-    "reverses a string",
-    "checks whether a number is prime",
-    "counts the vowels in a text",
-    "returns the largest of three numbers",
-    "merges two sorted lists",
-    "computes a factorial",
-    "removes duplicates from a list keeping order",
-    "converts Celsius to Fahrenheit",
-    "reads a file and counts its lines",
-    "finds the most common word in a text",
-)
-SNIPPETS = (
-    "def total(xs):\n    s = 0\n    for x in xs:\n        s = s + x\n    return s\n",
-    "def is_even(n):\n    if n % 2 == 0:\n        return True\n    else:\n        return False\n",
-    "def greet(name):\n    print('Hello, ' + name + '!')\n\ngreet('Ada')\n",
-    "def squares(n):\n    out = []\n    for i in range(n):\n        out.append(i * i)\n"
-    "    return out\n",
-)
-TEXTS = (
-    "The museum will open a new wing next month. It will show art from local painters and "
-    "host weekend workshops for children. Entry to the new wing is free for the first week.",
-    "Researchers found that short walks after meals help control blood sugar. Even ten "
-    "minutes made a difference, and the effect was strongest after dinner.",
-    "The town plans to plant two thousand trees along its main roads. The trees will give "
-    "shade, clean the air and make the streets quieter. Volunteers can sign up online.",
-)
-
-
-def prompts() -> list[str]:
-    out = [f"Explain {t} in a short paragraph." for t in TOPICS]
-    out += [f"Write a Python function that {t}." for t in TASKS]
-    out += [f"Rewrite this code to be clearer and add type hints:\n\n{c}" for c in SNIPPETS]
-    out += [f"Summarise this text in one or two sentences:\n\n{t}" for t in TEXTS]
-    out += [f"Give three tips about {t}." for t in TOPICS[:8]]
-    return out
-
-
-def own_prompts() -> list[str]:
-    out = [f"Explain {t} in a short paragraph." for t in TOPICS]
-    out += [f"Write a Python function that {t}." for t in TASKS]
-    out += [f"Rewrite this code to be clearer and add type hints:\n\n{c}" for c in SNIPPETS]
-    out += [f"Summarise this text in one or two sentences:\n\n{t}" for t in TEXTS]
-    out += [f"Give three tips about {t}." for t in TOPICS[:8]]
-    return out
 
 
 def own_text(bundle: Path, out: Path, n_new: int, threads: int) -> None:

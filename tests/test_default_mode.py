@@ -121,3 +121,17 @@ def test_channel_aware_prices_acceptance_with_the_shared_cost_model():
     p = make_policy("channel-aware", priors=replace(PRIORS, acceptance=0.2))
     assert p.cost.priors.acceptance == 0.2
     assert p.alpha == pytest.approx(p.cost.alpha)
+
+
+def test_a_bundle_with_a_draft_defaults_to_lookup_then_the_draft_and_keeps_ar_tokens(
+    spec_bundles,
+):
+    b = spec_bundles["self-draft"]  # the target drafts for itself: the draft is accepted
+    model = edgespec.load(b, threads=1)
+    assert (model.mode, model.config.drafter) == ("spec", "lookup+draft")
+    prompt = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6]
+    want = edgespec.load(b, mode="ar", threads=1).generate(prompt, max_new_tokens=24)
+    got = model.generate(prompt, max_new_tokens=24)
+    assert got.tokens == want.tokens
+    # a mode asked for by name keeps its own drafter
+    assert edgespec.load(b, mode="spec", threads=1).config.drafter is None

@@ -340,3 +340,56 @@ def test_a_type_without_an_exact_form_is_requantized_with_its_error_measured(tmp
     assert held.bits == 8 and held.block == 32 and "re-quantized" in r.sources["m.weight"]
     assert err["max_abs_error"] == pytest.approx(np.abs(held.dequantize() - file_values.T).max())
     assert 0 < err["relative_rms_error"] < 0.01
+
+
+def _hf_draft(gguf_path, out, layers=1):
+    """A Hugging Face draft of the file's own tokenizer: transformers reads the GGUF, and the
+    draft keeps its embeddings, norm and first `layers` layers (as benchmarks.distill_draft
+    starts)."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("accelerate")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    d, f = str(gguf_path.parent), gguf_path.name
+    hf = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32)
+    config = hf.config.__class__.from_dict(hf.config.to_dict())
+    config.num_hidden_layers = layers
+    config.quantization_config = None
+    draft = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    state = {k: v for k, v in hf.state_dict().items()
+             if not k.startswith("model.layers.") or int(k.split(".")[2]) < layers}  # fmt: skip
+    draft.load_state_dict(state, strict=False)
+    draft.save_pretrained(out)
+    AutoTokenizer.from_pretrained(d, gguf_file=f).save_pretrained(out)
+    return out
+
+
+@pytest.mark.parametrize("kind", ["Q4_1", "F32"])
+def test_a_gguf_target_takes_a_hugging_face_draft_and_spec_keeps_ar_tokens(kind, tmp_path):
+    import edgespec
+
+    path = tmp_path / "m.gguf"
+    write_gguf(path, "llama", kind, seed=3)
+    draft = _hf_draft(path, tmp_path / "draft")
+    export_bundle(path, tmp_path / "b", draft=draft, draft_quantize="int8")
+    ar = edgespec.load(tmp_path / "b", mode="ar")
+    assert "draft" in ar.manifest.roles and ar.manifest.draft.num_layers == 1
+    assert ar.manifest.extra["draft_quantization"]["method"] == "int8"
+    prompt = [5, 60, 61, 200, 9, 60, 61]
+    want = ar.generate(prompt, max_new_tokens=24, ignore_eos=True).tokens
+    for policy in ("fixed:3", "auto"):
+        spec = edgespec.load(tmp_path / "b", mode="spec", draft_policy=policy)
+        got = spec.generate(prompt, max_new_tokens=24, ignore_eos=True)
+        assert got.tokens == want
+        assert got.stats.drafted > 0 or policy == "auto"  # auto may measure drafting not to pay
+
+
+def test_a_draft_of_another_tokenizer_is_refused_before_writing(tmp_path):
+    path, other = tmp_path / "m.gguf", tmp_path / "o" / "o.gguf"
+    other.parent.mkdir()
+    write_gguf(path, "llama", "F32", seed=3)
+    write_gguf(other, "llama", "F32", seed=3, vocab_kind="llama")
+    draft = _hf_draft(other, tmp_path / "draft")
+    with pytest.raises(ExportError, match="does not share the tokenizer"):
+        export_bundle(path, tmp_path / "b", draft=draft)
+    assert not (tmp_path / "b").exists()

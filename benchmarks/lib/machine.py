@@ -34,6 +34,21 @@ def cpu_name() -> str:
     return platform.processor() or "unknown"
 
 
+def vector_isa() -> str:
+    """The widest vector extensions the CPU offers, as the kernels see them ("AVX-512 (VNNI,
+    BF16)", "AVX2", ...): one vendor name covers CPUs with and without AVX-512."""
+    try:
+        flags = set(next(line for line in Path("/proc/cpuinfo").read_text().splitlines()
+                         if line.startswith("flags")).split(":", 1)[1].split())  # fmt: skip
+    except (OSError, StopIteration):
+        return "unknown"
+    if "avx512f" in flags:
+        extra = [n for f, n in (("avx512_vnni", "VNNI"), ("avx512_bf16", "BF16"),
+                                ("amx_tile", "AMX")) if f in flags]  # fmt: skip
+        return "AVX-512" + (f" ({', '.join(extra)})" if extra else "")
+    return "AVX2" if "avx2" in flags else "no AVX2"
+
+
 def loadavg() -> float:
     """The 1-minute load average (other jobs on the machine skew every number)."""
     try:
@@ -48,7 +63,7 @@ def load_line() -> str:
         load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     except OSError:
         load = "unknown"
-    return f"machine: {cpu_name()}, {os.cpu_count()} cores, load average {load}"
+    return f"machine: {cpu_name()}, {vector_isa()}, {os.cpu_count()} cores, load average {load}"
 
 
 def versions() -> dict[str, str]:
@@ -81,6 +96,7 @@ def facts() -> dict[str, Any]:
     """What a result JSON records about where it was measured."""
     return {
         "cpu": cpu_name(),
+        "isa": vector_isa(),
         "cores": os.cpu_count(),
         "load_average": list(os.getloadavg()),
         "versions": versions(),

@@ -108,14 +108,14 @@ def format_demo(answers: list[Any], bundle: str | None) -> str:
     lines = [f"model: {source}; greedy decoding"]
     for a in answers:
         rows = a.rows
-        best = max(rows[1:], key=lambda r: r.tokens_per_s, default=rows[0])
+        best = max(rows, key=lambda r: r.tokens_per_s)  # ar where speculation did not pay
         lines += ["", click.style(f"[{a.label}] {a.prompt}", bold=True), "", rows[0].text, ""]
         lines.append(
             f"{'mode':<13}{'tokens':>7}{'tokens/s':>10}{'speed-up':>10}{'tokens/call':>13}"
             "  same text as ar"
         )
         for r in rows:
-            mark = " <- best" if r is best and r is not rows[0] else ""
+            mark = " <- best" if r is best and len(rows) > 1 else ""
             same = "yes" if r.same_as_ar else "NO (a bug: please report it)"
             lines.append(
                 f"{r.mode:<13}{len(r.tokens):>7}{r.tokens_per_s:>10.1f}{r.speedup:>9.2f}x"

@@ -11,8 +11,11 @@ architecture and tensor types, how each kind of tensor was held (kept blocks, fl
 or re-quantized with the error measured), the tokenizer's and the chat template's metadata.
 
 `config.quantize` ("int8" / "int4") re-quantizes every weight from its dequantized values,
-on request. Options that need a Hugging Face model (a separate draft, exit adapters fitted
-through torch, static / Core ML graphs, a shared-backbone edge bundle) are refused.
+on request. `config.draft` adds a separate draft model from a Hugging Face folder (loaded
+through transformers: torch, the [export] extra; its vocabulary must be the file's token for
+token), written as `--draft-quantize` says (default: float). Options that need a Hugging Face
+target (exit adapters fitted through torch, static / Core ML graphs, a shared-backbone edge
+bundle) are refused.
 """
 
 from __future__ import annotations
@@ -39,7 +42,6 @@ from edgespec.export.sink import WEIGHTS_FILE, GraphSink, _check_out, _prepare_o
 
 # options an export from a GGUF file refuses: (field, its default, why)
 REFUSED = (
-    ("draft", None, "--draft needs a Hugging Face draft model"),
     ("static", False, "--static is not available for GGUF imports yet"),
     ("coreml", False, "--coreml is not available for GGUF imports yet"),
     ("tree_verify", False, "--tree-verify is not available for GGUF imports yet"),
@@ -97,6 +99,7 @@ def export_gguf(path: str | Path, out: str | Path, config: ExportConfig | None =
             f"form): max abs error {err['max_abs_error']:.3g}, relative RMS "
             f"{err['relative_rms_error']:.3g}"
         )
+    draft = _draft(c, files, path, steps) if c.draft is not None else None
     weights = model.weights
     if c.quant is not None:
         steps(f"dequantizing every weight to re-quantize it as {c.quant.method}")
@@ -115,6 +118,9 @@ def export_gguf(path: str | Path, out: str | Path, config: ExportConfig | None =
         for role in roles:
             steps(f"building {role} graph")
             graphs.append(sink.write(weights, role, "target", c.quant))
+        if draft is not None:
+            steps("building draft graph")
+            graphs.append(sink.write(draft[0], "draft", "draft", c.draft_quant))
     finally:
         store.close()
     steps("saving tokenizer")
@@ -136,8 +142,13 @@ def export_gguf(path: str | Path, out: str | Path, config: ExportConfig | None =
         created_by=f"edgespec {__version__}",
         chat=chat_format(meta, config_json, out),
         step_width=c.step_width(c.gguf_weights == "blocks" and _has_packed(weights)),
+        draft=draft[1] if draft is not None else None,
+        draft_source={"model": str(c.draft)} if draft is not None else None,
     )
     manifest.extra["gguf"] = provenance(path, model, c)
+    if draft is not None:
+        q = c.draft_quant if c.draft_quantize is not None else None
+        manifest.extra["draft_quantization"] = q.describe() if q else {"method": "none"}
     if c.quant is not None:
         manifest.extra["quantization"] = c.quant.describe()
     if c.verify:
@@ -146,6 +157,31 @@ def export_gguf(path: str | Path, out: str | Path, config: ExportConfig | None =
     save_manifest(manifest, out)
     steps("done")
     return manifest
+
+
+def _draft(c: ExportConfig, files: dict[str, Any], path: Path, steps: Any) -> tuple[Any, Any]:
+    """The `--draft` Hugging Face model's weights and its manifest record, or an ExportError
+    (before anything is written) naming what is wrong with it."""
+    try:
+        from edgespec.export.hf import extract, load_checkpoint, model_info
+    except ImportError:  # pragma: no cover - the [export] extra is missing
+        raise ExportError(
+            "--draft loads the draft model through transformers: pip install 'edgespec[export]'"
+        ) from None
+    steps(f"loading draft {c.draft}")
+    hf_model, tok = load_checkpoint(c.draft, None)
+    ours = {**files["tokenizer.json"]["model"]["vocab"]}
+    ours.update({t["content"]: t["id"] for t in files["tokenizer.json"].get("added_tokens", [])})
+    theirs = tok.get_vocab()
+    if ours != theirs:
+        differ = len(set(ours.items()) ^ set(theirs.items()))
+        raise ExportError(
+            f"draft {c.draft} does not share the tokenizer of {path.name} ({len(ours)} vs "
+            f"{len(theirs)} tokens, {differ} entries differ): speculative decoding needs the "
+            "same token ids; distil a draft from this model (python -m benchmarks.distill_draft) "
+            "or pick one of its family"
+        )
+    return extract(hf_model, prefix="draft."), model_info(hf_model)
 
 
 def _dequantized(w: DecoderWeights) -> DecoderWeights:

@@ -19,7 +19,7 @@ from edgespec.bundle import BundleError, Manifest
 from edgespec.devices import get_profile
 from edgespec.runtime.chat import ChatOptions, ChatReply, ChatSession
 from edgespec.runtime.config import LoadConfig
-from edgespec.runtime.costs import best_local, calibration_entry
+from edgespec.runtime.costs import DEFAULT_SPEC_DRAFTER, best_local, calibration_entry
 from edgespec.runtime.decode import decode
 from edgespec.runtime.errors import InputError
 from edgespec.runtime.grammar import Grammar, Vocabulary, bundle_vocabulary, from_response_format
@@ -233,7 +233,8 @@ def resolve_mode(graphs: BundleGraphs, config: LoadConfig) -> LoadConfig:
     """`config` with its mode chosen when none was given: self-spec if an exit layer was,
     spec (verified by the full model) if a drafter was, plain decoding if a verifier was or
     the graphs are fixed-shape ones (NPUs, Core ML), else the mode this bundle's calibration
-    on this device favours (`costs.best_local`)."""
+    on this device favours (`costs.best_local`; its `spec` drafts with prompt lookup, then the
+    draft model: `costs.DEFAULT_SPEC_DRAFTER`)."""
     c = config
     if c.mode is not None:
         return c
@@ -245,7 +246,10 @@ def resolve_mode(graphs: BundleGraphs, config: LoadConfig) -> LoadConfig:
         return replace(c, mode="ar")  # a chosen verifier, or fixed-shape graphs: uncalibrated
     calibration = calibration_entry(graphs.folder, c.device, c.threads)
     mode, exit_layer = best_local(graphs.manifest, calibration)
-    return replace(c, mode=mode, exit_layer=exit_layer if mode == "self-spec" else None)
+    drafter = DEFAULT_SPEC_DRAFTER if mode == "spec" else None
+    return replace(
+        c, mode=mode, exit_layer=exit_layer if mode == "self-spec" else None, drafter=drafter
+    )
 
 
 def chat_options(**options: Any) -> ChatOptions:

@@ -24,7 +24,12 @@ from urllib.parse import urlsplit
 from edgespec.backbone import hello
 from edgespec.runtime.channel_policy import parse_channel_aware
 from edgespec.runtime.config import LoadConfig
-from edgespec.runtime.costs import best_local, calibration_entry, seed_from_calibration
+from edgespec.runtime.costs import (
+    DEFAULT_SPEC_DRAFTER,
+    best_local,
+    calibration_entry,
+    seed_from_calibration,
+)
 from edgespec.runtime.drafters import (
     Chain,
     EarlyExitDrafter,
@@ -213,7 +218,7 @@ class _Builder:
         if c.mode == "split" and c.drafter is None:  # the best drafter the bundle has
             calibration = calibration_entry(self.graphs.folder, c.device, c.threads)
             mode, k = best_local(self.manifest, calibration)
-            best = MODES[mode].drafter
+            best = DEFAULT_SPEC_DRAFTER if mode == "spec" else MODES[mode].drafter
             return f"exit:{k if k is not None else exits[-1]}" if best == "exit" else best
         parts = (c.drafter or MODES[c.mode].drafter).split("+")
         return "+".join(self._default_exit() if p == "exit" else p for p in parts)

@@ -31,7 +31,7 @@ from typing import Any
 
 from edgespec.runtime.chat import ChatChunk, ChatSession, Prompt
 from edgespec.runtime.config import LoadConfig
-from edgespec.runtime.costs import best_local, calibration_entry
+from edgespec.runtime.costs import DEFAULT_SPEC_DRAFTER, best_local, calibration_entry
 from edgespec.runtime.drafters import EarlyExitDrafter
 from edgespec.runtime.model import Model
 from edgespec.runtime.opener import BundleGraphs
@@ -76,7 +76,7 @@ def load_model(
     own small cache and is verified by head@k + tail@k over the pool row (one forward that
     can share a batch; LayerSkip's reuse of the head's KV needs a target cache of its own)."""
     m = graphs.manifest
-    best_exit = None
+    best_exit, chosen = None, mode is None
     if mode is None:  # the mode this device's calibration favours (costs.best_local)
         calibration = calibration_entry(graphs.folder, graphs.options.device, threads)
         mode, best_exit = best_local(m, calibration)
@@ -97,6 +97,8 @@ def load_model(
             raise ValueError("--draft-policy dynamic-exit: the server drafts from its deepest exit")
         exit_layer = f"exit:{best_exit if best_exit is not None else m.exit_layers[-1]}"
         config.mode, config.drafter, config.verifier = "spec", exit_layer, exit_layer
+    elif mode == "spec" and chosen:
+        config.drafter = DEFAULT_SPEC_DRAFTER
     model = Model.from_graphs(graphs, config)
     model.mode = mode
     return model
