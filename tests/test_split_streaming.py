@@ -258,7 +258,9 @@ def test_a_local_rounds_catch_up_on_server_tokens_is_not_priced_as_its_draft_len
     from edgespec.runtime.estimates import CostModel
 
     script = [("split", 3)] * 6 + [("local", 3)] * 2
-    model = split(bundle, server.url, script)
+    # the draft model alone: behind prompt lookup (the default chain) it has catch-ups of its
+    # own after rounds lookup drafted
+    model = split(bundle, server.url, script, drafter="draft")
     out = model.generate(PROMPT, max_new_tokens=N, ignore_eos=True)
     assert out.tokens == ar_tokens
     local = [s for s in model.policy.seen if s.phase == "decode" and s.verifier == "device"]

@@ -98,12 +98,6 @@ def seed_from_calibration(
 # a mode is the default only if its calibration promises more than this over plain decoding:
 # closer is within the host's run-to-run spread
 DEFAULT_MARGIN = 1.03
-# the drafter a default `spec` runs (a load, the server or a split device choosing for a
-# bundle with a draft model): prompt lookup first, the draft model where lookup finds nothing
-# to copy. On SmolLM2-135M-Instruct with its distilled draft the chain beat the draft alone
-# on every instruct workload (x `ar`: 1.22 / 1.46 / 1.90 / 2.11 against 1.10 / 1.14 / 0.98 /
-# 1.07, benchmarks/RESULTS.md), as spec+lookup did on the trained pair
-DEFAULT_SPEC_DRAFTER = "lookup+draft"
 
 
 def best_local(
@@ -116,7 +110,7 @@ def best_local(
     tokens a round yields on instruct replies, per mode), the mode whose best γ promises the
     most tokens per second, N(γ) / T(γ) against 1 / T(0), if that beats plain decoding by
     DEFAULT_MARGIN. Without one: the bundle's draft model (chained after prompt lookup:
-    DEFAULT_SPEC_DRAFTER); else an exit whose fitted adapter
+    modes.DEFAULT_SPEC_DRAFTER); else an exit whose fitted adapter
     agrees with the final layer on more than k/L + 0.1 of tokens (a round drafting one token
     at exit k costs about 1 + k/L plain steps: raw exits of a model not trained for them
     agree far less and lose). Else, and where nothing measured pays, prompt lookup: it costs

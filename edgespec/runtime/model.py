@@ -19,11 +19,12 @@ from edgespec.bundle import BundleError, Manifest
 from edgespec.devices import get_profile
 from edgespec.runtime.chat import ChatOptions, ChatReply, ChatSession
 from edgespec.runtime.config import LoadConfig
-from edgespec.runtime.costs import DEFAULT_SPEC_DRAFTER, best_local, calibration_entry
+from edgespec.runtime.costs import best_local, calibration_entry
 from edgespec.runtime.decode import decode
 from edgespec.runtime.errors import InputError
 from edgespec.runtime.grammar import Grammar, Vocabulary, bundle_vocabulary, from_response_format
 from edgespec.runtime.link import Remote
+from edgespec.runtime.modes import DEFAULT_SPEC_DRAFTER
 from edgespec.runtime.opener import BundleGraphs, GraphOptions, open_bundle
 from edgespec.runtime.registry import MODES, Decoder, build
 from edgespec.runtime.round import Verifier
@@ -234,7 +235,7 @@ def resolve_mode(graphs: BundleGraphs, config: LoadConfig) -> LoadConfig:
     spec (verified by the full model) if a drafter was, plain decoding if a verifier was or
     the graphs are fixed-shape ones (NPUs, Core ML), else the mode this bundle's calibration
     on this device favours (`costs.best_local`; its `spec` drafts with prompt lookup, then the
-    draft model: `costs.DEFAULT_SPEC_DRAFTER`)."""
+    draft model: `modes.DEFAULT_SPEC_DRAFTER`)."""
     c = config
     if c.mode is not None:
         return c

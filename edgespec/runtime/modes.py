@@ -23,3 +23,9 @@ MODES: dict[str, ModeDefaults] = {
     "recycle": ModeDefaults("recycle", "auto"),  # Token Recycling (runtime/recycling.py)
     "split": ModeDefaults("", "placement"),  # drafter: the best the bundle has
 }
+# the drafter a default `spec` runs (a load, the server or a split device choosing for a
+# bundle with a draft model): prompt lookup first, the draft model where lookup finds nothing
+# to copy. On SmolLM2-135M-Instruct's Q4_1 file with its distilled draft the chain beat the
+# draft alone on every instruct workload (x `ar`: 1.22 / 1.46 / 1.90 / 2.11 against 1.10 /
+# 1.14 / 0.98 / 1.07, benchmarks/RESULTS.md), as spec+lookup did on the trained pair
+DEFAULT_SPEC_DRAFTER = "lookup+draft"

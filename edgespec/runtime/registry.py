@@ -24,12 +24,7 @@ from urllib.parse import urlsplit
 from edgespec.backbone import hello
 from edgespec.runtime.channel_policy import parse_channel_aware
 from edgespec.runtime.config import LoadConfig
-from edgespec.runtime.costs import (
-    DEFAULT_SPEC_DRAFTER,
-    best_local,
-    calibration_entry,
-    seed_from_calibration,
-)
+from edgespec.runtime.costs import best_local, calibration_entry, seed_from_calibration
 from edgespec.runtime.drafters import (
     Chain,
     EarlyExitDrafter,
@@ -42,7 +37,7 @@ from edgespec.runtime.graph_protocol import Graph
 from edgespec.runtime.link import Remote
 from edgespec.runtime.local import LocalVerifier
 from edgespec.runtime.lookup import LookupDrafter
-from edgespec.runtime.modes import MODES
+from edgespec.runtime.modes import DEFAULT_SPEC_DRAFTER, MODES
 from edgespec.runtime.opener import BundleGraphs
 from edgespec.runtime.placement import Placement
 from edgespec.runtime.policies import (

@@ -31,9 +31,10 @@ from typing import Any
 
 from edgespec.runtime.chat import ChatChunk, ChatSession, Prompt
 from edgespec.runtime.config import LoadConfig
-from edgespec.runtime.costs import DEFAULT_SPEC_DRAFTER, best_local, calibration_entry
+from edgespec.runtime.costs import best_local, calibration_entry
 from edgespec.runtime.drafters import EarlyExitDrafter
 from edgespec.runtime.model import Model
+from edgespec.runtime.modes import DEFAULT_SPEC_DRAFTER
 from edgespec.runtime.opener import BundleGraphs
 from edgespec.runtime.registry import MODES
 from edgespec.runtime.round import Verifier
