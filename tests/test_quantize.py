@@ -374,3 +374,16 @@ def test_cli_exports_and_shows_a_draft_quantized_apart(checkpoints, tmp_path):
     assert "fp32 / none" in r.output
     line = next(x for x in r.output.splitlines() if "draft quantization" in x)
     assert "int8" in line and "block_size 128" in line
+
+
+def test_an_export_whose_check_disagrees_says_so_and_how_to_round_closer():
+    from types import SimpleNamespace
+
+    from edgespec.cli.export import agreement_note
+
+    check = {"argmax_agreement": 0.625, "max_abs_logit_diff": 3.8}
+    note = agreement_note(SimpleNamespace(extra={"export_check": check}))
+    assert "62%" in note and "3.8" in note and "--block-size 32" in note
+    same = {"argmax_agreement": 1.0, "max_abs_logit_diff": 1e-5}
+    assert agreement_note(SimpleNamespace(extra={"export_check": same})) is None
+    assert agreement_note(SimpleNamespace(extra={})) is None

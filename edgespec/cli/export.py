@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from edgespec.cli.common import ExportProgress, _friendly, _report_compat
@@ -184,5 +186,24 @@ def export(
     finally:
         progress.close()
     click.echo(f"wrote {out}: {', '.join(manifest.roles)}")
+    note = agreement_note(manifest)
+    if note:
+        click.echo(note, err=True)
     if check_compat:
         _report_compat(check_compat, out)
+
+
+def agreement_note(manifest: Any) -> str | None:
+    """A warning when the export check found the bundle's next-token argmax leaving the
+    reference's (quantized weights or activations change the text), with what rounds closer."""
+    check = manifest.extra.get("export_check") or {}
+    agree = check.get("argmax_agreement")
+    if agree is None or agree >= 1.0:
+        return None
+    return (
+        f"note: the export check's next token agrees with the reference at {agree:.0%} of "
+        f"positions (max logit difference {check.get('max_abs_logit_diff', float('nan')):.3g}): "
+        "this bundle's greedy text will leave the float model's. For closer text: "
+        "--block-size 32 with --quantize int8/int4, or float weights (no --quantize; a GGUF "
+        "file's --gguf-weights float)"
+    )
