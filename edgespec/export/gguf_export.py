@@ -163,7 +163,7 @@ def _draft(c: ExportConfig, files: dict[str, Any], path: Path, steps: Any) -> tu
     """The `--draft` Hugging Face model's weights and its manifest record, or an ExportError
     (before anything is written) naming what is wrong with it."""
     try:
-        from edgespec.export.hf import extract, load_checkpoint, model_info
+        from edgespec.export.hf import check_same_vocab, extract, load_checkpoint, model_info
     except ImportError:  # pragma: no cover - the [export] extra is missing
         raise ExportError(
             "--draft loads the draft model through transformers: pip install 'edgespec[export]'"
@@ -172,15 +172,7 @@ def _draft(c: ExportConfig, files: dict[str, Any], path: Path, steps: Any) -> tu
     hf_model, tok = load_checkpoint(c.draft, None)
     ours = {**files["tokenizer.json"]["model"]["vocab"]}
     ours.update({t["content"]: t["id"] for t in files["tokenizer.json"].get("added_tokens", [])})
-    theirs = tok.get_vocab()
-    if ours != theirs:
-        differ = len(set(ours.items()) ^ set(theirs.items()))
-        raise ExportError(
-            f"draft {c.draft} does not share the tokenizer of {path.name} ({len(ours)} vs "
-            f"{len(theirs)} tokens, {differ} entries differ): speculative decoding needs the "
-            "same token ids; distil a draft from this model (python -m benchmarks.distill_draft) "
-            "or pick one of its family"
-        )
+    check_same_vocab(ours, tok.get_vocab(), path.name, c.draft)
     return extract(hf_model, prefix="draft."), model_info(hf_model)
 
 

@@ -129,7 +129,11 @@ def model_info(hf_model: Any) -> ModelInfo:
 
 
 def check_same_tokenizer(target_tok: Any, draft_tok: Any, target: Any, draft: Any) -> None:
-    t, d = target_tok.get_vocab(), draft_tok.get_vocab()
+    check_same_vocab(target_tok.get_vocab(), draft_tok.get_vocab(), target, draft)
+
+
+def check_same_vocab(t: dict[str, int], d: dict[str, int], target: Any, draft: Any) -> None:
+    """An ExportError unless the draft's token -> id table is the target's."""
     if t != d:
         only_t = len(set(t.items()) - set(d.items()))
         raise ExportError(
