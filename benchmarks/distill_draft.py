@@ -43,8 +43,9 @@ from typing import Any
 import numpy as np
 
 from benchmarks.lib import flags
+from benchmarks.lib.evaluation import EVAL_GAMMA, tokens_per_round
 from benchmarks.lib.instruct import WORKLOADS, fitting_prompts
-from benchmarks.lib.machine import log
+from benchmarks.lib.machine import cpu_flags, log
 from benchmarks.lib.models import MODELS
 
 DEFAULT_OUT = MODELS / "smollm2-distill"
@@ -52,7 +53,6 @@ TOP_K = 32  # teacher log-probs kept per reply position (the rest of the mass is
 GEN_BATCH = 32  # prompts generated together (left-padded)
 TRAIN_BATCH_TOKENS = 4096  # padded positions per training step
 LR = 1e-3  # AdamW on the decoder layers and the final norm
-EVAL_GAMMA = 4
 
 
 # ---------------------------------------------------------------------------------- target
@@ -93,7 +93,7 @@ def eos_ids(tok: Any, model: Any) -> list[int]:
 
 # --------------------------------------------------------------------------------- replies
 def generate_replies(
-    model: Any, tok: Any, prompts: list[str], n_new: int, path: Path, threads: int
+    model: Any, tok: Any, prompts: list[str], n_new: int, path: Path, pad: int
 ) -> list[dict[str, Any]]:
     """The target's greedy replies with their top-k log-probs, appended to `path` a batch at
     a time (a stopped run resumes where it was)."""
@@ -107,7 +107,6 @@ def generate_replies(
     seen = {r["index"] for r in done}
     todo = [r for r in todo if r[0] not in seen]
     eos = eos_ids(tok, model)
-    pad = tok.pad_token_id if tok.pad_token_id is not None else eos[0]
     start, tokens = time.time(), sum(len(r["reply"]) for r in done)
     with path.open("a") as f, torch.inference_mode():
         for b in range(0, len(todo), GEN_BATCH):
@@ -213,11 +212,9 @@ def train(
     """Soft cross-entropy to the teacher's top-k on reply positions, cosine LR by wall clock."""
     import torch
 
-    params = [
-        p for n, p in draft.named_parameters() if "embed_tokens" not in n and "lm_head" not in n
-    ]
     for n, p in draft.named_parameters():
         p.requires_grad_("embed_tokens" not in n and "lm_head" not in n)
+    params = [p for p in draft.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=LR, betas=(0.9, 0.95), weight_decay=0.0)
     rng = np.random.default_rng(0)
     draft.train()
@@ -288,22 +285,10 @@ def agreement(draft: Any, reference: dict[str, list[Any]]) -> dict[str, Any]:
                 seq = torch.tensor(ids + reply)
                 guess = draft(input_ids=seq[None, :-1]).logits[0, len(ids) - 1 :].argmax(-1)
                 hits += (guess == seq[len(ids) :]).tolist()
-            rounds, i = 0, 0
-            while i < len(hits):  # a round accepts the leading matches (≤ γ) plus one token
-                run = 0
-                while run < EVAL_GAMMA and i + run < len(hits) and hits[i + run]:
-                    run += 1
-                i, rounds = i + run + 1, rounds + 1
+            rate = tokens_per_round(hits, EVAL_GAMMA)
             out[workload] = {"top1": round(float(np.mean(hits)), 3),
-                             "tokens_per_round": round(len(hits) / max(rounds, 1), 2)}  # fmt: skip
+                             "tokens_per_round": round(rate, 2)}  # fmt: skip
     return out
-
-
-def cpu_has_bf16() -> bool:
-    try:
-        return "avx512_bf16" in Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -338,31 +323,24 @@ def main(argv: list[str] | None = None) -> None:
 
     prompts = fitting_prompts()
     prompts = prompts[: args.prompts] if args.prompts else prompts
-    records = generate_replies(
-        target, tok, prompts, args.new_tokens, out / "replies.jsonl", args.threads
-    )
-    records = [r for r in records if r["index"] < len(prompts)]
     pad = tok.pad_token_id if tok.pad_token_id is not None else eos_ids(tok, target)[0]
+    records = generate_replies(target, tok, prompts, args.new_tokens, out / "replies.jsonl", pad)
+    records = [r for r in records if r["index"] < len(prompts)]
 
     reference = reference_replies(target, tok, 96, out / "reference.json")
     draft_dir = out / "draft"
     info_path = draft_dir / "train_info.json"
-    bf16 = cpu_has_bf16() and not args.fp32
+    bf16 = "avx512_bf16" in cpu_flags() and not args.fp32
     config = {"layers": args.layers, "prompts": len(records), "minutes": args.minutes,
               "bf16": bf16, "top_k": TOP_K, "lr": LR}  # fmt: skip
-    if (
-        not args.force
-        and info_path.exists()
-        and json.loads(info_path.read_text())["config"] == config
-    ):
+    info = json.loads(info_path.read_text()) if info_path.exists() else {}
+    if not args.force and info.get("config") == config:
         log(f"draft: cached in {draft_dir}")
         draft = AutoModelForCausalLM.from_pretrained(draft_dir, dtype=torch.float32).eval()
-        info = json.loads(info_path.read_text())
     else:
-        start = draft_from_target(target, args.layers).eval()
-        before = agreement(start, reference)
+        draft = draft_from_target(target, args.layers).eval()
+        before = agreement(draft, reference)  # the start: the target's first layers
         log(f"untrained draft (the target's first {args.layers} layers): {before}")
-        draft = draft_from_target(target, args.layers)
         n_params = sum(p.numel() for p in draft.model.layers.parameters())
         log(f"draft: {args.layers} layers ({n_params / 1e6:.1f}M trained parameters), "
             f"{sum(len(r['reply']) for r in records)} reply tokens, {args.minutes:g} min, "

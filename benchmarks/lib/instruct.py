@@ -6,7 +6,9 @@ fitting prompt is a workload's.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 WORKLOADS: dict[str, list[list[dict[str, str]]]] = {
     "question": [
@@ -228,20 +230,26 @@ SUMMARIES = (
 )
 
 
+def _stdlib_modules() -> Iterator[tuple[str, Any]]:
+    """(source, parsed tree) of each top-level module of Python's standard library, sorted."""
+    import ast
+    import sysconfig
+
+    for path in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py")):
+        try:
+            source = path.read_text(encoding="utf-8")
+            yield source, ast.parse(source)
+        except (SyntaxError, UnicodeDecodeError):
+            continue
+
+
 def stdlib_functions(n: int, max_lines: int = 14) -> list[str]:
     """Small top-level functions of Python's standard library (4 to `max_lines` lines),
     their docstrings cut out, one per module, in a fixed order."""
     import ast
-    import sysconfig
 
-    root = Path(sysconfig.get_paths()["stdlib"])
     out: list[str] = []
-    for path in sorted(root.glob("*.py")):
-        try:
-            source = path.read_text(encoding="utf-8")
-            tree = ast.parse(source)
-        except (SyntaxError, UnicodeDecodeError):
-            continue
+    for source, tree in _stdlib_modules():
         for node in tree.body:
             if isinstance(node, ast.FunctionDef) and not node.name.startswith("_"):
                 body = node.body[1:] if ast.get_docstring(node) else node.body
@@ -261,16 +269,10 @@ def stdlib_functions(n: int, max_lines: int = 14) -> list[str]:
 def stdlib_texts(n: int) -> list[str]:
     """Prose paragraphs (250–700 characters) from the standard library's module docstrings."""
     import ast
-    import sysconfig
 
-    root = Path(sysconfig.get_paths()["stdlib"])
     out: list[str] = []
-    for path in sorted(root.glob("*.py")):
-        try:
-            doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
-        except (SyntaxError, UnicodeDecodeError):
-            continue
-        for para in doc.split("\n\n"):
+    for _, tree in _stdlib_modules():
+        for para in (ast.get_docstring(tree) or "").split("\n\n"):
             text = " ".join(para.split())
             words = text.split()
             if 250 <= len(text) <= 700 and sum(w.isalpha() for w in words) > 0.7 * len(words):

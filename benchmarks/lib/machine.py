@@ -34,13 +34,20 @@ def cpu_name() -> str:
     return platform.processor() or "unknown"
 
 
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags (/proc/cpuinfo; empty where it cannot be read)."""
+    try:
+        return set(next(line for line in Path("/proc/cpuinfo").read_text().splitlines()
+                        if line.startswith("flags")).split(":", 1)[1].split())  # fmt: skip
+    except (OSError, StopIteration):
+        return set()
+
+
 def vector_isa() -> str:
     """The widest vector extensions the CPU offers, as the kernels see them ("AVX-512 (VNNI,
     BF16)", "AVX2", ...): one vendor name covers CPUs with and without AVX-512."""
-    try:
-        flags = set(next(line for line in Path("/proc/cpuinfo").read_text().splitlines()
-                         if line.startswith("flags")).split(":", 1)[1].split())  # fmt: skip
-    except (OSError, StopIteration):
+    flags = cpu_flags()
+    if not flags:
         return "unknown"
     if "avx512f" in flags:
         extra = [n for f, n in (("avx512_vnni", "VNNI"), ("avx512_bf16", "BF16"),
