@@ -24,7 +24,9 @@ A real model instead (`--target` a checkpoint folder, `--text` files to score, c
 same weights as fp32, so only int8 activation rounding remains) and run by llama.cpp as it
 is (`llama.cpp Q4_1`); `--gguf-levels 4,0` adds the kept blocks with float compute
 (MatMulNBits accuracy level 0: no activation rounding, at the speed `benchmarks.gguf_import`'s
-`blocks-fp32` row measures).
+`blocks-fp32` row measures). `--gguf-files A.gguf B.gguf ...` scores each file against its own
+float values (its exact `--gguf-weights float` import): edgespec's blocks and llama.cpp on it,
+`--configs ''` to skip the checkpoint's own rows.
 
 Speed is `benchmarks.decode`'s job (`--precisions int8,int4,int4@32`); this measures what
 the rounding does.
@@ -43,6 +45,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -141,6 +144,27 @@ def compare(ref: np.ndarray, got: np.ndarray) -> dict[str, float]:
     return {"kl": float(kl.mean()), "top1": float((ref.argmax(-1) == lp.argmax(-1)).mean())}
 
 
+def per_file(gguf: Path, prompts: list[list[int]], args: Any, tmp: Path) -> list[dict]:
+    """KL to the file's own float values (edgespec's exact float import of it, which agrees
+    with llama.cpp's F32 before rounding) of edgespec's blocks and of llama.cpp on the file."""
+    from edgespec.export import export_bundle
+
+    export_bundle(gguf, tmp / f"{gguf.stem}-float", verify=False, gguf_weights="float")
+    ref = log_softmax(edgespec_logits(tmp / f"{gguf.stem}-float", prompts).astype(np.float64))
+    export_bundle(gguf, tmp / f"{gguf.stem}-blocks", verify=False)
+    ours = edgespec_logits(tmp / f"{gguf.stem}-blocks", prompts)
+    bits = stored_bits_per_weight(tmp / f"{gguf.stem}-blocks" / "full.onnx")
+    rows = [{"engine": "edgespec", "config": f"{gguf.name} (own float)", "bits_per_weight": bits}
+            | compare(ref, ours)]  # fmt: skip
+    if args.llamacpp_venv is not None:
+        got = llamacpp_logits(args.llamacpp_venv, Path(), "", prompts, gguf)
+        rows.append({"engine": "llama.cpp", "config": f"{gguf.name} (own float)",
+                     "bits_per_weight": math.nan} | compare(ref, got))  # fmt: skip
+    for r in rows:
+        print(f"{r['engine']} {r['config']}: KL {r['kl']:.5f}", file=sys.stderr)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = flags.parser(__doc__)
     ap.add_argument("--models", type=Path, default=TRAINED)
@@ -151,6 +175,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--target", type=Path, default=None, help="a checkpoint (default: trained)")
     ap.add_argument("--text", type=Path, nargs="*", default=[], help="files to score")
     ap.add_argument("--gguf", type=Path, default=None, help="the target's own GGUF file")
+    ap.add_argument(
+        "--gguf-files",
+        type=Path,
+        nargs="*",
+        default=[],
+        help="GGUF files of the target's weights, each scored against its own float values "
+        "(edgespec's `--gguf-weights float` import of it): edgespec's blocks and llama.cpp",
+    )
     ap.add_argument(
         "--gguf-levels", default="4", help="accuracy levels of the kept blocks, e.g. 4,0"
     )
@@ -194,7 +226,8 @@ def main(argv: list[str] | None = None) -> int:
                 name = f"gguf-blocks {args.gguf.name}" + (f" level {level}" if level != 4 else "")
                 row = {"engine": "edgespec", "config": name, "accuracy_level": level}
                 rows.append(row | {"bits_per_weight": bits} | compare(ref, got))
-    if args.llamacpp_venv is not None:
+        rows += [r for f in args.gguf_files for r in per_file(f, prompts, args, Path(tmp))]
+    if args.llamacpp_venv is not None and args.configs:
         for ggml, precision in GGUF_ROWS.items():
             got = llamacpp_logits(args.llamacpp_venv, target, ggml, prompts)
             bits = 8 * BYTES_PER_WEIGHT[precision]

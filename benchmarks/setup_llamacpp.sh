@@ -7,7 +7,7 @@
 #   $VENV/bin/python           has torch==2.13.0 (CPU), transformers, gguf, numpy, sentencepiece and
 #                              the `llama_cpp` Python package (ctypes bindings, no compiled code);
 #   $SRC/build/bin/            llama-quantize, llama-bench, llama-speculative(-simple), llama-lookup,
-#                              llama-simple and libllama.so, built with cmake from the llama.cpp tree
+#                              llama-simple, llama-server and libllama.so, built with cmake from the llama.cpp tree
 #                              vendored in the llama-cpp-python source distribution (never a binary
 #                              wheel or a downloaded executable);
 #   $SRC/llama.cpp             a link to that vendored tree (convert_hf_to_gguf.py lives there);
@@ -53,11 +53,11 @@ if [ "${AMX:-off}" != on ]; then
     AMX_FLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 fi
 cmake -S "$SRC/llama.cpp" -B "$SRC/build" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON \
-    -DLLAMA_CURL=OFF -DGGML_NATIVE=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF \
+    -DLLAMA_CURL=OFF -DGGML_NATIVE=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_OPENSSL=OFF \
     -DLLAMA_BUILD_EXAMPLES=ON -DLLAMA_BUILD_TOOLS=ON \
     -DCMAKE_C_FLAGS="$AMX_FLAGS" -DCMAKE_CXX_FLAGS="$AMX_FLAGS" >/dev/null
 cmake --build "$SRC/build" -j "$JOBS" --target llama llama-quantize llama-bench llama-speculative \
-    llama-speculative-simple llama-lookup llama-simple
+    llama-speculative-simple llama-lookup llama-simple llama-server
 
 cat >"$VENV/llamacpp.env" <<EOF
 export LLAMA_CPP_LIB_PATH=$SRC/build/bin

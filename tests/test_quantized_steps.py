@@ -2,11 +2,13 @@
 
 With int8 activations (MatMulNBits at accuracy level 4) a one-token step and a verify round of
 the same tokens used to give different logits: onnxruntime's kernels take another path for a
-lone row (a one-position call, the last row of an odd-width call), which rounds differently by
-float noise, and int8 activation rounding magnifies that into whole logits, so prompt lookup
-left `ar`'s text. Such bundles record `step_width` 2 and every target call runs an even number
-of positions (runtime/stack.py), whose rows are bitwise the same whatever the width, so every
-mode's greedy output is `ar`'s.
+lone row, which rounds differently by float noise, and int8 activation rounding magnifies that
+into whole logits, so prompt lookup left `ar`'s text. Bundles whose blocks are of 32 or 16 (the
+GGUF block formats) pad a one-position call's attention in the graph and step one position
+wide (tests/test_batch_invariance.py); wider blocks (the int8 / int4 default) record
+`step_width` 2 and every target call runs an even number of positions (runtime/stack.py),
+whose rows are bitwise the same whatever the width. Either way every mode's greedy output is
+`ar`'s.
 """
 
 from __future__ import annotations
@@ -40,8 +42,11 @@ def _decode(folder, prompts, mode: str = "ar", **options) -> list[list[int]]:
     return [model.generate(p, max_new_tokens=32, ignore_eos=True).tokens for p in prompts]
 
 
-def test_a_bundle_with_int8_activations_steps_two_positions_wide(held_blocks, tmp_path):
-    assert load_manifest(held_blocks).step_width == 2
+def test_held_blocks_step_one_position_wide_and_wide_int8_blocks_two(
+    held_blocks, int8_export, tmp_path
+):
+    assert load_manifest(held_blocks).step_width == 1
+    assert load_manifest(int8_export).step_width == 2
     float_compute = export_bundle(held_blocks.parent / "m.gguf", tmp_path / "f", accuracy_level=0)
     assert float_compute.step_width == 1
 
@@ -58,7 +63,6 @@ def test_one_position_calls_give_the_logits_a_verify_round_gives(bundle, request
     """The guarantee under the modes: a prefill and one-token steps, and a prefill and
     rounds of several tokens (odd and even), give bitwise the same logits for every position."""
     folder = request.getfixturevalue(bundle)
-    assert load_manifest(folder).step_width == 2
     ids = np.array(_prompts(folder, 1)[0] * 2, np.int64)
     target = edgespec.load(folder).target
     target.reset(64)
@@ -77,8 +81,9 @@ def test_one_position_calls_give_the_logits_a_verify_round_gives(bundle, request
 
 
 def test_a_bundle_from_before_the_field_steps_two_wide_when_quantized(held_blocks):
+    """Bundles from before `step_width` have no lone-row pad in their graphs: two wide."""
     raw = load_manifest(held_blocks).to_json()
-    assert raw.pop("step_width") == 2
+    assert raw.pop("step_width") == 1
     assert _from_json(raw).step_width == 2
     raw["extra"]["gguf"]["weights"] = {"float32: the file's exact dequantized values": 1}
     assert _from_json(raw).step_width == 1

@@ -88,13 +88,13 @@ def test_rounds_together_in_one_forward_and_wide_or_full_rows_alone(bundle):
     """forward_rounds runs rounds of similar width in one forward; a round much wider than the
     rest, and one whose row has no room for the padded chunk after it, run alone."""
     stages = edgespec.load(bundle, mode="ar", threads=1).target.stages
-    pool = pool_for(stages, 5, context=40)
+    pool = pool_for(stages, 5, context=39)  # rows of 39 positions + 1 of room for a pad
     seqs = [list(range(1, 37)), [3, 4, 5], [6, 7], [8], [9, 10]]
     for seq in seqs:
         forward_alone(stages, pool, pool.acquire(), np.asarray(seq))
     work = [(0, np.asarray([9, 10])), (1, np.asarray([13, 2, 3, 4, 5]))]
     work += [(2, np.asarray([14, 15, 16])), (3, np.asarray([17] * 20)), (4, np.asarray([18]))]
-    # width 5 for rounds 1, 2, 4 (and 0); row 0 (36 + 5 > 40) and round 3 (20 wide) alone
+    # width 5 for rounds 1, 2, 4 (and 0); row 0 (36 + 5 > 39 + 1) and round 3 (20 wide) alone
     logits, forwards = forward_rounds(stages, pool, work)
     assert sorted(forwards) == [[0], [1, 2, 4], [3]]
     for (slot, ids), got in zip(work, logits, strict=True):

@@ -97,7 +97,26 @@ def demo(prompt: str | None, max_new_tokens: int, threads: int | None, bundle: s
     start = time.perf_counter()
     answers = run_demo(config, progress=lambda m: click.echo(m, err=True))
     click.echo(format_demo(answers, bundle))
+    if bundle is None:
+        click.echo(llama_cpp_line(answers, threads))
     click.echo(f"\ndemo wall time {time.perf_counter() - start:.1f} s", err=True)
+
+
+def llama_cpp_line(answers: list[Any], threads: int | None) -> str:
+    """edgespec's decode rate beside llama.cpp's on the same file, where llama.cpp is installed."""
+    from edgespec.demo import demo_gguf, llama_cpp_figure
+
+    ar = [a.rows[0].decode_tokens_per_s for a in answers]
+    best = [max(r.decode_tokens_per_s for r in a.rows) for a in answers]
+    ours = (
+        f"edgespec decode: ar {sum(ar) / len(ar):.1f} tokens/s, "
+        f"best mode {sum(best) / len(best):.1f}"
+    )
+    figure = llama_cpp_figure(demo_gguf(fetch=False), threads)
+    if figure is None:
+        return f"\n{ours} (llama.cpp is not installed here: no comparison)"
+    rate, tool = figure
+    return f"\n{ours}; llama.cpp on the same file {rate:.1f} ({tool} -n 64)"
 
 
 def format_demo(answers: list[Any], bundle: str | None) -> str:

@@ -108,6 +108,8 @@ class GraphBuilder:
     # attention takes query_seqlens (batched verify rounds; onnxruntime >= 1.32 loads it)
     query_seqlens: bool = True
     tree: bool = False  # takes a token tree's positions and mask (export/tree.py)
+    # a one-position call's attention runs as two positions (export/positions.py): batch-invariant
+    pad_lone_rows: bool = True
     nodes: list[onnx.NodeProto] = field(default_factory=list)
     inputs: list[onnx.ValueInfoProto] = field(default_factory=list)
     outputs: list[onnx.ValueInfoProto] = field(default_factory=list)
@@ -218,9 +220,11 @@ class GraphBuilder:
 
     def _packed_linear(self, x: str, name: str, w: PackedMatrix) -> str:
         """x @ W for W held in its file's blocks: MatMulNBits over q, scales (and zero points),
-        plus, for blocks with a minimum, x's block sums times the minima [K / block, N]."""
+        plus, for blocks with a minimum, x's block sums times the centre term [K / block, N]
+        (`PackedMatrix.centred`: the zero point at the middle of q's range)."""
         if w.transposed:
             raise ValueError(f"{name}: a transposed packed matrix is an embedding table")
+        w = w.centred()
         ins = [x, *self._packed_tensors(name, w)]
         y = self.op1(
             "MatMulNBits",
@@ -319,6 +323,7 @@ class GraphBuilder:
         query_seqlens: str | None,
         window: int | None = None,
         tree: tuple[str, str] | None = None,
+        pad: tuple[str, str] | None = None,
     ) -> str:
         """GroupQueryAttention over a packed QKV projection (or separate q, k, v), KV written
         in place; `window`: a query sees itself and the window - 1 positions before it.
@@ -328,10 +333,14 @@ class GraphBuilder:
         batch of verify rounds runs at full width in one call (without it onnxruntime
         refuses batch > 1 with more than one new position after a past). None: graphs for
         onnxruntime < 1.32, whose attention has no such input. `tree`: (position_ids,
-        attention_bias) of export/tree.py (rotary at those positions, the bias added)."""
+        attention_bias) of export/tree.py (rotary at those positions, the bias added). `pad`:
+        export/positions.py `lone_row_pad`'s (pads, sequence length), with seqlens_k,
+        total_len and query_seqlens already counting the pad."""
         past_k = self.add_input(f"past_key.{layer}", self.onnx_dtype, kv_shape(shape))
         past_v = self.add_input(f"past_value.{layer}", self.onnx_dtype, kv_shape(shape))
         q_k_v = [qkv, "", ""] if isinstance(qkv, str) else list(qkv)
+        if pad is not None:
+            q_k_v = [self.op1("Pad", [t, pad[0]], mode="edge") if t else t for t in q_k_v]
         ins = [*q_k_v, past_k, past_v, seqlens_k, total_len]
         attrs = {"num_heads": shape.num_heads, "kv_num_heads": shape.num_kv_heads}
         ins += list(rotary) if rotary is not None else ["", ""]
@@ -350,39 +359,23 @@ class GraphBuilder:
         out, pk, pv = self.op("GroupQueryAttention", ins, 3, MS_DOMAIN, **attrs)
         for src, dst in ((pk, f"present_key.{layer}"), (pv, f"present_value.{layer}")):
             self.add_output(src, dst, self.onnx_dtype, kv_shape(shape))
+        if pad is not None:
+            zero, axis = self.const(np.array([0])), self.const(np.array([1]))
+            out = self.op1("Slice", [out, zero, pad[1], axis])
         return out
 
     def rotary_cache(
         self, cos: np.ndarray, sin: np.ndarray, name: str = "rotary"
     ) -> tuple[str, str]:
         """cos/sin tables [max_positions, rotary_dim / 2] shared by the layers that use them
-        (rotary_dim < head_dim: only the first rotary_dim dims of each head rotate)."""
+        (rotary_dim < head_dim: only the first rotary_dim dims of each head rotate). With
+        `pad_lone_rows` a row more (the last one's copy): a one-position call at the last
+        position pads its attention one past it."""
+        if self.pad_lone_rows:
+            cos, sin = np.concatenate([cos, cos[-1:]]), np.concatenate([sin, sin[-1:]])
         return self.weight(f"{name}.cos", cos), self.weight(f"{name}.sin", sin)
 
-    def last_positions(self, hidden: str, keep: str) -> str:
-        """hidden[:, -keep:] (keep = 0 gives an empty slice: no LM head work)."""
-        seq = self.op1("Gather", [self.op1("Shape", [hidden]), self.const(np.array(1))], axis=0)
-        start = self.op1("Sub", [seq, keep])
-        starts = self.op1("Unsqueeze", [start, self.const(np.array([0]))])
-        return self.op1(
-            "Slice", [hidden, starts, self.const(np.array([2**62])), self.const(np.array([1]))]
-        )
 
-    def positions(self, seqlens_k: str, query_seqlens: str | None, input_ids: str) -> str:
-        """Absolute positions [B, S] of the new tokens: seqlens_k + 1 - Q + arange(S), Q the
-        row's valid positions (query_seqlens; padding rows run past them, unread), or S
-        where the graph has no query_seqlens."""
-        seq = self.op1("Gather", [self.op1("Shape", [input_ids]), self.const(np.array(1))], axis=0)
-        steps = self.op1("Range", [self.const(np.array(0)), seq, self.const(np.array(1))])
-        valid = (
-            seq
-            if query_seqlens is None
-            else self.op1("Cast", [query_seqlens], to=TensorProto.INT64)
-        )
-        first = self.op1("Sub", [self.op1("Cast", [seqlens_k], to=TensorProto.INT64), valid])
-        first = self.op1("Add", [first, self.const(np.array(1))])
-        first = self.op1("Unsqueeze", [first, self.const(np.array([1]))])
-        return self.op1("Add", [first, steps])
 
 
 def kv_shape(shape: AttentionShape) -> list[int | str]:

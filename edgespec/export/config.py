@@ -116,14 +116,19 @@ class ExportConfig:
         self.draft_quant = self.quant if self.draft_quantize is None else self._draft_quant()
 
     def step_width(self, blocks: bool = False) -> int:
-        """The bundle's `step_width` (runtime/stack.py): 2 where the target's activations are
-        quantized — QDQ, or MatMulNBits (weight-only `quantize`, or a GGUF's `blocks` when
-        `blocks` were kept) at an accuracy level >= 2 — else 1."""
+        """The bundle's `step_width` (runtime/stack.py): 1 where a row's logits do not depend
+        on its call's width (tests/test_batch_invariance.py), else 2 (even-width calls, whose
+        rows agree whatever the width). MatMulNBits with int8 activations (accuracy level >= 2)
+        quantizes them per row and block, and with blocks of 32 or 16 (every GGUF block
+        format held, `--block-size 32`) a lone row takes the same path as a wide call's rows;
+        with larger blocks (the int8 / int4 default of 128) onnxruntime's one-row kernel
+        rounds differently. Attention pads a one-position call (export/positions.py `lone_row_pad`).
+        QDQ graphs quantize activations per tensor: 2. `blocks`: a GGUF's blocks were kept."""
         q = self.quant
         if q is not None and q.method == "qdq-int8":
             return 2
-        nbits = q is not None or blocks
-        return 2 if nbits and self.accuracy_level >= 2 else 1
+        wide_blocks = q is not None and q.block_size is not None and q.block_size > 32
+        return 2 if wide_blocks and self.accuracy_level >= 2 else 1
 
     def _quant(self, method: str | None) -> QuantConfig | None:
         if method is None:

@@ -28,6 +28,7 @@ from onnx import TensorProto
 from edgespec.bundle import GraphInfo, TensorSpec
 from edgespec.export.builder import AttentionShape, GraphBuilder, io_specs
 from edgespec.export.gguf_blocks import PackedMatrix
+from edgespec.export.positions import last_positions, lone_row_pad, positions
 from edgespec.export.tree import tree_inputs, window_bias
 
 
@@ -141,12 +142,18 @@ def build_graph(w: DecoderWeights, role: str, gb: GraphBuilder) -> None:
     else:
         ids = gb.add_input("input_ids", TensorProto.INT64, ["batch", "sequence"])
     tree = tree_inputs(gb, total) if gb.tree else None
+    # attention's seqlens and total length, counting a one-position call's pad row
+    att_seqlens, att_total, att_query, pad = seqlens, total, query, None
+    if gb.pad_lone_rows and tree is None:
+        att_seqlens, att_total, att_query, pad = lone_row_pad(gb,
+            x if kind == "tail" else ids, seqlens, total, query
+        )
     if kind != "tail":
         x = gb.embedding(ids, f"{p}embed", w.embed)
         if w.embed_scale != 1.0:
             x = gb.op1("Mul", [x, gb.const(np.array(w.embed_scale, gb.dtype))])
         if w.pos_embed is not None:
-            at = tree[0] if tree is not None else gb.positions(seqlens, query, ids)
+            at = tree[0] if tree is not None else positions(gb, seqlens, query, ids)
             pos = gb.op1("Gather", [gb.weight(f"{p}pos_embed.weight", w.pos_embed), at])
             x = gb.op1("Add", [x, pos])
     tables = {"global": w.rotary, "local": w.rotary_local}
@@ -177,12 +184,13 @@ def build_graph(w: DecoderWeights, role: str, gb: GraphBuilder) -> None:
             _qk_norms(gb, qkv, name, lw, w.attn),
             i,
             w.attn,
-            seqlens,
-            total,
+            att_seqlens,
+            att_total,
             rotary.get(lw.rope) if lw.rope is not None else None,
-            query,
+            att_query,
             window=window,
             tree=layer_tree,
+            pad=pad,
         )
         a = gb.linear(a, f"{name}.o", lw.o_w, lw.o_b)
         if lw.post_attn_norm is not None:
@@ -200,7 +208,7 @@ def build_graph(w: DecoderWeights, role: str, gb: GraphBuilder) -> None:
         hidden = gb.op1("Add", [x, delta]) if delta is not None else x
         gb.add_output(hidden, "hidden", dt, ["batch", "sequence", w.embed.shape[1]])
         x, delta = hidden, None
-    x = gb.last_positions(x, keep)
+    x = last_positions(gb, x, keep)
     adapter = w.exit_adapters.get(last) if kind == "head" else None
     if adapter is not None:
         name = f"{p}exit_adapter.{last}"
@@ -210,7 +218,7 @@ def build_graph(w: DecoderWeights, role: str, gb: GraphBuilder) -> None:
     if delta is None:
         h = _norm(gb, x, f"{p}final_norm", w.final_norm)
     else:
-        h, _ = _skip_norm(gb, gb.last_positions(delta, keep), x, f"{p}final_norm", w.final_norm)
+        h, _ = _skip_norm(gb, last_positions(gb, delta, keep), x, f"{p}final_norm", w.final_norm)
     logits = _lm_head(gb, h, w)
     if dt != TensorProto.FLOAT:
         logits = gb.op1("Cast", [logits], to=TensorProto.FLOAT)

@@ -95,6 +95,9 @@ class GraphSink:
                     matmul_head=True,
                     query_seqlens=self.batched,
                     tree=tree,
+                    # QDQ's activation scales are per tensor: its calls pad to even widths
+                    # (step_width 2), and its shape inference cannot size a data-driven Pad
+                    pad_lone_rows=False,
                 )
                 build_graph(weights, role, gb)
                 scratch.close()

@@ -24,6 +24,16 @@ import onnxruntime as ort
 
 Device = tuple[str, int]  # onnxruntime's device type ("cuda", ...) and its index
 
+# positions past a call's last one that a graph may write: an exported graph runs a one-position
+# call's attention as two (export/positions.py `lone_row_pad`), whose copy's keys and values land
+# there and are overwritten by the next call
+PAD_ROOM = 1
+
+
+def room(step_width: int) -> int:
+    """Positions a cache holds past its capacity: a step-width pad's or the lone-row pad's."""
+    return max(step_width - 1, PAD_ROOM)
+
 
 @dataclass
 class KVCache:
@@ -150,7 +160,7 @@ class KVPool:
         step_width: int = 1,
     ) -> KVPool:
         # np.zeros maps untouched pages lazily: memory grows with the positions used
-        shape = (max_sessions, kv_heads, context + step_width - 1, head_dim)
+        shape = (max_sessions, kv_heads, context + room(step_width), head_dim)
         keys = [np.zeros(shape, dtype) for _ in layers]
         values = [np.zeros(shape, dtype) for _ in layers]
         lengths, free = np.zeros(max_sessions, np.int64), list(range(max_sessions))
@@ -173,8 +183,8 @@ class KVPool:
 
     @property
     def capacity(self) -> int:
-        """The positions a row holds (its buffer has `step_width - 1` more, for pads)."""
-        return self.keys[0].shape[2] - self.step_width + 1
+        """The positions a row holds (its buffer has `room(step_width)` more, for pads)."""
+        return self.keys[0].shape[2] - room(self.step_width)
 
     def acquire(self) -> int | None:
         if not self.free:

@@ -7,15 +7,16 @@ holds every layer the stages own. The target, the draft model, the split client'
 drafter and the server's per-session rows all run through `run_stages`, the one place where
 ids go into the first stage and hidden states into the next.
 
-`step_width` 2 (the manifest's, for graphs whose activations are quantized): every call runs
-an even number of positions and keeps an even number of logits rows. onnxruntime's kernels
-take another path for a lone row — a one-position call, or the last row of an odd-width call
-(attention, float GEMM, MatMulNBits' row pairs: rounding-level differences) — and int8
-activation rounding magnifies such a difference into logits that differ by whole units, so a
-one-token step and a verify round of the same tokens would disagree. Rows of even-width
-calls come out bitwise the same whatever the width (measured on SmolLM2 Q4_1 blocks and int8
-/ int4 exports, widths 2-16), so an odd call runs with a copy of its last input after it,
-whose keys and values land past the cache's length and are overwritten later (`pad_call`).
+`step_width` (the manifest's): a row's logits must not depend on how many positions share its
+call, or a one-token step and a verify round of the same tokens would disagree once int8
+activation rounding magnifies a rounding-level difference into whole logits. Bundles of
+`step_width` 1 are built so (export/config.py: MatMulNBits blocks of 32 or 16, attention that
+pads a one-position call itself, tests/test_batch_invariance.py). Bundles of `step_width` 2
+(wider MatMulNBits blocks, QDQ graphs, bundles from before the lone-row pad) take another
+kernel path for a lone row, so every call runs an even number of positions and keeps an even
+number of logits rows: an odd call runs with a copy of its last input after it, whose keys and
+values land past the cache's length and are overwritten later (`pad_call`). Every cache keeps
+`kv_cache.room(step_width)` positions past its capacity for such copies.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import TypeVar
 import numpy as np
 
 from edgespec.runtime.graph_protocol import Graph
-from edgespec.runtime.kv_cache import KVCache
+from edgespec.runtime.kv_cache import KVCache, room
 from edgespec.runtime.tree_verify import TreeGraph
 
 G = TypeVar("G", bound=Graph)
@@ -106,7 +107,7 @@ class Stack:
 
     def reset(self, capacity: int) -> None:
         """An empty cache with room for `capacity` positions (buffers reused when big enough)."""
-        capacity = self.fixed_capacity or capacity + self.step_width - 1  # room for a pad
+        capacity = self.fixed_capacity or capacity + room(self.step_width)  # room for a pad
         if self.stages[0].holds_kv:  # Core ML: KV in the model's state
             self.cache = KVCache([], [], [])  # only the length is kept here
             return
@@ -133,11 +134,11 @@ class Stack:
             return 0
         keep = min(keep, self.cache.length)
         self.cache.truncate(keep)
-        capacity = self.fixed_capacity or capacity + self.step_width - 1
+        capacity = self.fixed_capacity or capacity + room(self.step_width)
         if not self.stages[0].holds_kv and self.cache.capacity < capacity:
             # grow geometrically: a conversation gains a turn at a time
-            room = min(max(capacity, 2 * self.cache.capacity), self.max_positions)
-            self.cache = self.cache.grown(max(room, capacity))
+            grow = min(max(capacity, 2 * self.cache.capacity), self.max_positions)
+            self.cache = self.cache.grown(max(grow, capacity))
         return keep
 
     def forward(self, ids: np.ndarray, keep: int = 1) -> np.ndarray:

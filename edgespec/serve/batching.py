@@ -30,7 +30,11 @@ are overwritten later), so each row's logits are bitwise those of the device's o
 calls. Together, the unit is the row, not the batch: an unpadded one-position row in a
 batch of even width S still gave other logits than the device's step (measured on Q4_1
 blocks), while rows padded each to an even width give bitwise the rows alone
-(tests/test_quantized_server_steps.py).
+(tests/test_quantized_server_steps.py). On a pool of `step_width` 1 the same holds for lone
+rows: a one-position row in a wider batch takes GroupQueryAttention's lone-row path (its
+`query_seqlens` is 1), which a one-position call alone never takes (the graph pads its
+attention: export/positions.py `lone_row_pad`); so a batched row is at least two wide
+(`row_width`), its copy's keys and values in the pool's room.
 """
 
 from __future__ import annotations
@@ -77,16 +81,22 @@ def plan(widths: list[int]) -> int:
     return best
 
 
+def row_width(n: int, step: int) -> int:
+    """The positions a row of `n` new ids runs in a batched forward: a multiple of the pool's
+    step width, and at least two (see the module doc)."""
+    return max(n + (-n) % step, 2)
+
+
 def forward_rounds(
     stages: list[GraphSession], pool: KVPool, work: list[tuple[int, np.ndarray]]
 ) -> tuple[list[np.ndarray], list[list[int]]]:
     """Logits [len(ids), vocab] per (slot, ids) in `work` (distinct slots), the ids appended
     to their rows (lengths advanced); also the slots each forward served."""
     step = pool.step_width
-    widths = [len(ids) + (-len(ids)) % step for _, ids in work]
+    widths = [row_width(len(ids), step) for _, ids in work]
     width = plan(widths) if batchable(stages) else 0
     # the kernel needs room for the whole padded chunk after each row's length
-    room = pool.capacity + step - 1
+    room = pool.keys[0].shape[2]
     together = [
         (slot, ids)
         for (slot, ids), w in zip(work, widths, strict=True)
@@ -129,11 +139,11 @@ def forward_batch(
     slots = [slot for slot, _ in work]
     lo, hi = min(slots), max(slots) + 1
     step = pool.step_width
-    width = max(len(ids) + (-len(ids)) % step for _, ids in work)
+    width = max(row_width(len(ids), step) for _, ids in work)
     tokens = np.full((hi - lo, width), DUMMY_TOKEN, np.int64)
     widths = np.zeros(hi - lo, np.int32)
     for slot, ids in work:
-        padded = len(ids) + (-len(ids)) % step  # copies of the last id (see the docstring)
+        padded = row_width(len(ids), step)  # copies of the last id (see the docstring)
         tokens[slot - lo, :padded] = ids[-1]
         tokens[slot - lo, : len(ids)] = ids
         widths[slot - lo] = padded

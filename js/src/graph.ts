@@ -14,7 +14,12 @@ import type { GraphInfo, ModelInfo } from "./bundle.js";
 export type Ort = typeof ortTypes;
 type Tensor = ortTypes.Tensor;
 
-/** KV buffers [1, kv_heads, capacity, head_dim] per layer, plus one length (`kv_cache.py`). */
+/** Positions a buffer holds past the cache's capacity: an exported graph runs a one-position
+ * call's attention as two, whose copy's keys and values land there (`kv_cache.py` PAD_ROOM). */
+export const PAD_ROOM = 1;
+
+/** KV buffers [1, kv_heads, capacity + PAD_ROOM, head_dim] per layer, plus one length
+ * (`kv_cache.py`). */
 export class KVCache {
   length = 0;
   constructor(
@@ -22,12 +27,17 @@ export class KVCache {
     readonly capacity: number,
   ) {}
 
+  /** Positions per head in a buffer (its capacity and the pad's room). */
+  get stride(): number {
+    return this.capacity + PAD_ROOM;
+  }
+
   static allocate(ort: Ort, layers: number[], m: ModelInfo, capacity: number): KVCache {
     const buffers = new Map<string, Tensor>();
-    const dims = [1, m.num_kv_heads, capacity, m.head_dim];
+    const dims = [1, m.num_kv_heads, capacity + PAD_ROOM, m.head_dim];
     for (const i of layers) {
       for (const kind of ["key", "value"]) {
-        const data = new Float32Array(m.num_kv_heads * capacity * m.head_dim);
+        const data = new Float32Array(m.num_kv_heads * (capacity + PAD_ROOM) * m.head_dim);
         buffers.set(`${kind}.${i}`, new ort.Tensor("float32", data, dims));
       }
     }
@@ -41,7 +51,7 @@ export class KVCache {
     for (const [name, src] of this.buffers) {
       const a = src.data as Float32Array, b = out.buffers.get(name)!.data as Float32Array;
       for (let h = 0; h < m.num_kv_heads; h++) {
-        b.set(a.subarray(h * this.capacity * row, (h * this.capacity + this.length) * row), h * capacity * row);
+        b.set(a.subarray(h * this.stride * row, (h * this.stride + this.length) * row), h * out.stride * row);
       }
     }
     out.length = this.length;
@@ -151,7 +161,7 @@ export class GraphSession {
     for (const i of this.graph.kv_layers) {
       for (const kind of ["key", "value"]) {
         const buffer = cache.buffers.get(`${kind}.${i}`)!;
-        feeds[`past_${kind}.${i}`] = exact ? this.positions(buffer, cache.capacity, past) : buffer;
+        feeds[`past_${kind}.${i}`] = exact ? this.positions(buffer, cache.stride, past) : buffer;
         fetches[`present_${kind}.${i}`] = bound ? buffer : null; // bound: the same memory, written in place
       }
     }
@@ -166,10 +176,12 @@ export class GraphSession {
       for (const i of this.graph.kv_layers) {
         for (const kind of ["key", "value"]) {
           const present = out[`present_${kind}.${i}`];
-          if (present.dims[2] !== total) {
-            throw new Error(`present_${kind}.${i} came back with ${present.dims[2]} positions, not ${total}`);
+          // total, or total + 1 where the graph padded a one-position call (PAD_ROOM)
+          const held = present.dims[2];
+          if (held !== total && held !== total + PAD_ROOM) {
+            throw new Error(`present_${kind}.${i} came back with ${held} positions, not ${total}`);
           }
-          this.store(present.data as Float32Array, total, cache.buffers.get(`${kind}.${i}`)!, cache.capacity);
+          this.store(present.data as Float32Array, held, Math.min(held, cache.stride), cache.buffers.get(`${kind}.${i}`)!, cache.stride);
         }
       }
     } else if (!bound) {
@@ -178,8 +190,8 @@ export class GraphSession {
       for (const i of this.graph.kv_layers) {
         for (const kind of ["key", "value"]) {
           const present = out[`present_${kind}.${i}`];
-          if (present.dims[2] !== cache.capacity) {
-            throw new Error(`present_${kind}.${i} came back with ${present.dims[2]} positions, not the cache's ${cache.capacity}`);
+          if (present.dims[2] !== cache.stride) {
+            throw new Error(`present_${kind}.${i} came back with ${present.dims[2]} positions, not the cache's ${cache.stride}`);
           }
           cache.buffers.set(`${kind}.${i}`, present);
         }
@@ -238,10 +250,11 @@ export class GraphSession {
     return new this.ort.Tensor("float32", data, [1, m.num_kv_heads, n, row]);
   }
 
-  /** [1, heads, n, dim] positions written into the front of a capacity buffer. */
-  private store(data: Float32Array, n: number, buffer: Tensor, capacity: number): void {
+  /** The first `n` of [1, heads, held, dim] positions written into the front of a buffer of
+   * `stride` positions per head. */
+  private store(data: Float32Array, held: number, n: number, buffer: Tensor, stride: number): void {
     const row = this.model.head_dim, dst = buffer.data as Float32Array;
-    for (let h = 0; h < this.model.num_kv_heads; h++) dst.set(data.subarray(h * n * row, (h + 1) * n * row), h * capacity * row);
+    for (let h = 0; h < this.model.num_kv_heads; h++) dst.set(data.subarray(h * held * row, (h * held + n) * row), h * stride * row);
   }
 }
 
