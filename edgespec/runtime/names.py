@@ -225,13 +225,10 @@ def _auto(arg: str, c: PolicyContext) -> DraftLengthPolicy:
 
 
 def _dynamic_exit(arg: str, c: PolicyContext) -> DraftLengthPolicy:
-    from edgespec.runtime.estimates import CostModel
     from edgespec.runtime.policies import DynamicExit
 
     _bare("dynamic-exit", arg)
-    policy = DynamicExit(sorted(c.exits))
-    policy.costs = {k: CostModel(priors=c.priors) for k in policy.exits}
-    return policy
+    return DynamicExit(sorted(c.exits), priors=c.priors)
 
 
 def _channel_aware(arg: str, c: PolicyContext) -> DraftLengthPolicy:

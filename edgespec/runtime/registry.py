@@ -101,12 +101,9 @@ class _Builder:
         self.graphs, self.config = graphs, config
         self.manifest = graphs.manifest
         self.exits = self.manifest.exit_layers
-        self.opened: dict[str, Graph] = {}
 
     def open(self, role: str) -> Graph:
-        if role not in self.opened:
-            self.opened[role] = self.graphs.open(role)
-        return self.opened[role]
+        return self.graphs.open(role)  # one session per role (`BundleGraphs.open`)
 
     def drafter_spec(self) -> str:
         """The drafter's name with every bare "exit" made exit:K at the default exit."""

@@ -109,10 +109,6 @@ class Shape:
     tokens: float  # expected tokens of the round (accepted drafts + the target's one)
     rate: float  # expected tokens per second
 
-    @property
-    def is_tree(self) -> bool:
-        return self.nodes > self.depth
-
 
 def best_shapes(
     p: list[list[float]], cost: Any, max_nodes: int, side_discount: float = 0.0
