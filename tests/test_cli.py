@@ -100,6 +100,61 @@ def test_bad_policy_is_one_error_line(spec_bundles):
     assert r.exit_code == 1 and "is not one of: fixed:N" in r.output
 
 
+def test_an_unknown_drafter_is_one_error_line_naming_every_drafter(spec_bundles):
+    from edgespec.runtime.names import DRAFTER_NAMES
+
+    for bad in ("nonsense", "lookup+nonsense", "draft:2"):
+        args = ["generate", str(spec_bundles["qwen2"]), "-p", "x", "--drafter", bad]
+        r = CliRunner().invoke(main, args)
+        assert r.exit_code == 1 and "Traceback" not in r.output, (bad, r.output)
+        assert f"drafter {bad.split('+')[-1]!r} is not one of: " in r.output, r.output
+        assert all(d.spelling in r.output for d in DRAFTER_NAMES.values()), r.output
+        assert "a chain such as lookup+draft" in r.output
+
+
+def _help(*command: str) -> str:
+    r = CliRunner().invoke(main, [*command, "--help"], terminal_width=200)
+    assert r.exit_code == 0, r.output
+    return " ".join(r.output.split())  # one line: click wraps at any space
+
+
+def test_decoding_help_names_every_drafter_policy_and_mode_from_the_tables():
+    from edgespec.runtime.modes import MODES
+    from edgespec.runtime.names import DRAFTER_NAMES, POLICY_NAMES
+
+    for command in ("generate", "chat"):
+        text = _help(command)
+        for d in DRAFTER_NAMES.values():
+            assert f"{d.spelling} ({d.help})" in text, (command, d.spelling)
+        for p in POLICY_NAMES.values():
+            assert p.spelling in text, (command, p.spelling)
+        for name, m in MODES.items():
+            assert f"{name} ({m.help})" in text, (command, name)
+        # each default shown by click, from the modes' table
+        assert "[default: (auto (ar fixed:0, split placement))]" in text
+        assert "[default: (the mode's: ar none, spec draft, self-spec exit:K" in text
+        assert "[default: off]" in text  # --trees
+    serve = _help("serve")  # the OpenAI endpoints: local modes and policies only
+    assert "channel-aware" not in serve and "placement" not in serve
+    assert "[default: (auto (ar fixed:0))]" in serve and "split (" not in serve
+
+
+def test_a_drafter_added_to_the_table_is_in_the_help():
+    from dataclasses import replace
+
+    from edgespec.cli.common import drafter_help
+    from edgespec.runtime import names
+
+    row = replace(names.DRAFTER_NAMES["draft"], spelling="feature", help="a feature head")
+    table = {**names.DRAFTER_NAMES, "feature": row}
+    original, names.DRAFTER_NAMES = names.DRAFTER_NAMES, table
+    try:
+        assert "feature (a feature head)" in drafter_help()
+        assert names.drafter_name("feature") is row
+    finally:
+        names.DRAFTER_NAMES = original
+
+
 def test_calibrate_stores_round_costs_that_seed_the_auto_policy(spec_bundles, tmp_path):
     import json
     import shutil

@@ -82,6 +82,18 @@ def test_dynamic_exit_settles_on_the_exit_with_the_best_rate():
     assert chosen.count(4) >= 19  # one probe of the other exit at most
 
 
+def test_dynamic_exit_prices_every_exit_with_the_priors_it_is_given():
+    from dataclasses import replace
+
+    from edgespec.runtime.estimates import PRIORS
+
+    priors = replace(PRIORS, probe_gap=PRIORS.probe_gap + 1)
+    p = make_policy("dynamic-exit", [4, 2], priors=priors)
+    assert isinstance(p, DynamicExit) and p.exits == [2, 4]
+    assert all(c.priors is priors for c in p.costs.values())
+    assert all(c.priors is PRIORS for c in DynamicExit([2]).costs.values())
+
+
 def test_policy_strings():
     assert make_policy("fixed:3").plan().length == 3
     assert make_policy("confidence:0.5").plan().keep_drafting(0.6)

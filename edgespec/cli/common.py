@@ -117,11 +117,65 @@ class ExportProgress:
             self.bar = None
 
 
+def mode_help(modes: list[str]) -> str:
+    """`modes` with what each drafts with (`modes.MODES`)."""
+    from edgespec.runtime.modes import MODES
+
+    return ", ".join(f"{m} ({MODES[m].help})" for m in modes) + "."
+
+
+def drafter_help() -> str:
+    """--drafter's help: every name of `names.DRAFTER_NAMES` with its help."""
+    from edgespec.runtime.names import DRAFTER_NAMES
+
+    names = ", ".join(f"{d.spelling} ({d.help})" for d in DRAFTER_NAMES.values())
+    return (
+        f"What drafts: {names}; or a chain, as lookup+draft (prompt lookup first, the draft "
+        "model where it finds nothing)."
+    )
+
+
+def drafter_default() -> str:
+    """Each mode's drafter (`modes.MODES`), as --drafter's default."""
+    from edgespec.runtime.modes import MODES
+
+    spelled = {"exit": "exit:K", "": "the best the bundle has"}
+    own = [m for m, d in MODES.items() if d.drafter == m]
+    other = [f"{m} {spelled.get(d.drafter, d.drafter)}" for m, d in MODES.items() if m not in own]
+    return f"the mode's: {', '.join(other)}; {', '.join(own)} their own"
+
+
+def policy_help(split: bool = True) -> str:
+    """--draft-policy's help: every name of `names.POLICY_NAMES` (`split`: the split-only ones
+    too, marked)."""
+    from edgespec.runtime.names import POLICY_NAMES
+
+    names = [
+        p.spelling + (" (split mode)" if p.split_only else "")
+        for p in POLICY_NAMES.values()
+        if split or not p.split_only
+    ]
+    return "Draft length per round: " + ", ".join(names) + "."
+
+
+def policy_default(modes: list[str] | None = None) -> str:
+    """The modes' policies (`modes.MODES`), as --draft-policy's default: the most common one,
+    then the modes that differ."""
+    from edgespec.runtime.modes import MODES
+
+    chosen = {m: MODES[m].policy for m in modes or MODES}
+    common = max(set(chosen.values()), key=list(chosen.values()).count)
+    others = [f"{m} {p}" for m, p in chosen.items() if p != common]
+    return common + (f" ({', '.join(others)})" if others else "")
+
+
 def decoding_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """The flags that choose how a bundle decodes (`generate`, `chat`): device, threads, mode,
     drafter, verifier, policy, split's server and token, the draft support when sampling,
-    static / Core ML graphs."""
+    static / Core ML graphs. Names, their help and defaults come from the runtime's tables
+    (`modes.MODES`, `names`)."""
     from edgespec.runtime.modes import MODES
+    from edgespec.runtime.names import TREE_MODES
 
     options = [
         click.option(
@@ -131,30 +185,30 @@ def decoding_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             help="A device profile (`edgespec devices`: cpu, cuda, dml, openvino, ...) or auto.",
         ),
         click.option(
-            "--threads", default=None, type=int, help="Intra-op threads (default: all cores)."
+            "--threads",
+            default=None,
+            type=int,
+            show_default="all cores",
+            help="Intra-op threads.",
         ),
         click.option(
             "--mode",
             type=click.Choice(MODES),
             default=None,
-            help="ar, spec (draft model), self-spec (early exit), lookup (prompt lookup), "
-            "suffix (SuffixDecoding), recycle (Token Recycling), split (draft here, verify on "
-            "--server). Default: the mode this bundle's "
-            "calibration here favours (`edgespec bench B --calibrate`), else its draft model, "
-            "else prompt lookup.",
+            show_default="the mode this bundle's calibration here favours (`edgespec bench B "
+            "--calibrate`), else spec with its draft model, else lookup",
+            help=mode_help(list(MODES)),
         ),
         click.option(
-            "--draft-policy",
-            default=None,
-            help="fixed:N | confidence:T | acceptance | auto | dynamic-exit (default auto).",
+            "--draft-policy", default=None, show_default=policy_default(), help=policy_help()
         ),
         click.option("--exit-layer", default=None, type=int, help="Exit layer for self-spec."),
         click.option(
-            "--drafter",
-            default=None,
-            help="draft | exit:K | lookup, or a chain such as lookup+draft (default: the mode's).",
+            "--drafter", default=None, show_default=drafter_default(), help=drafter_help()
         ),
-        click.option("--verifier", default=None, help="full | exit:K (local modes; default full)."),
+        click.option(
+            "--verifier", default=None, show_default="full", help="full | exit:K (local modes)."
+        ),
         click.option("--server", default=None, help="split: the verifier server, ws://HOST:PORT."),
         click.option(
             "--token-file", default=None, type=click.Path(), help="split: bearer token file."
@@ -181,14 +235,15 @@ def decoding_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         ),
         click.option(
             "--trees",
-            type=click.Choice(["auto", "on", "off"]),
+            type=click.Choice(TREE_MODES),
             default="off",
+            show_default=True,
             help="Token trees with lookup/suffix/recycle, or the draft model's and early "
             "exits' dynamic trees (spec, self-spec), on a bundle exported with --tree-verify: "
             "auto (a tree only where measured costs say it pays; for devices whose verify "
             "cost is flat in width; in split mode, sent to a server that offers trees where "
             "the link's round time per width says they pay), on (a tree every drafting "
-            "round), off [off].",
+            "round), off.",
         ),
         click.option("--static", is_flag=True, help="Run the bundle's fixed-shape (NPU) graphs."),
         click.option(

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import click
 
-from edgespec.cli.common import _friendly, _read_token
+from edgespec.cli.common import _friendly, _read_token, mode_help, policy_default, policy_help
+from edgespec.runtime.modes import MODES
+
+LOCAL_MODES = [m for m in MODES if m != "split"]  # the OpenAI endpoints decode on the server
 
 
 @click.command()
@@ -50,18 +53,18 @@ from edgespec.cli.common import _friendly, _read_token
 @click.option("--device", default="cpu", show_default=True, help="A device profile or auto.")
 @click.option(
     "--mode",
-    type=click.Choice(["ar", "spec", "self-spec", "lookup", "suffix", "recycle"]),
+    type=click.Choice(LOCAL_MODES),
     default=None,
-    help="How the OpenAI endpoints decode (default: the mode this bundle's calibration here "
-    "favours, `edgespec bench B --calibrate`; uncalibrated: spec if it has a draft model, else "
-    "self-spec at an exit whose fitted adapter pays, else lookup; the auto policy speculates "
-    "only while it wins).",
+    show_default="the mode this bundle's calibration here favours (`edgespec bench B "
+    "--calibrate`); uncalibrated: spec if it has a draft model, else self-spec at an exit whose "
+    "fitted adapter pays, else lookup",
+    help="How the OpenAI endpoints decode: " + mode_help(LOCAL_MODES),
 )
 @click.option(
     "--draft-policy",
     default=None,
-    help="OpenAI endpoints: the mode's draft-length policy (fixed:N | confidence:T | "
-    "acceptance | auto | dynamic-exit; default auto).",
+    show_default=policy_default(LOCAL_MODES),
+    help="OpenAI endpoints: the mode's. " + policy_help(split=False),
 )
 @click.option(
     "--conversations",

@@ -24,10 +24,9 @@ from statistics import median
 import numpy as np
 
 from edgespec.runtime.costs import FILE, device_key
-from edgespec.runtime.decode import Ahead, decode, speculative_round
+from edgespec.runtime.decode import Budget, decode, decode_rounds
 from edgespec.runtime.model import Model
 from edgespec.runtime.policies import FixedLength
-from edgespec.runtime.round import Plan
 from edgespec.runtime.sampling import SamplingParams
 
 # the instruct prompts acceptance is measured on: a question, a rewrite, a summary (lookup
@@ -99,12 +98,13 @@ def measure_rounds(model, max_length: int, repeats: int) -> dict:
         verifier, drafter = model.verifier, model.drafter
         verifier.prefill(prompt, capacity, params, rng)
         drafter.begin(prompt, capacity)
+        # the loop from the motif's next token (lookup always has a continuation), never
+        # cut short: every round may draft g
         seq = [*prompt, motif[0]]
-        for i in range(repeats + 1):
-            new, stats, _ = speculative_round(
-                verifier, drafter, Plan(g), seq, Ahead(), g, params, rng
-            )
-            seq += new
+        budget = Budget(capacity - len(prompt), frozenset(), capacity)
+        steps = decode_rounds(verifier, drafter, FixedLength(g), seq, params, rng, budget)
+        for i, step in zip(range(repeats + 1), steps, strict=False):
+            stats = step.stats
             if i == 0:
                 continue  # warm-up
             rounds[g].append(stats.seconds - stats.catchup_seconds)

@@ -246,10 +246,6 @@ class ChannelAware:
         return self._remote_rounds
 
     @property
-    def downlink_bandwidth(self) -> float | None:
-        return None if self.link.a is None else _rate(self.link.b[1])
-
-    @property
     def alpha(self) -> float:
         """Per-token acceptance of a geometric model with the cost model's N(4) (reports)."""
         return self.cost.alpha

@@ -1,7 +1,10 @@
 """The decode loop: prefill once, then draft-verify rounds until a stop, as a generator.
 
-Every mode is this loop. Plain autoregressive decoding is a drafter that proposes nothing
-(γ = 0: one verifier call per token); split decoding is the loop with a remote verifier.
+Every mode is this loop (`decode_rounds`; `decode` prefills, then runs it). Plain
+autoregressive decoding is a drafter that proposes nothing (γ = 0: one verifier call per
+token); split decoding is the loop with a remote verifier; a server's stream
+(`serve.streaming`) runs it on from a session's committed tokens, verifying on the server's
+worker; calibration times its rounds at fixed γ.
 One round (`speculative_round`), in order:
   1. plan     the caller has asked the policy once, for the drafter that will propose (a
               chain's member): γ, exit layer, confidence stop
@@ -81,44 +84,79 @@ def decode(
         cached = min(cached, len(prompt) - 1)
         token, stats = verifier.prefill(prompt, capacity, params, rng, cached, constraint)
         drafter.begin(prompt, capacity, cached, constraint)
-        seq = [*prompt, token]
-        step, produced, ahead, rounds = Step([token], stats), 1, Ahead(), 0
-        while True:
-            step.finish_reason = finish_reason(
-                step.tokens[-1], produced, max_new_tokens, stop_ids, len(seq) - 1, capacity
-            )
-            most = 0 if step.finish_reason else verifier.max_drafts(seq)
-            if most < 0:  # the verifier can go no further (a full server, no local graphs)
-                step.finish_reason = "server_context"
-            yield step
-            if step.finish_reason:
-                return
-            # never draft past the token budget, the cache (verify writes γ + 1 positions)
-            # or what the verifier takes in one round
-            room = min(max_new_tokens - produced - 1, capacity - len(seq))
-            source = drafter.source(seq)
-            forced = constraint.forced(seq, min(room, most)) if constraint else []
-            if forced and forced[-1] in stop_ids:  # the grammar alone ends the output
-                stats = RoundStats("decode", len(forced), 0, 0.0, forced=len(forced))
-                stats.verifier = "none"
-                step = Step(forced, stats)
-                seq += forced
-                produced += len(forced)
-                continue
-            plan = policy.plan(source).capped(min(room, most) - len(forced))
-            new, stats, ahead = speculative_round(
-                verifier, drafter, plan, seq, ahead, room, params, rng, forced, constraint
-            )
-            rounds += 1
-            stats.source, stats.index = source, rounds
-            policy.observe(stats)
-            stats.rtt_estimate, stats.bandwidth_estimate = policy.channel_estimates()
-            new = _cut_at_stop(new, stop_ids)
-            seq += new
-            produced += len(new)
-            step = Step(new, stats)
+        budget = Budget(max_new_tokens, stop_ids, capacity)
+        first = Step([token], stats)
+        parts = (verifier, drafter, policy)
+        yield from decode_rounds(*parts, [*prompt, token], params, rng, budget, constraint, first)
     finally:
         verifier.close()
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Where the loop stops: `max_new` tokens produced (the prefill's first one included), a
+    token in `stop_ids` (kept, and the round's tokens after it dropped), or the sequence
+    filling `capacity` positions of the caches."""
+
+    max_new: int
+    stop_ids: frozenset[int]
+    capacity: int
+
+
+def decode_rounds(
+    verifier: Verifier,
+    drafter: Drafter,
+    policy: DraftLengthPolicy,
+    seq: list[int],
+    params: SamplingParams,
+    rng: np.random.Generator,
+    budget: Budget,
+    constraint: Constraint | None = None,
+    first: Step | None = None,
+) -> Iterator[Step]:
+    """The loop: one Step per round after `seq`, until the budget ends it or the verifier can
+    go no further; the last Step says why (`finish_reason`). The verifier's and the drafter's
+    caches hold seq[:-1] (a prefill, or a server's session that streams on from its committed
+    tokens). `first`: the Step that produced seq's last token (the prefill's), yielded first
+    and counted in the budget. `seq` is not changed: the loop extends its own copy."""
+    seq = list(seq)
+    step, produced, ahead, rounds = first, len(first.tokens) if first else 0, Ahead(), 0
+    stop_ids, capacity = budget.stop_ids, budget.capacity
+    while True:
+        last = step.tokens[-1] if step is not None else None
+        reason = finish_reason(last, produced, budget.max_new, stop_ids, len(seq) - 1, capacity)
+        most = 0 if reason else verifier.max_drafts(seq)
+        if most < 0:  # the verifier can go no further (a full server, no local graphs)
+            reason = "server_context"
+        if step is not None:
+            step.finish_reason = reason
+            yield step
+        if reason:
+            return
+        # never draft past the token budget, the cache (verify writes γ + 1 positions)
+        # or what the verifier takes in one round
+        room = min(budget.max_new - produced - 1, capacity - len(seq))
+        source = drafter.source(seq)
+        forced = constraint.forced(seq, min(room, most)) if constraint else []
+        if forced and forced[-1] in stop_ids:  # the grammar alone ends the output
+            stats = RoundStats("decode", len(forced), 0, 0.0, forced=len(forced))
+            stats.verifier = "none"
+            step = Step(forced, stats)
+            seq += forced
+            produced += len(forced)
+            continue
+        plan = policy.plan(source).capped(min(room, most) - len(forced))
+        new, stats, ahead = speculative_round(
+            verifier, drafter, plan, seq, ahead, room, params, rng, forced, constraint
+        )
+        rounds += 1
+        stats.source, stats.index = source, rounds
+        policy.observe(stats)
+        stats.rtt_estimate, stats.bandwidth_estimate = policy.channel_estimates()
+        new = _cut_at_stop(new, stop_ids)
+        seq += new
+        produced += len(new)
+        step = Step(new, stats)
 
 
 def speculative_round(
@@ -277,9 +315,15 @@ def _cut_at_stop(tokens: list[int], stop_ids: frozenset[int]) -> list[int]:
 
 
 def finish_reason(
-    token: int, produced: int, max_new: int, stop_ids: frozenset[int], length: int, capacity: int
+    token: int | None,
+    produced: int,
+    max_new: int,
+    stop_ids: frozenset[int],
+    length: int,
+    capacity: int,
 ) -> str | None:
-    if token in stop_ids:
+    """Why the loop ends after `token`, the last token produced (None: none yet)."""
+    if token is not None and token in stop_ids:
         return "eos"
     if produced >= max_new:
         return "length"

@@ -10,18 +10,19 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class ModeDefaults:
-    drafter: str  # "exit" = exit:K at the chosen exit layer
+    drafter: str  # "exit" = exit:K at the chosen exit layer; "": the best the bundle has
     policy: str
+    help: str  # what it drafts with, for --mode's help
 
 
 MODES: dict[str, ModeDefaults] = {
-    "ar": ModeDefaults("none", "fixed:0"),
-    "spec": ModeDefaults("draft", "auto"),
-    "self-spec": ModeDefaults("exit", "auto"),
-    "lookup": ModeDefaults("lookup", "auto"),
-    "suffix": ModeDefaults("suffix", "auto"),  # SuffixDecoding (runtime/suffix.py)
-    "recycle": ModeDefaults("recycle", "auto"),  # Token Recycling (runtime/recycling.py)
-    "split": ModeDefaults("", "placement"),  # drafter: the best the bundle has
+    "ar": ModeDefaults("none", "fixed:0", "plain decoding"),
+    "spec": ModeDefaults("draft", "auto", "draft model"),
+    "self-spec": ModeDefaults("exit", "auto", "early exit"),
+    "lookup": ModeDefaults("lookup", "auto", "prompt lookup"),
+    "suffix": ModeDefaults("suffix", "auto", "SuffixDecoding"),  # runtime/suffix.py
+    "recycle": ModeDefaults("recycle", "auto", "Token Recycling"),  # runtime/recycling.py
+    "split": ModeDefaults("", "placement", "draft here, verify on --server"),
 }
 # the drafter a default `spec` runs (a load, the server or a split device choosing for a
 # bundle with a draft model): prompt lookup first, the draft model where lookup finds nothing

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from edgespec.runtime.estimates import MAX_DRAFT, CostModel, Priors
+from edgespec.runtime.estimates import MAX_DRAFT, PRIORS, CostModel, Priors
 from edgespec.runtime.round import Plan
 from edgespec.runtime.stats import RoundStats
 
@@ -190,14 +190,15 @@ class DynamicExit:
     exits: list[int]
     max_length: int = MAX_DRAFT
     probe_every: int = 24
-    costs: dict[int, CostModel] = field(default_factory=dict)
+    priors: Priors = PRIORS  # each exit's cost model's constants
+    costs: dict[int, CostModel] = field(default_factory=dict)  # per exit, built from `priors`
     exit_layer: int = 0
     _round: int = 0
 
     def __post_init__(self) -> None:
         if not self.exits:
             raise ValueError("dynamic-exit needs a bundle with exit layers (--exit-layers)")
-        self.costs = {k: CostModel() for k in self.exits}
+        self.costs = {k: CostModel(priors=self.priors) for k in self.exits}
         self.exit_layer = self.exits[0]
 
     def plan(self, source: str | None = None) -> Plan:

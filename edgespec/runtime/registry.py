@@ -1,13 +1,14 @@
-"""The one name table: every user-facing choice, spelled the same in the Python API, the CLI
-and split mode, mapped to what implements it; conflicting choices are refused here, once.
+"""Resolves a `LoadConfig` against a bundle: the user-facing names (`modes.MODES`, and the
+drafter and policy tables of `names`), spelled the same in the Python API, the CLI and split
+mode, become what implements them; conflicting choices are refused here, once.
 
-  modes      ar | spec | self-spec | lookup | suffix | recycle | split: defaults below
-  drafters   none | draft | exit:K ("exit": the default exit) | lookup | suffix | recycle,
-             and chains joined by "+" (`lookup+draft`: prompt lookup first, the draft
-             model where it finds nothing), in every mode
+  modes      ar | spec | self-spec | lookup | suffix | recycle | split (`modes.MODES`)
+  drafters   `names.DRAFTER_NAMES` ("exit": exit:K at the default exit), and chains joined
+             by "+" (`lookup+draft`: prompt lookup first, the draft model where it finds
+             nothing), in every mode
   verifiers  full | exit:K (head@K then tail@K) on the device; split mode verifies on the
              server (`remote`), falling back to `full` when the link fails
-  policies   fixed:N | confidence:T | acceptance | auto | dynamic-exit | channel-aware[:J]
+  policies   `names.POLICY_NAMES`, parsed by `make_policy`
 
 `build(graphs, config)` turns a `LoadConfig` into a `Decoder`: the (verifier, drafter, policy)
 of one generation loop, naming the local target and split link it holds. Each build has its
@@ -17,45 +18,36 @@ conversation is a second build (`runtime.chat`)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from edgespec.backbone import hello
-from edgespec.runtime.channel_policy import parse_channel_aware
 from edgespec.runtime.config import LoadConfig
 from edgespec.runtime.costs import best_local, calibration_entry, seed_from_calibration
-from edgespec.runtime.drafters import (
-    Chain,
-    EarlyExitDrafter,
-    ModelDrafter,
-    NoDrafter,
-)
+from edgespec.runtime.drafters import Chain, EarlyExitDrafter
 from edgespec.runtime.errors import InputError, SplitError
 from edgespec.runtime.estimates import PRIORS, AcceptanceModel, CostModel, Priors
 from edgespec.runtime.graph_protocol import Graph
 from edgespec.runtime.link import Remote
 from edgespec.runtime.local import LocalVerifier
-from edgespec.runtime.lookup import LookupDrafter
 from edgespec.runtime.modes import DEFAULT_SPEC_DRAFTER, MODES
-from edgespec.runtime.opener import BundleGraphs
-from edgespec.runtime.placement import Placement
-from edgespec.runtime.policies import (
-    Acceptance,
-    Auto,
-    Confidence,
-    DraftLengthPolicy,
-    DynamicExit,
-    FixedLength,
-    PerSource,
+from edgespec.runtime.names import (
+    POLICIES,
+    POLICY_NAMES,
+    SPLIT_ONLY,
+    PolicyContext,
+    drafter_name,
+    exit_layer,
+    is_model_free,
 )
-from edgespec.runtime.recycling import RecycleTable, RecyclingDrafter
+from edgespec.runtime.opener import BundleGraphs
+from edgespec.runtime.policies import Acceptance, Auto, DraftLengthPolicy, DynamicExit, PerSource
 from edgespec.runtime.remote import FallbackVerifier, RemoteVerifier
 from edgespec.runtime.round import Drafter, Verifier
 from edgespec.runtime.split_trees import SplitTrees
 from edgespec.runtime.stack import Stack
-from edgespec.runtime.suffix import SuffixDrafter, SuffixStore
-from edgespec.runtime.tree_draft import AsTree, shared
+from edgespec.runtime.tree_draft import AsTree
 from edgespec.runtime.tree_policy import tree_reasons, with_trees
 
 
@@ -75,86 +67,6 @@ class Decoder:
         return self.split.remote if self.split is not None else None
 
 
-MODEL_FREE = ("lookup", "suffix", "recycle")  # deterministic drafts: q is a point mass
-DRAFTERS = ("none", "draft", "exit:K", "lookup", "suffix", "recycle")
-
-
-@dataclass(frozen=True)
-class PolicyName:
-    """One policy name: its spelling with the argument (help text and errors) and how an
-    argument ("" when none was given) becomes the policy; a ValueError refuses it."""
-
-    spelling: str
-    build: Callable[[str, PolicyContext], DraftLengthPolicy]
-
-
-@dataclass(frozen=True)
-class PolicyContext:
-    """What a policy may need beyond its own argument."""
-
-    exits: list[int]
-    energy_budget: float | None = None
-    device_profile: Mapping[str, object] | None = None
-    priors: Priors = PRIORS
-
-
-def _in_range(value: float, low: float, high: float) -> float:
-    if not low <= value <= high:
-        raise ValueError(f"{value} is outside {low:g}..{high:g}")
-    return value
-
-
-def _bare(name: str, arg: str) -> None:
-    if arg:
-        raise ValueError(f"{name} takes no argument")
-
-
-def _auto(arg: str, c: PolicyContext) -> DraftLengthPolicy:
-    _bare("auto", arg)
-    return Auto(cost=CostModel(priors=c.priors))
-
-
-def _acceptance(arg: str, c: PolicyContext) -> DraftLengthPolicy:
-    _bare("acceptance", arg)
-    return Acceptance(cost=CostModel(priors=c.priors))
-
-
-def _dynamic_exit(arg: str, c: PolicyContext) -> DraftLengthPolicy:
-    _bare("dynamic-exit", arg)
-    policy = DynamicExit(sorted(c.exits))
-    policy.costs = {k: CostModel(priors=c.priors) for k in policy.exits}
-    return policy
-
-
-def _placement(arg: str, c: PolicyContext) -> DraftLengthPolicy:
-    split = parse_channel_aware(arg, c.energy_budget, c.device_profile, c.priors)
-    local = Auto(cost=CostModel(priors=c.priors))
-    return Placement(split, local, split.energy_budget, c.priors)
-
-
-# the one table of draft-length policies: help text, parsing and errors come from here
-POLICY_NAMES: dict[str, PolicyName] = {
-    "fixed": PolicyName(
-        "fixed:N (0..64)", lambda a, c: FixedLength(int(_in_range(int(a or 4), 0, 64)))
-    ),
-    "confidence": PolicyName(
-        "confidence:T (0..1)", lambda a, c: Confidence(_in_range(float(a or 0.4), 0, 1))
-    ),
-    "acceptance": PolicyName("acceptance", _acceptance),
-    "auto": PolicyName("auto", _auto),
-    "dynamic-exit": PolicyName("dynamic-exit", _dynamic_exit),
-    "channel-aware": PolicyName(
-        "channel-aware[:J per token > 0]",
-        lambda a, c: parse_channel_aware(a, c.energy_budget, c.device_profile, c.priors),
-    ),
-    "placement": PolicyName("placement[:J per token > 0]", _placement),
-}
-POLICIES = ", ".join(p.spelling for p in POLICY_NAMES.values())
-# policies whose own messages say more than the table's list (no exit layers; a bad budget)
-_OWN_ERRORS = ("dynamic-exit", "channel-aware", "placement")
-SPLIT_ONLY = ("channel-aware", "placement")  # they price a server's link
-
-
 def make_policy(
     spec: str,
     exits: list[int] | None = None,
@@ -167,30 +79,19 @@ def make_policy(
     `device_profile` may carry its energy model, see `channel_policy.EnergyModel`);
     `priors`: the cost model's constants (benchmarks pass variants)."""
     name, _, arg = spec.partition(":")
-    if energy_budget is not None and name not in SPLIT_ONLY:
+    entry = POLICY_NAMES.get(name)
+    if energy_budget is not None and (entry is None or not entry.split_only):
         raise ValueError(
             f"an energy budget needs the channel-aware policy (or placement), not {spec!r}"
         )
-    entry = POLICY_NAMES.get(name)
     if entry is None:
         raise ValueError(f"draft policy {spec!r} is not one of: {POLICIES}")
     try:
         return entry.build(arg, PolicyContext(exits or [], energy_budget, device_profile, priors))
     except ValueError:
-        if name in _OWN_ERRORS and not (name in SPLIT_ONLY and arg):
+        if entry.own_errors and not (entry.split_only and arg):
             raise
         raise ValueError(f"draft policy {spec!r} is not one of: {POLICIES}") from None
-
-
-def _exit(spec: str, exits: list[int], what: str, check: bool = True) -> int:
-    """K of "exit:K"; `check`: refuse a K the bundle has no exit at (else opening its graph
-    says how to re-export)."""
-    k = spec.partition(":")[2]
-    if not k.isdigit():
-        raise InputError(f"{what} {spec!r}: exit:K needs a layer number K (as in exit:2)")
-    if check and int(k) not in exits:
-        raise InputError(f"{what} {spec!r}: this bundle's exit layers are {exits}")
-    return int(k)
 
 
 class _Builder:
@@ -200,12 +101,9 @@ class _Builder:
         self.graphs, self.config = graphs, config
         self.manifest = graphs.manifest
         self.exits = self.manifest.exit_layers
-        self.opened: dict[str, Graph] = {}
 
     def open(self, role: str) -> Graph:
-        if role not in self.opened:
-            self.opened[role] = self.graphs.open(role)
-        return self.opened[role]
+        return self.graphs.open(role)  # one session per role (`BundleGraphs.open`)
 
     def drafter_spec(self) -> str:
         """The drafter's name with every bare "exit" made exit:K at the default exit."""
@@ -233,36 +131,13 @@ class _Builder:
             if "none" in parts:
                 raise InputError(f"drafter {spec!r}: 'none' cannot be chained")
             return Chain([self.drafter(p, target) for p in parts])
-        if spec == "none":
-            return NoDrafter()
-        if spec == "lookup":
-            return LookupDrafter()
-        if spec == "suffix":  # earlier replies on this bundle: one shared, bounded store
-            return SuffixDrafter(shared(self.graphs, SuffixStore))
-        if spec == "recycle":  # the target's earlier top-k: one shared table
-            return RecyclingDrafter(shared(self.graphs, RecycleTable))
-        if spec == "draft":
-            return ModelDrafter(Stack([self.open("draft")]), self.config.draft_support)
-        if spec.startswith("exit:"):
-            k = _exit(spec, self.exits, "drafter")
-            if target is not None and self.config.mode == "self-spec":
-                # the head drafts into the target's own cache; the tail verifies its states
-                heads = {e: self.open(f"head@{e}") for e in self.exits}
-                tails = {e: self.open(f"tail@{e}") for e in self.exits}
-                support = self.config.draft_support
-                return EarlyExitDrafter(target, heads, tails, k, support)
-            head = Stack([self.open(f"head@{k}")], logits="exit_logits")
-            return ModelDrafter(head, self.config.draft_support)
-        raise InputError(
-            f"drafter {spec!r} is not one of: {', '.join(DRAFTERS)} (or a chain such as "
-            "lookup+draft)"
-        )
+        return drafter_name(spec).build(self, spec, target)
 
     def target(self, spec: str) -> Stack:
         if spec == "full":
             roles = ["full"]
         elif spec.startswith("exit:"):
-            k = _exit(spec, self.exits, "verifier", check=False)
+            k = exit_layer(spec, self.exits, "verifier", check=False)
             roles = [f"head@{k}", f"tail@{k}"]
         else:
             raise InputError(f"verifier {spec!r} is not one of: full, exit:K")
@@ -381,7 +256,7 @@ def _split_verifier(b: _Builder, drafter: str) -> FallbackVerifier:
     if m.variant == "shared-backbone":
         fingerprint = hello(m)  # the server checks its target's lower layers against it
     # sampled drafts carry their q (at most this many ids each), except prompt lookup's
-    q_ids = None if drafter in MODEL_FREE else b.config.draft_support.max_ids(m.target.vocab_size)
+    q_ids = None if is_model_free(drafter) else b.config.draft_support.max_ids(m.target.vocab_size)
     late = {}
     if c.late_after is not None:  # a fixed deadline instead of the adaptive one
         x = c.late_after

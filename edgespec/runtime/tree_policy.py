@@ -40,14 +40,19 @@ from typing import Any
 
 from edgespec.runtime.errors import InputError
 from edgespec.runtime.estimates import PRIORS, CostModel, Priors
+from edgespec.runtime.names import (
+    SPLIT_TREE_DRAFTERS,
+    TREE_DRAFTERS,
+    TREE_MODES,
+    is_model_free,
+    proposes_trees,
+)
 from edgespec.runtime.round import Drafter, Plan
 from edgespec.runtime.stats import RoundStats
 
 MAX_DEPTH = 8  # the deepest spine priced
 MAX_RANK = 4  # candidates per depth priced (rank 0: the spine)
 MAX_NODES = 16  # the largest round priced (chain or tree)
-TREE_MODES = ("auto", "on", "off")
-TREE_DRAFTERS = "lookup, suffix, recycle, draft, exit:K"
 
 
 @dataclass
@@ -103,10 +108,6 @@ class Shape:
     depth: int  # the spine's length
     tokens: float  # expected tokens of the round (accepted drafts + the target's one)
     rate: float  # expected tokens per second
-
-    @property
-    def is_tree(self) -> bool:
-        return self.nodes > self.depth
 
 
 def best_shapes(
@@ -322,11 +323,11 @@ def tree_reasons(config: Any, graphs: Any, spec: str) -> list[str]:
             f"draft policy {config.draft_policy!r} plans chains; drop --draft-policy so the "
             "tree policy sizes each round"
         )
-    if spec not in ("lookup", "suffix", "recycle", "draft") and not spec.startswith("exit:"):
+    if not proposes_trees(spec):
         out.append(f"drafter {spec!r} proposes no trees; use one of {TREE_DRAFTERS}")
-    elif split and spec not in ("lookup", "suffix", "recycle"):
+    elif split and not is_model_free(spec):
         out.append(
-            f"in split mode trees come from lookup, suffix or recycle, not drafter {spec!r} "
+            f"in split mode trees come from {SPLIT_TREE_DRAFTERS}, not drafter {spec!r} "
             "(a model drafter's dynamic trees verify locally)"
         )
     return out

@@ -112,6 +112,12 @@ class PoolVerifier:
         posted = self.worker.post("round", (self.session, msg))
         return Posted(posted, perf_counter(), len(msg.drafts))
 
+    def keep(self, n: int) -> None:
+        """Only the session's first `n` committed tokens remain (its row: their first n - 1
+        positions), on the worker: a stream that ends at a stop id drops the tokens its last
+        round produced after it, as the device does."""
+        self.worker.post("call", (_keep, (self.pool, self.session, n))).result()
+
     def truncate(self, length: int) -> None:
         pass  # the worker truncated the row to the accepted prefix (or rolled a failed round back)
 
@@ -141,3 +147,9 @@ def resume(
         logits = session.constraint.mask_rows(logits[None], prompt, [])[0]
     session.seq = [*prompt, next_token(logits, session.params, session.rng)]
     return kept
+
+
+def _keep(pool: KVPool, session: ServerSession, n: int) -> None:
+    assert session.slot is not None
+    session.seq = session.seq[:n]
+    pool.truncate(session.slot, min(n - 1, int(pool.lengths[session.slot])))

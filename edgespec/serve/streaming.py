@@ -3,12 +3,13 @@
 A device that finds streaming faster than drafting (a lone device on a slow link, a weak
 device) sends STREAM; its session then decodes with the server's best mode for the bundle
 (the OpenAI endpoints' mode: a draft model, early exit or lookup on the server, `auto` γ),
-with the same one decode round (`runtime.decode.speculative_round`) the endpoints use: the
+with the one decode loop (`runtime.decode.decode_rounds`) the endpoints use: the
 drafter runs on a thread of its own and every verify round is posted to the server's worker,
 so streamed rounds share batched forwards with the split sessions' VERIFY rounds and each
 other's. Each round's tokens go out at once as TOKENS; the last is marked FINAL (its `most`
-reached, an end-of-text token, the session's context full, or a STOP from the device, seen
-after the round that runs when it arrives). The session's committed tokens
+reached, an end-of-text token (the round's tokens after it are dropped, as a local
+generation drops them), the session's context full, or a STOP from the device, seen after
+the round that runs when it arrives). The session's committed tokens
 (`ServerSession.seq`) grow with every round exactly as the TOKENS say, so after the FINAL
 one device and server hold the same sequence and VERIFY rounds may follow.
 
@@ -35,7 +36,7 @@ from time import perf_counter
 import numpy as np
 
 from edgespec import protocol as P
-from edgespec.runtime.decode import Ahead, speculative_round
+from edgespec.runtime.decode import Budget, decode_rounds
 from edgespec.runtime.registry import Decoder, build
 from edgespec.serve.pool_verifier import PoolVerifier
 from edgespec.serve.session import ServerSession
@@ -126,39 +127,36 @@ def run_stream(
 ) -> int:
     """Decode after `session.seq` until `most` tokens, an end of text, the session's context,
     `stop` or `streams` busy (shed), sending each round's tokens (`send` returns False when
-    the device is gone). Runs on a thread of its own; every verify is a round on the worker.
-    Returns the tokens streamed."""
-    drafter, policy = decoder.drafter, decoder.policy
+    the device is gone). Runs on a thread of its own; the rounds are the one decode loop's
+    (`runtime.decode.decode_rounds`), every verify a round on the worker. Returns the tokens
+    streamed."""
     params = session.params
     rng = np.random.default_rng(None if params.seed is None else [params.seed, 0x57E4])
     seq = list(session.seq)
-    drafter.begin(seq[:-1], session.capacity)  # a drafter feeds the last token itself
-    ahead, produced = Ahead(), 0
-    while True:
-        t0 = perf_counter()
-        room = max(0, min(most - produced - 1, session.capacity - len(seq)))
-        plan = policy.plan(drafter.source(seq)).capped(room)
-        new, stats, ahead = speculative_round(
-            verifier, drafter, plan, seq, ahead, room, params, rng
-        )
-        policy.observe(stats)
-        seq += new
-        produced += len(new)
-        final = (
-            stop.is_set()
-            or produced >= most
-            or any(t in stop_ids for t in new)
-            or len(seq) >= session.capacity
-        )
-        shed = not final and streams is not None and streams.busy()
-        if seq != session.seq:  # the worker's session moved on its own: never send that
-            raise RuntimeError("a streamed session changed outside its stream")
-        seconds = perf_counter() - t0
-        if streams is not None:
-            streams.observe(len(new), seconds)
-            streams.shed += shed
-        if not send(P.Tokens(new, len(seq), seconds, final, shed)) or final or shed:
-            return produced
+    decoder.drafter.begin(seq[:-1], session.capacity)  # a drafter feeds the last token itself
+    budget = Budget(most, stop_ids, session.capacity)
+    steps = decode_rounds(verifier, decoder.drafter, decoder.policy, seq, params, rng, budget)
+    produced, t0 = 0, perf_counter()
+    try:
+        for step in steps:
+            seq += step.tokens
+            produced += len(step.tokens)
+            if step.finish_reason == "eos" and len(session.seq) > len(seq):
+                verifier.keep(len(seq))  # the round's tokens after its stop id are not sent
+            if seq != session.seq:  # the worker's session moved on its own: never send that
+                raise RuntimeError("a streamed session changed outside its stream")
+            final = step.finish_reason is not None or stop.is_set()
+            shed = not final and streams is not None and streams.busy()
+            seconds = perf_counter() - t0
+            if streams is not None:
+                streams.observe(len(step.tokens), seconds)
+                streams.shed += shed
+            if not send(P.Tokens(step.tokens, len(seq), seconds, final, shed)) or final or shed:
+                return produced
+            t0 = perf_counter()
+    finally:
+        steps.close()
+    raise RuntimeError("the stream ended without a round")  # start_stream checks for room
 
 
 def start_stream(
@@ -187,6 +185,12 @@ def start_stream(
         )
     if msg.most < 1:
         raise P.ProtocolError("STREAM of 0 tokens: ask for at least one", P.BAD_REQUEST)
+    if len(session.seq) - 1 >= session.capacity:
+        raise P.ProtocolError(
+            f"STREAM after {len(session.seq)} tokens: the session's context is full "
+            f"({session.capacity} positions); START a new session to continue",
+            P.BAD_REQUEST,
+        )
     reason = streams.refusal()
     if reason is not None:
         streams.refused += 1
