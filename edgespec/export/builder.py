@@ -371,9 +371,13 @@ class GraphBuilder:
         (rotary_dim < head_dim: only the first rotary_dim dims of each head rotate). With
         `pad_lone_rows` a row more (the last one's copy): a one-position call at the last
         position pads its attention one past it."""
-        if self.pad_lone_rows:
-            cos, sin = np.concatenate([cos, cos[-1:]]), np.concatenate([sin, sin[-1:]])
+        cos, sin = self.rotary_rows(cos), self.rotary_rows(sin)
         return self.weight(f"{name}.cos", cos), self.weight(f"{name}.sin", sin)
+
+    def rotary_rows(self, table: np.ndarray) -> np.ndarray:
+        """A rotary table as graphs store it: with `pad_lone_rows`, its last row once more
+        (static graphs store the same bytes, so a bundle holds one copy)."""
+        return np.concatenate([table, table[-1:]]) if self.pad_lone_rows else table
 
 
 

@@ -211,7 +211,8 @@ def _rotary(
     half = tables[0].shape[1]
     rows = []
     for part, table in zip(("cos", "sin"), tables, strict=True):
-        picked = gb.op1("Gather", [gb.weight(f"{name}.{part}", table), pos], axis=0)
+        stored = gb.weight(f"{name}.{part}", gb.rotary_rows(table))
+        picked = gb.op1("Gather", [stored, pos], axis=0)
         rows.append(_reshape(gb, picked, [1, width, 1, half]))
     return rows[0], rows[1]
 
