@@ -20,7 +20,8 @@ from edgespec.errors import EdgespecError
 SCHEMA_VERSION = 1
 MANIFEST = "manifest.json"
 FORMAT = "edgespec-bundle"
-ROLE_PATTERN = re.compile(r"^(full|draft|head@(\d+)|tail@(\d+))$")
+ROLE_PATTERN = re.compile(r"^(full|draft|eagle|head@(\d+)|tail@(\d+))$")
+FEATURES = "features"  # the output a target graph declares its feature layers' states in
 
 
 class BundleError(EdgespecError, ValueError):
@@ -60,9 +61,9 @@ class GraphInfo:
     the same preallocated buffer (the graph writes the new positions in place).
     """
 
-    role: str  # full | draft | head@k | tail@k
+    role: str  # full | draft | eagle | head@k | tail@k
     file: str
-    model: str  # "target" or "draft": whose dimensions apply
+    model: str  # "target" or "draft": whose dimensions apply (eagle: the target's)
     kv_layers: list[int]
     inputs: list[TensorSpec]
     outputs: list[TensorSpec]
@@ -194,6 +195,11 @@ class Manifest:
     # target calls run a multiple of this many positions: 2 where activations are quantized
     # (runtime/stack.py). Absent in older bundles: 2 if their weights are quantized
     step_width: int = 1
+    # optional: the target layers whose residual streams the `full` graph declares in its
+    # `features` output [batch, sequence, len * hidden] (float32, every new position); what
+    # the `eagle` graph, a feature head (export/eagle.py, `edgespec distill`), drafts from.
+    # Empty: no such output (and no eagle graph)
+    feature_layers: list[int] = field(default_factory=list)
 
     def graph(self, role: str) -> GraphInfo:
         for g in self.graphs:
@@ -225,6 +231,8 @@ class Manifest:
 
 
 def _how_to_add(role: str) -> str:
+    if role == "eagle":
+        return "add a feature head with `edgespec distill MODEL --out FOLDER`."
     if role == "draft":
         return "re-export with `edgespec export MODEL --draft DRAFT_MODEL`."
     if role.startswith(("head@", "tail@")):
@@ -308,6 +316,13 @@ def _from_json(raw: dict[str, Any]) -> Manifest:
         g.role.startswith("tail@") for g in graphs
     ):
         raise ValueError("no 'full' or 'tail@k' graph: nothing can verify")
+    feature_layers = [int(k) for k in raw.get("feature_layers", [])]
+    if feature_layers:
+        full = next((g for g in graphs if g.role == "full"), None)
+        if full is None or not any(o.name == FEATURES for o in full.outputs):
+            raise ValueError("feature_layers are declared but the full graph outputs no features")
+    if any(g.role == "eagle" for g in graphs) and not feature_layers:
+        raise ValueError("an eagle graph needs the target's feature_layers")
     draft = raw.get("draft")
     gguf = str(raw.get("extra", {}).get("gguf", {}).get("weights", ""))  # its kept blocks
     quantized = "MatMulNBits" in gguf or raw.get("quantization") in ("int8", "int4", "qdq-int8")
@@ -335,6 +350,7 @@ def _from_json(raw: dict[str, Any]) -> Manifest:
         chat=_chat_from_json(raw.get("chat")),
         tree_graphs=[_graph_from_json(g) for g in raw.get("tree_graphs", [])],
         step_width=int(raw.get("step_width", 2 if quantized else 1)),
+        feature_layers=feature_layers,
     )
 
 

@@ -18,6 +18,7 @@ MODES: dict[str, ModeDefaults] = {
     "ar": ModeDefaults("none", "fixed:0"),
     "spec": ModeDefaults("draft", "auto"),
     "self-spec": ModeDefaults("exit", "auto"),
+    "eagle": ModeDefaults("eagle", "auto"),  # the feature head (runtime/eagle.py)
     "lookup": ModeDefaults("lookup", "auto"),
     "suffix": ModeDefaults("suffix", "auto"),  # SuffixDecoding (runtime/suffix.py)
     "recycle": ModeDefaults("recycle", "auto"),  # Token Recycling (runtime/recycling.py)

@@ -2,7 +2,8 @@
 and split mode, mapped to what implements it; conflicting choices are refused here, once.
 
   modes      ar | spec | self-spec | lookup | suffix | recycle | split: defaults below
-  drafters   none | draft | exit:K ("exit": the default exit) | lookup | suffix | recycle,
+  drafters   none | draft | exit:K ("exit": the default exit) | eagle (the feature head on
+             the target's hidden states, runtime/eagle.py) | lookup | suffix | recycle,
              and chains joined by "+" (`lookup+draft`: prompt lookup first, the draft
              model where it finds nothing), in every mode
   verifiers  full | exit:K (head@K then tail@K) on the device; split mode verifies on the
@@ -31,6 +32,7 @@ from edgespec.runtime.drafters import (
     ModelDrafter,
     NoDrafter,
 )
+from edgespec.runtime.eagle import EagleDrafter
 from edgespec.runtime.errors import InputError, SplitError
 from edgespec.runtime.estimates import PRIORS, AcceptanceModel, CostModel, Priors
 from edgespec.runtime.graph_protocol import Graph
@@ -76,7 +78,7 @@ class Decoder:
 
 
 MODEL_FREE = ("lookup", "suffix", "recycle")  # deterministic drafts: q is a point mass
-DRAFTERS = ("none", "draft", "exit:K", "lookup", "suffix", "recycle")
+DRAFTERS = ("none", "draft", "exit:K", "eagle", "lookup", "suffix", "recycle")
 
 
 @dataclass(frozen=True)
@@ -243,6 +245,15 @@ class _Builder:
             return RecyclingDrafter(shared(self.graphs, RecycleTable))
         if spec == "draft":
             return ModelDrafter(Stack([self.open("draft")]), self.config.draft_support)
+        if spec == "eagle":
+            if target is None or "full" not in [s.graph.role for s in target.stages]:
+                raise InputError(
+                    "the eagle drafter reads the target's hidden states, which only a local "
+                    "`full` verifier has: in split mode draft with the bundle's draft model "
+                    "(--drafter draft) or lookup"
+                )
+            self.manifest.graph("eagle")  # a BundleError naming the fix if there is none
+            return EagleDrafter(target, self.open("eagle"), self.config.draft_support)
         if spec.startswith("exit:"):
             k = _exit(spec, self.exits, "drafter")
             if target is not None and self.config.mode == "self-spec":

@@ -1,0 +1,140 @@
+"""The feature-head drafter (EAGLE style): the bundle's `eagle` graph drafting a chain from the
+target's own hidden states.
+
+Takes the target `Stack` (whose `full` graph declares `features`: it keeps them per cached
+position) and the eagle graph session (export/eagle.py). Head position p reads the target's
+features at p and the embedding of token p + 1, and predicts token p + 2; it keeps a KV
+cache of its own, one layer.
+
+Authoritative state, after a round that kept n of γ drafts (the sequence is L tokens; the
+target holds L - 1 positions and their features):
+  `exact`   head positions 0..exact-1 were computed from the target's features and committed
+            tokens: the only ones kept. Drafting writes positions past them from the head's
+            own states (`next_state`); `commit` drops those, so the next round recomputes
+            them from the target's features (at most n + 1 positions, one call), and its
+            first draft comes from the target's features at the last kept position
+  draft k   position L - 3 + k; k = 1 reads the target's features at L - 2 (the bonus token
+            has none yet: it is position L - 1's token, the head's input there), k > 1 the
+            head's own state of the position before
+The target verifies every draft: greedy output is the target's, sampling follows the
+target's distribution (the drafts' q is what they were drawn from). numpy + onnxruntime.
+"""
+
+from __future__ import annotations
+
+from time import perf_counter
+
+import numpy as np
+
+from edgespec.runtime.constraints import Constraint
+from edgespec.runtime.draft_q import DEFAULT_SUPPORT, DraftSupport
+from edgespec.runtime.drafters import _allowed, _proposal, draft_tokens
+from edgespec.runtime.errors import InputError
+from edgespec.runtime.graph_protocol import Graph
+from edgespec.runtime.kv_cache import KVCache
+from edgespec.runtime.round import Plan, Proposal, empty_proposal
+from edgespec.runtime.sampling import SamplingParams
+from edgespec.runtime.stack import Stack
+
+
+class EagleDrafter:
+    """Drafts with the eagle graph from the target's features (module doc)."""
+
+    drafts_ahead = False  # it reads the target's features of verified positions
+    name = "eagle"
+
+    def __init__(self, target: Stack, head: Graph, support: DraftSupport = DEFAULT_SUPPORT):
+        if not target.feature_width:
+            raise InputError(
+                "the eagle drafter reads the target's features: this bundle's full graph "
+                "declares none; make the bundle with `edgespec distill`"
+            )
+        self.target, self.head, self.support = target, head, support
+        model = head.model
+        self.hidden = model.hidden_size
+        self.cache: KVCache | None = None
+        self.exact = 0  # head positions computed from the target's features (module doc)
+        self.constraint: Constraint | None = None
+        self.max_positions = target.max_positions
+
+    def source(self, seq: list[int]) -> str | None:
+        return self.name
+
+    def begin(
+        self,
+        prompt: list[int],
+        capacity: int,
+        cached: int = 0,
+        constraint: Constraint | None = None,
+    ) -> None:
+        self.constraint = constraint
+        # position p needs token p + 1: the cached prefix keeps positions below cached - 1
+        self.exact = min(self.exact, max(cached - 1, 0))
+        room = capacity + 1
+        if self.cache is None or self.cache.capacity < room:
+            m = self.head.model
+            old, self.cache = (
+                self.cache,
+                KVCache.allocate(
+                    self.head.graph.kv_layers, m.num_kv_heads, m.head_dim, room, self.head.kv_dtype
+                ),
+            )
+            if old is not None and self.exact:
+                for a, b in zip(old.keys + old.values, self.cache.keys + self.cache.values,
+                                strict=True):  # fmt: skip
+                    b[:, :, : self.exact] = a[:, :, : self.exact]
+        self.cache.length = self.exact
+
+    def _run(self, ids: list[int], features: np.ndarray, state: np.ndarray, keep: int) -> dict:
+        assert self.cache is not None
+        out = self.head.run(
+            self.cache,
+            self.cache.length,
+            input_ids=np.asarray([ids], np.int64),
+            keep=keep,
+            extra={"features": features[None], "state": state[None]},
+        )
+        self.cache.length += len(ids)
+        return out
+
+    def propose(
+        self, seq: list[int], plan: Plan, params: SamplingParams, rng: np.random.Generator
+    ) -> Proposal:
+        start = perf_counter()
+        plan = plan.capped(self.max_positions - len(seq))
+        if plan.length == 0:
+            return empty_proposal()
+        cache = self.cache
+        assert cache is not None, "call begin() first"
+        known = self.target.length  # positions with the target's features: len(seq) - 1
+        cache.length = self.exact
+        width = self.target.feature_width
+        state = np.zeros((1, self.hidden), np.float32)
+
+        def step(ids: list[int]) -> np.ndarray:
+            """Feed ids (the tokens of the next head positions); the last one's logits."""
+            nonlocal state
+            p = cache.length
+            exact = max(0, min(len(ids), known - p))  # positions with the target's features
+            logits = None
+            if exact:
+                feats = self.target.features[p : p + exact]
+                out = self._run(ids[:exact], feats, np.zeros((exact, self.hidden), np.float32), 1)
+                self.exact = cache.length
+                state, logits = out["next_state"][0][-1:], out["logits"][0][-1]
+            for t in ids[exact:]:  # past the target's features: the head's own state
+                out = self._run([t], np.zeros((1, width), np.float32), state, 1)
+                state, logits = out["next_state"][0][-1:], out["logits"][0][-1]
+            assert logits is not None
+            return logits
+
+        allowed = _allowed(self.constraint, seq)
+        feed = seq[self.exact + 1 :]
+        tokens, qs, _ = draft_tokens(step, feed, plan, params, rng, self.support, allowed)
+        return _proposal(tokens, qs, params, seconds=perf_counter() - start)
+
+    def commit(self, valid: int) -> None:
+        # the positions drafted from the head's own states are dropped (module doc)
+        self.exact = min(self.exact, max(valid - 1, 0), self.target.length)
+        if self.cache is not None:
+            self.cache.length = self.exact
