@@ -38,7 +38,7 @@ class FeatureHead(nn.Module):
         self.feature_layers = list(head.feature_layers)
         assert target.rotary is not None
         cos, sin = target.rotary
-        f32 = lambda a: torch.from_numpy(np.ascontiguousarray(np.asarray(a, np.float32)))  # noqa: E731
+        f32 = lambda a: torch.from_numpy(np.array(a, np.float32))  # noqa: E731
         self.register_buffer("embed", f32(target.embed), persistent=False)
         lm = self.embed if target.tied else f32(target.lm_head)
         self.register_buffer("lm_head", lm, persistent=False)
