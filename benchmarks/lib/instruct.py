@@ -71,8 +71,6 @@ WORKLOADS: dict[str, list[list[dict[str, str]]]] = {
 }
 
 
-
-
 def fitting_prompts() -> list[str]:
     """The product's prompt set (`edgespec.distill.prompts`) without the workloads here."""
     held_out = frozenset(m["content"] for convs in WORKLOADS.values() for c in convs for m in c)

@@ -50,7 +50,7 @@ from edgespec.cli.common import _friendly, _read_token
 @click.option("--device", default="cpu", show_default=True, help="A device profile or auto.")
 @click.option(
     "--mode",
-    type=click.Choice(["ar", "spec", "self-spec", "lookup", "suffix", "recycle"]),
+    type=click.Choice(["ar", "spec", "eagle", "self-spec", "lookup", "suffix", "recycle"]),
     default=None,
     help="How the OpenAI endpoints decode (default: the mode this bundle's calibration here "
     "favours, `edgespec bench B --calibrate`; uncalibrated: spec if it has a draft model, else "

@@ -1,8 +1,9 @@
 """The feature-head drafter (EAGLE style): the bundle's `eagle` graph drafting a chain from the
 target's own hidden states.
 
-Takes the target `Stack` (whose `full` graph declares `features`: it keeps them per cached
-position) and the eagle graph session (export/eagle.py). Head position p reads the target's
+Takes where the target's features are (`FeatureSource`: the target `Stack`, whose `full`
+graph declares them and keeps them per cached position, or a server pool row's) and the eagle
+graph session (export/eagle.py). Head position p reads the target's
 features at p and the embedding of token p + 1, and predicts token p + 2; it keeps a KV
 cache of its own, one layer.
 
@@ -23,18 +24,49 @@ target's distribution (the drafts' q is what they were drawn from). numpy + onnx
 from __future__ import annotations
 
 from time import perf_counter
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from edgespec.runtime.constraints import Constraint
 from edgespec.runtime.draft_q import DEFAULT_SUPPORT, DraftSupport
-from edgespec.runtime.drafters import _allowed, _proposal, draft_tokens
+from edgespec.runtime.drafters import Chain, _allowed, _proposal, draft_tokens
 from edgespec.runtime.errors import InputError
 from edgespec.runtime.graph_protocol import Graph
 from edgespec.runtime.kv_cache import KVCache
 from edgespec.runtime.round import Plan, Proposal, empty_proposal
 from edgespec.runtime.sampling import SamplingParams
-from edgespec.runtime.stack import Stack
+
+
+class FeatureSource(Protocol):
+    """Where the target's features are: the local target `Stack`, or a server's pool row."""
+
+    @property
+    def feature_width(self) -> int: ...
+
+    @property
+    def features(self) -> np.ndarray:
+        """[capacity, F]; the rows below `length` are the target's at those positions."""
+
+    @property
+    def length(self) -> int: ...
+
+
+@runtime_checkable
+class KeepsFeatures(Protocol):
+    """A verifier whose cache is not the drafter's target stack (the server's pool rows)."""
+
+    def feature_source(self) -> FeatureSource: ...
+
+
+def read_features_of(drafter: Any, verifier: Any) -> None:
+    """Have the feature heads among `drafter` (a chain's members too) read `verifier`'s
+    features, where it keeps its own cache (a conversation on the server's pool)."""
+    if not isinstance(verifier, KeepsFeatures):
+        return
+    for d in drafter.drafters if isinstance(drafter, Chain) else [drafter]:
+        if isinstance(d, EagleDrafter):
+            d.target = verifier.feature_source()
 
 
 class EagleDrafter:
@@ -43,7 +75,9 @@ class EagleDrafter:
     drafts_ahead = False  # it reads the target's features of verified positions
     name = "eagle"
 
-    def __init__(self, target: Stack, head: Graph, support: DraftSupport = DEFAULT_SUPPORT):
+    def __init__(
+        self, target: FeatureSource, head: Graph, support: DraftSupport = DEFAULT_SUPPORT
+    ) -> None:
         if not target.feature_width:
             raise InputError(
                 "the eagle drafter reads the target's features: this bundle's full graph "
@@ -55,7 +89,7 @@ class EagleDrafter:
         self.cache: KVCache | None = None
         self.exact = 0  # head positions computed from the target's features (module doc)
         self.constraint: Constraint | None = None
-        self.max_positions = target.max_positions
+        self.max_positions = head.model.max_position_embeddings
 
     def source(self, seq: list[int]) -> str | None:
         return self.name

@@ -34,7 +34,7 @@ from edgespec.runtime.config import LoadConfig
 from edgespec.runtime.costs import best_local, calibration_entry
 from edgespec.runtime.drafters import EarlyExitDrafter
 from edgespec.runtime.model import Model
-from edgespec.runtime.modes import DEFAULT_SPEC_DRAFTER
+from edgespec.runtime.modes import DEFAULT_EAGLE_DRAFTER, DEFAULT_SPEC_DRAFTER
 from edgespec.runtime.opener import BundleGraphs
 from edgespec.runtime.registry import MODES
 from edgespec.runtime.round import Verifier
@@ -100,6 +100,8 @@ def load_model(
         config.mode, config.drafter, config.verifier = "spec", exit_layer, exit_layer
     elif mode == "spec" and chosen:
         config.drafter = DEFAULT_SPEC_DRAFTER
+    elif mode == "eagle" and chosen:
+        config.drafter = DEFAULT_EAGLE_DRAFTER
     model = Model.from_graphs(graphs, config)
     model.mode = mode
     return model
