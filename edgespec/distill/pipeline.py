@@ -81,6 +81,11 @@ def distill(target: str | os.PathLike, out: str | os.PathLike, config: DistillCo
     out, budget = Path(out), c.minutes * 60.0
     if c.minutes <= 0:
         raise ExportError(f"--minutes {c.minutes:g}: give a budget above 0")
+    conversations = (
+        data.read_prompts(c.prompts)
+        if c.prompts is not None
+        else [[{"role": "user", "content": p}] for p in fitting_prompts()]
+    )
     state_dir = out / STATE
     state = _state(state_dir)
     report = c.on_progress or (lambda _: None)
@@ -103,11 +108,6 @@ def distill(target: str | os.PathLike, out: str | os.PathLike, config: DistillCo
     if c.threads:
         torch.set_num_threads(c.threads)
     model = Model.load(out, mode="lookup", threads=c.threads)
-    conversations = (
-        data.read_prompts(c.prompts)
-        if c.prompts is not None
-        else [[{"role": "user", "content": p}] for p in fitting_prompts()]
-    )
     replies = state_dir / "replies"
     counts = {"samples": len(list(replies.glob("[0-9]*.npz"))) if replies.exists() else 0}
     counts["tokens"] = int(state.get("tokens", 0))
