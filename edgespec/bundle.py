@@ -195,10 +195,8 @@ class Manifest:
     # target calls run a multiple of this many positions: 2 where activations are quantized
     # (runtime/stack.py). Absent in older bundles: 2 if their weights are quantized
     step_width: int = 1
-    # optional: the target layers whose residual streams the `full` graph declares in its
-    # `features` output [batch, sequence, len * hidden] (float32, every new position); what
-    # the `eagle` graph, a feature head (export/eagle.py, `edgespec distill`), drafts from.
-    # Empty: no such output (and no eagle graph)
+    # optional: the layers whose residual streams `full` outputs as FEATURES [batch, sequence,
+    # len * hidden] (float32), what the `eagle` graph drafts from (export/eagle.py); [] none
     feature_layers: list[int] = field(default_factory=list)
 
     def graph(self, role: str) -> GraphInfo:
@@ -291,14 +289,12 @@ def load_manifest(folder: str | os.PathLike) -> Manifest:
 def _graph_from_json(g: dict[str, Any]) -> GraphInfo:
     if not ROLE_PATTERN.match(g["role"]):
         raise ValueError(f"unknown graph role {g['role']!r}")
-    return GraphInfo(
-        role=g["role"],
-        file=g["file"],
-        model=g["model"],
-        kv_layers=[int(i) for i in g["kv_layers"]],
-        inputs=[TensorSpec(**t) for t in g["inputs"]],
-        outputs=[TensorSpec(**t) for t in g["outputs"]],
-    )
+    layers = [int(i) for i in g["kv_layers"]]
+    return GraphInfo(g["role"], g["file"], g["model"], layers, *_specs(g, "inputs", "outputs"))
+
+
+def _specs(raw: dict[str, Any], *keys: str) -> list[list[TensorSpec]]:
+    return [[TensorSpec(**t) for t in raw[k]] for k in keys]
 
 
 def _from_json(raw: dict[str, Any]) -> Manifest:
@@ -317,10 +313,9 @@ def _from_json(raw: dict[str, Any]) -> Manifest:
     ):
         raise ValueError("no 'full' or 'tail@k' graph: nothing can verify")
     feature_layers = [int(k) for k in raw.get("feature_layers", [])]
-    if feature_layers:
-        full = next((g for g in graphs if g.role == "full"), None)
-        if full is None or not any(o.name == FEATURES for o in full.outputs):
-            raise ValueError("feature_layers are declared but the full graph outputs no features")
+    full = next((g for g in graphs if g.role == "full"), None)
+    if feature_layers and not (full and any(o.name == FEATURES for o in full.outputs)):
+        raise ValueError("feature_layers are declared but the full graph outputs no features")
     if any(g.role == "eagle" for g in graphs) and not feature_layers:
         raise ValueError("an eagle graph needs the target's feature_layers")
     draft = raw.get("draft")
@@ -370,11 +365,9 @@ def _chat_from_json(raw: dict[str, Any] | None) -> ChatFormat | None:
 def _static_from_json(raw: dict[str, Any] | None) -> StaticVariants | None:
     if raw is None:
         return None
-    return StaticVariants(
-        max_context=int(raw["max_context"]),
-        verify_widths=[int(w) for w in raw["verify_widths"]],
-        graphs=[_graph_from_json(g) for g in raw["graphs"]],
-    )
+    widths = [int(w) for w in raw["verify_widths"]]
+    graphs = [_graph_from_json(g) for g in raw["graphs"]]
+    return StaticVariants(int(raw["max_context"]), widths, graphs)
 
 
 def _coreml_from_json(raw: dict[str, Any] | None) -> CoreMLVariants | None:
@@ -384,17 +377,9 @@ def _coreml_from_json(raw: dict[str, Any] | None) -> CoreMLVariants | None:
     for p in raw["packages"]:
         if not ROLE_PATTERN.match(p["role"]):
             raise ValueError(f"unknown Core ML role {p['role']!r}")
-        packages.append(
-            CoreMLPackage(
-                role=p["role"],
-                path=p["path"],
-                model=p["model"],
-                kv_layers=[int(i) for i in p["kv_layers"]],
-                inputs=[TensorSpec(**t) for t in p["inputs"]],
-                outputs=[TensorSpec(**t) for t in p["outputs"]],
-                states=[TensorSpec(**t) for t in p["states"]],
-            )
-        )
+        io = _specs(p, "inputs", "outputs", "states")
+        layers = [int(i) for i in p["kv_layers"]]
+        packages.append(CoreMLPackage(p["role"], p["path"], p["model"], layers, *io))
     return CoreMLVariants(int(raw["max_context"]), int(raw["verify_width"]), packages)
 
 

@@ -37,7 +37,7 @@ def prompts_file(folder: Path, n: int = 12) -> Path:
 
 def test_distill_cli_writes_a_head_that_decodes_as_ar(gguf_file, tmp_path):
     out = tmp_path / "b"
-    args = [str(gguf_file), "--out", str(out), "--minutes", "0.1", "--new-tokens", "24",
+    args = [str(gguf_file), "--out", str(out), "--minutes", "0.25", "--new-tokens", "24",
             "--prompts", str(prompts_file(tmp_path))]  # fmt: skip
     r = CliRunner().invoke(main, ["distill", *args])
     assert r.exit_code == 0, r.output

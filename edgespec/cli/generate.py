@@ -177,6 +177,8 @@ def bench(
         (key, edgespec.load(bundle, device=device, threads=threads, **options))
         for key, options in mode_keys(ar.manifest)
     ]
+    default = edgespec.load(bundle, device=device, threads=threads)  # what a plain load picks
+    rows.append((f"default ({default.drafter.name})", default))
     ids = prompt_ids(ar, prompt) if chat else ar.encode(prompt)
     click.echo(
         f"{'mode':<14} {'tok/s':>8} {'vs ar':>7} {'accepted':>9} {'tok/round':>10}  "

@@ -57,7 +57,7 @@ class DistillConfig:
     feature_layers: tuple[int, ...] | None = None  # None: a low, a middle and the last layer
     threads: int | None = None
     bf16: bool | None = None  # None: where the CPU has AVX-512 BF16
-    eval_seconds: float = 60.0  # between held-out evaluations
+    eval_seconds: float = 120.0  # between held-out evaluations (each costs a few steps)
     checkpoint_seconds: float = 60.0
     train: Any = None  # a train.TrainConfig (None: its defaults)
     on_progress: Callable[[Progress], None] | None = None
@@ -152,7 +152,7 @@ def distill(target: str | os.PathLike, out: str | os.PathLike, config: DistillCo
         _save_state(state_dir, state)
 
     try:
-        while elapsed() < budget:
+        while elapsed() < budget or trainer.steps == 0:  # at least one step: a trained head
             losses.append(trainer.step(elapsed() / budget))
             now = time.monotonic()
             if now - last_eval > c.eval_seconds:

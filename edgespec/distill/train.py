@@ -35,7 +35,7 @@ class TrainConfig:
     lr: float = 1e-3  # AdamW, warm-up then cosine over the budget
     warmup: float = 0.05  # of the budget
     feature_weight: float = 0.5  # the regression term against the cross-entropy
-    eval_tokens: int = 2048  # held-out positions the periodic evaluation reads
+    eval_tokens: int = 1024  # held-out positions the periodic evaluation reads
     # the softmax's ids: those the target ranked in its top 4 somewhere (its other top-k ids
     # drop out of the teacher); the LM head's rows cost most of a step
     vocab_k: int = 4

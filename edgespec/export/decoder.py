@@ -13,6 +13,9 @@ GroupQueryAttention convention), `total_seq_len` [] int32, `num_logits_to_keep` 
 (logits only for the last n positions; 0 skips the LM head), `query_seqlens` [batch] int32
 (the valid new positions of each row, the others right padding: rows of one call may add
 different numbers of positions; S for every row in a plain call), and per layer the KV buffers.
+`DecoderWeights.feature_layers` (non-empty): `full` also outputs `features` [batch, sequence,
+len * hidden] float32, the residual stream after each of those layers at every new position,
+what a feature head drafts from (export/eagle.py); its logits are unchanged.
 Guarantees: head@k followed by tail@k computes exactly what full computes. An exit adapter
 (`ExitAdapter`, fitted by `exit_adapter.py`) changes only head@k's exit logits, never its
 `hidden` output, so verification through tail@k stays exact.

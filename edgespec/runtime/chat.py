@@ -36,7 +36,6 @@ from edgespec.runtime import chat_store
 from edgespec.runtime.chat_template import RENDER_ARGUMENTS, ChatTemplate, ChatTemplateError
 from edgespec.runtime.config import LoadConfig
 from edgespec.runtime.decode import decode
-from edgespec.runtime.eagle import read_features_of
 from edgespec.runtime.grammar import Grammar, bundle_vocabulary
 from edgespec.runtime.link import Remote
 from edgespec.runtime.opener import BundleGraphs
@@ -147,7 +146,6 @@ class ChatSession:
             self.target = own.target
             # `verifier`: the conversation's cache is elsewhere (its drafter's stays here)
             self.verifier: Verifier = verifier or own.verifier
-            read_features_of(self.drafter, self.verifier)
         else:
             assert own.remote is not None
             if link_like is not None:  # the model's link settings (timeouts, retries)

@@ -23,11 +23,13 @@ target's distribution (the drafts' q is what they were drawn from). numpy + onnx
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from time import perf_counter
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from edgespec.bundle import Manifest
 from edgespec.runtime.constraints import Constraint
 from edgespec.runtime.draft_q import DEFAULT_SUPPORT, DraftSupport
 from edgespec.runtime.drafters import Chain, _allowed, _proposal, draft_tokens
@@ -90,6 +92,20 @@ class EagleDrafter:
         self.exact = 0  # head positions computed from the target's features (module doc)
         self.constraint: Constraint | None = None
         self.max_positions = head.model.max_position_embeddings
+
+    @classmethod
+    def of(
+        cls, target: Any, manifest: Manifest, open_graph: Callable[[str], Graph], support: Any
+    ) -> EagleDrafter:
+        """The bundle's head drafting for the local target `target` (None: split mode)."""
+        if target is None:
+            raise InputError(
+                "the eagle drafter reads the target's hidden states, which only a local "
+                "verifier has: in split mode draft with the bundle's draft model (--drafter "
+                "draft) or lookup"
+            )
+        manifest.graph("eagle")  # a BundleError naming the fix if there is none
+        return cls(target, open_graph("eagle"), support)
 
     def source(self, seq: list[int]) -> str | None:
         return self.name

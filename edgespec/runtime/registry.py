@@ -2,8 +2,7 @@
 and split mode, mapped to what implements it; conflicting choices are refused here, once.
 
   modes      ar | spec | self-spec | lookup | suffix | recycle | split: defaults below
-  drafters   none | draft | exit:K ("exit": the default exit) | eagle (the feature head on
-             the target's hidden states, runtime/eagle.py) | lookup | suffix | recycle,
+  drafters   none | draft | exit:K ("exit": the default exit) | eagle | lookup | suffix | recycle,
              and chains joined by "+" (`lookup+draft`: prompt lookup first, the draft
              model where it finds nothing), in every mode
   verifiers  full | exit:K (head@K then tail@K) on the device; split mode verifies on the
@@ -26,12 +25,7 @@ from edgespec.backbone import hello
 from edgespec.runtime.channel_policy import parse_channel_aware
 from edgespec.runtime.config import LoadConfig
 from edgespec.runtime.costs import best_local, calibration_entry, seed_from_calibration
-from edgespec.runtime.drafters import (
-    Chain,
-    EarlyExitDrafter,
-    ModelDrafter,
-    NoDrafter,
-)
+from edgespec.runtime.drafters import Chain, EarlyExitDrafter, ModelDrafter, NoDrafter
 from edgespec.runtime.eagle import EagleDrafter
 from edgespec.runtime.errors import InputError, SplitError
 from edgespec.runtime.estimates import PRIORS, AcceptanceModel, CostModel, Priors
@@ -245,15 +239,8 @@ class _Builder:
             return RecyclingDrafter(shared(self.graphs, RecycleTable))
         if spec == "draft":
             return ModelDrafter(Stack([self.open("draft")]), self.config.draft_support)
-        if spec == "eagle":
-            if target is None or "full" not in [s.graph.role for s in target.stages]:
-                raise InputError(
-                    "the eagle drafter reads the target's hidden states, which only a local "
-                    "`full` verifier has: in split mode draft with the bundle's draft model "
-                    "(--drafter draft) or lookup"
-                )
-            self.manifest.graph("eagle")  # a BundleError naming the fix if there is none
-            return EagleDrafter(target, self.open("eagle"), self.config.draft_support)
+        if spec == "eagle":  # the feature head (runtime/eagle.py) reads the local target's
+            return EagleDrafter.of(target, self.manifest, self.open, self.config.draft_support)
         if spec.startswith("exit:"):
             k = _exit(spec, self.exits, "drafter")
             if target is not None and self.config.mode == "self-spec":
