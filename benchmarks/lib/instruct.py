@@ -6,9 +6,6 @@ fitting prompt is a workload's.
 
 from __future__ import annotations
 
-from edgespec.distill import prompts
-from edgespec.distill.prompts import own_prompts
-
 WORKLOADS: dict[str, list[list[dict[str, str]]]] = {
     "question": [
         [{"role": "user", "content": "Why is the sky blue? Answer in a short paragraph."}],
@@ -71,8 +68,18 @@ WORKLOADS: dict[str, list[list[dict[str, str]]]] = {
 }
 
 
+def own_prompts() -> list[str]:
+    """The product's core prompts (`edgespec.distill.prompts`; imported when asked for: lib
+    loads nothing heavy)."""
+    from edgespec.distill import prompts
+
+    return prompts.own_prompts()
+
+
 def fitting_prompts() -> list[str]:
     """The product's prompt set (`edgespec.distill.prompts`) without the workloads here."""
+    from edgespec.distill import prompts
+
     held_out = frozenset(m["content"] for convs in WORKLOADS.values() for c in convs for m in c)
     return prompts.fitting_prompts(held_out)
 
