@@ -139,3 +139,20 @@ def test_the_runtime_never_imports_torch_to_decode_with_a_head(tmp_path):
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "8"
     assert np.isfinite(load_manifest(tmp_path / "b").extra["eagle"]["step_cost"])
+
+
+def test_a_bundle_exported_with_its_features_is_distilled_into_a_copy(gguf_file, tmp_path):
+    run = lambda *a: CliRunner().invoke(main, list(map(str, a)))  # noqa: E731
+    plain, featured = tmp_path / "plain", tmp_path / "featured"
+    assert run("export", gguf_file, "--out", plain).exit_code == 0
+    r = run("distill", plain, "--out", tmp_path / "x", "--minutes", "0.1")
+    assert (
+        r.exit_code == 1 and "declares no features" in r.output and "--feature-layers" in r.output
+    )
+    r = run("export", gguf_file, "--out", featured, "--feature-layers", "1,2")
+    assert r.exit_code == 0, r.output
+    out = tmp_path / "headed"
+    r = run("distill", featured, "--out", out, "--minutes", "0.2", "--new-tokens", "16",
+            "--prompts", prompts_file(tmp_path, 6))  # fmt: skip
+    assert r.exit_code == 0, r.output
+    assert "eagle" in load_manifest(out).roles and "eagle" not in load_manifest(featured).roles

@@ -131,8 +131,12 @@ class SharedStore(WeightStore):
         return super().tensor(name, array)
 
 
-def build_head_graph(target: DecoderWeights, head: HeadWeights, gb: GraphBuilder) -> None:
-    """Populate `gb` with the eagle graph (module doc)."""
+def build_head_graph(
+    target: DecoderWeights, head: HeadWeights, gb: GraphBuilder, shared: str | None = None
+) -> None:
+    """Populate `gb` with the eagle graph (module doc): the head's own matrices quantized as
+    `gb.quantize` says, the target's embeddings and LM head as `shared` (the bundle's
+    quantization: the names its full graph gave them)."""
     if target.rotary is None or target.pos_embed is not None:
         raise ExportError("a feature head needs a rotary-position family (llama, qwen, ...)")
     hidden = target.embed.shape[1]
@@ -151,7 +155,9 @@ def build_head_graph(target: DecoderWeights, head: HeadWeights, gb: GraphBuilder
         features = gb.op1("Cast", [features], to=dt)
         state = gb.op1("Cast", [state], to=dt)
 
+    own, gb.quantize = gb.quantize, shared  # the target's tensors as its full graph holds them
     e = gb.embedding(ids, "embed", target.embed)
+    gb.quantize = own
     if target.embed_scale != 1.0:
         e = gb.op1("Mul", [e, gb.const(np.array(target.embed_scale, gb.dtype))])
     p = PREFIX
@@ -182,7 +188,9 @@ def build_head_graph(target: DecoderWeights, head: HeadWeights, gb: GraphBuilder
     out_state = z if dt == TensorProto.FLOAT else gb.op1("Cast", [z], to=TensorProto.FLOAT)
     gb.add_output(out_state, "next_state", TensorProto.FLOAT, ["batch", "sequence", hidden])
     x = _norm(gb, gb.last_positions(z, keep), "final_norm", target.final_norm)
+    gb.quantize = shared
     logits = _lm_head(gb, x, target)
+    gb.quantize = own
     if dt != TensorProto.FLOAT:
         logits = gb.op1("Cast", [logits], to=TensorProto.FLOAT)
     if target.final_softcap is not None:
@@ -197,10 +205,13 @@ def write_head(
     dtype: str = "fp32",
     batched: bool = True,
     accuracy_level: int = 4,
+    quantize: str | None = None,
+    shared: str | None = None,
 ) -> GraphInfo:
     """Build the eagle graph into the bundle `folder` (next to its `full.onnx`, whose shared
-    tensors it names); return its manifest entry. An ExportError if the full graph holds the
-    target's embeddings or LM head under other names (another export's options)."""
+    tensors it names); return its manifest entry. `quantize`: the head's own matrices as
+    int8 / int4 blocks (None: float); `shared`: the bundle's quantization. An ExportError if
+    the full graph holds the target's embeddings or LM head under other names."""
     full = onnx.load(str(folder / "full.onnx"), load_external_data=False)
     store = SharedStore(folder / WEIGHTS, full)
     gb = GraphBuilder(
@@ -208,9 +219,10 @@ def write_head(
         dtype=np.dtype(DTYPES[dtype]),
         query_seqlens=batched,
         accuracy_level=accuracy_level,
+        quantize=quantize,
     )
     try:
-        build_head_graph(target, head, gb)
+        build_head_graph(target, head, gb, shared)
     finally:
         store.close()
     if store.missing:
