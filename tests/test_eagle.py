@@ -286,3 +286,9 @@ def test_eagle_sampling_follows_the_target_distribution(tiny_vocab_eagle):
     drafted = np.bincount(firsts, minlength=16).astype(float)
     assert len(firsts) > 1000
     assert np.any((drafted > 0) & (p2 == 0)) or chi_square(drafted, p2) > CHI2_CRITICAL_P001[15]
+
+
+def test_split_mode_refuses_the_head_it_has_no_features_for(eagle_bundles):
+    with pytest.raises(InputError, match="split mode draft with the bundle's draft model"):
+        edgespec.load(eagle_bundles["qwen2"], mode="split", drafter="eagle",
+                      server="ws://127.0.0.1:9")  # fmt: skip
