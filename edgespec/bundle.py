@@ -20,7 +20,8 @@ from edgespec.errors import EdgespecError
 SCHEMA_VERSION = 1
 MANIFEST = "manifest.json"
 FORMAT = "edgespec-bundle"
-ROLE_PATTERN = re.compile(r"^(full|draft|head@(\d+)|tail@(\d+))$")
+ROLE_PATTERN = re.compile(r"^(full|draft|eagle|head@(\d+)|tail@(\d+))$")
+FEATURES = "features"  # the output a target graph declares its feature layers' states in
 
 
 class BundleError(EdgespecError, ValueError):
@@ -60,9 +61,9 @@ class GraphInfo:
     the same preallocated buffer (the graph writes the new positions in place).
     """
 
-    role: str  # full | draft | head@k | tail@k
+    role: str  # full | draft | eagle | head@k | tail@k
     file: str
-    model: str  # "target" or "draft": whose dimensions apply
+    model: str  # "target" or "draft": whose dimensions apply (eagle: the target's)
     kv_layers: list[int]
     inputs: list[TensorSpec]
     outputs: list[TensorSpec]
@@ -194,6 +195,9 @@ class Manifest:
     # target calls run a multiple of this many positions: 2 where activations are quantized
     # (runtime/stack.py). Absent in older bundles: 2 if their weights are quantized
     step_width: int = 1
+    # optional: the layers whose residual streams `full` outputs as FEATURES [batch, sequence,
+    # len * hidden] (float32), what the `eagle` graph drafts from (export/eagle.py); [] none
+    feature_layers: list[int] = field(default_factory=list)
 
     def graph(self, role: str) -> GraphInfo:
         for g in self.graphs:
@@ -225,6 +229,8 @@ class Manifest:
 
 
 def _how_to_add(role: str) -> str:
+    if role == "eagle":
+        return "add a feature head with `edgespec distill MODEL --out FOLDER`."
     if role == "draft":
         return "re-export with `edgespec export MODEL --draft DRAFT_MODEL`."
     if role.startswith(("head@", "tail@")):
@@ -283,14 +289,12 @@ def load_manifest(folder: str | os.PathLike) -> Manifest:
 def _graph_from_json(g: dict[str, Any]) -> GraphInfo:
     if not ROLE_PATTERN.match(g["role"]):
         raise ValueError(f"unknown graph role {g['role']!r}")
-    return GraphInfo(
-        role=g["role"],
-        file=g["file"],
-        model=g["model"],
-        kv_layers=[int(i) for i in g["kv_layers"]],
-        inputs=[TensorSpec(**t) for t in g["inputs"]],
-        outputs=[TensorSpec(**t) for t in g["outputs"]],
-    )
+    layers = [int(i) for i in g["kv_layers"]]
+    return GraphInfo(g["role"], g["file"], g["model"], layers, *_specs(g, "inputs", "outputs"))
+
+
+def _specs(raw: dict[str, Any], *keys: str) -> list[list[TensorSpec]]:
+    return [[TensorSpec(**t) for t in raw[k]] for k in keys]
 
 
 def _from_json(raw: dict[str, Any]) -> Manifest:
@@ -308,6 +312,12 @@ def _from_json(raw: dict[str, Any]) -> Manifest:
         g.role.startswith("tail@") for g in graphs
     ):
         raise ValueError("no 'full' or 'tail@k' graph: nothing can verify")
+    feature_layers = [int(k) for k in raw.get("feature_layers", [])]
+    full = next((g for g in graphs if g.role == "full"), None)
+    if feature_layers and not (full and any(o.name == FEATURES for o in full.outputs)):
+        raise ValueError("feature_layers are declared but the full graph outputs no features")
+    if any(g.role == "eagle" for g in graphs) and not feature_layers:
+        raise ValueError("an eagle graph needs the target's feature_layers")
     draft = raw.get("draft")
     gguf = str(raw.get("extra", {}).get("gguf", {}).get("weights", ""))  # its kept blocks
     quantized = "MatMulNBits" in gguf or raw.get("quantization") in ("int8", "int4", "qdq-int8")
@@ -335,6 +345,7 @@ def _from_json(raw: dict[str, Any]) -> Manifest:
         chat=_chat_from_json(raw.get("chat")),
         tree_graphs=[_graph_from_json(g) for g in raw.get("tree_graphs", [])],
         step_width=int(raw.get("step_width", 2 if quantized else 1)),
+        feature_layers=feature_layers,
     )
 
 
@@ -354,11 +365,9 @@ def _chat_from_json(raw: dict[str, Any] | None) -> ChatFormat | None:
 def _static_from_json(raw: dict[str, Any] | None) -> StaticVariants | None:
     if raw is None:
         return None
-    return StaticVariants(
-        max_context=int(raw["max_context"]),
-        verify_widths=[int(w) for w in raw["verify_widths"]],
-        graphs=[_graph_from_json(g) for g in raw["graphs"]],
-    )
+    widths = [int(w) for w in raw["verify_widths"]]
+    graphs = [_graph_from_json(g) for g in raw["graphs"]]
+    return StaticVariants(int(raw["max_context"]), widths, graphs)
 
 
 def _coreml_from_json(raw: dict[str, Any] | None) -> CoreMLVariants | None:
@@ -368,17 +377,9 @@ def _coreml_from_json(raw: dict[str, Any] | None) -> CoreMLVariants | None:
     for p in raw["packages"]:
         if not ROLE_PATTERN.match(p["role"]):
             raise ValueError(f"unknown Core ML role {p['role']!r}")
-        packages.append(
-            CoreMLPackage(
-                role=p["role"],
-                path=p["path"],
-                model=p["model"],
-                kv_layers=[int(i) for i in p["kv_layers"]],
-                inputs=[TensorSpec(**t) for t in p["inputs"]],
-                outputs=[TensorSpec(**t) for t in p["outputs"]],
-                states=[TensorSpec(**t) for t in p["states"]],
-            )
-        )
+        io = _specs(p, "inputs", "outputs", "states")
+        layers = [int(i) for i in p["kv_layers"]]
+        packages.append(CoreMLPackage(p["role"], p["path"], p["model"], layers, *io))
     return CoreMLVariants(int(raw["max_context"]), int(raw["verify_width"]), packages)
 
 

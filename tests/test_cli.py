@@ -198,6 +198,7 @@ def test_bench_compares_modes_and_checks_outputs(spec_bundles):
         "self-spec@3",
         "lookup",
         "suffix",
+        "default",
     ]
     assert all(ln.endswith("True") for ln in lines[1:])
 

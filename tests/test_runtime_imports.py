@@ -115,6 +115,7 @@ main()
 LAYERS_ABOVE_RUNTIME = (
     "edgespec.serve",
     "edgespec.export",
+    "edgespec.distill",
     "edgespec.cli",
     "edgespec.tools",
     "edgespec.demo",

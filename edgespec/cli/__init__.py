@@ -4,8 +4,8 @@ Every expected failure (bad bundle, bad option, bad prompt, missing device) is p
 one `Error:` line with the fix, exit status 1; never a traceback.
 
 This module holds the `main` click group and names one module per command group:
-export.py, generate.py (generate, demo, bench), chat.py, inspect.py, serve.py, devices.py,
-channel.py; what they share (errors, token file, stats lines, export progress) is
+export.py, distill.py, generate.py (generate, demo, bench), chat.py, inspect.py, serve.py,
+devices.py, channel.py; what they share (errors, token file, stats lines, export progress) is
 common.py, which imports none of them, so nothing here imports in a circle. A command's
 module is imported when that command runs (or its help is shown), and the command modules
 import the runtime only inside the commands: `edgespec --help`, a command's `--help` and a
@@ -25,6 +25,7 @@ __all__ = ["main"]
 # command name -> the module (under edgespec.cli) that defines it, in the order of --help
 COMMANDS: dict[str, str] = {
     "export": "export",
+    "distill": "distill",
     "generate": "generate",
     "demo": "generate",
     "bench": "generate",

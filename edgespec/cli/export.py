@@ -16,6 +16,12 @@ from edgespec.cli.common import ExportProgress, _friendly, _report_compat
 @click.option(
     "--exit-layers", default="", help="Early-exit layers for head@k/tail@k pairs, e.g. 2,4."
 )
+@click.option(
+    "--feature-layers",
+    default="",
+    help="Layers whose hidden states the full graph also outputs (for a feature head, "
+    "`edgespec distill`), e.g. 2,15,30.",
+)
 @click.option("--dtype", type=click.Choice(["fp32", "fp16"]), default="fp32", show_default=True)
 @click.option(
     "--quantize",
@@ -111,6 +117,7 @@ def export(
     out: str,
     draft: str | None,
     exit_layers: str,
+    feature_layers: str,
     dtype: str,
     quantize: str | None,
     draft_quantize: str | None,
@@ -148,6 +155,13 @@ def export(
             param_hint="--exit-layers",
         ) from None
     try:
+        features = [int(k) for k in feature_layers.split(",") if k.strip()]
+    except ValueError:
+        raise click.BadParameter(
+            f"{feature_layers!r} is not a comma-separated list of layer numbers",
+            param_hint="--feature-layers",
+        ) from None
+    try:
         widths = [int(w) for w in verify_width.split(",") if w.strip()]
     except ValueError:
         raise click.BadParameter(
@@ -178,6 +192,7 @@ def export(
             backbone_layers=backbone_layers,
             fit_exit_adapter=fit_exit_adapter,
             adapter_steps=adapter_steps,
+            feature_layers=features,
             on_progress=progress,
         )
         manifest = export_bundle(model, out, config)

@@ -152,6 +152,9 @@ def format_demo(answers: list[Any], bundle: str | None) -> str:
     "seeds `auto` and picks the mode a load without --mode decodes in).",
 )
 @click.option("--prompt", "-p", default="def fibonacci(n):\n", show_default=True)
+@click.option(
+    "--chat", is_flag=True, help="The prompt as a user's message, through the chat template."
+)
 @click.option("--max-new-tokens", "-n", default=64, show_default=True, type=int)
 @click.option("--device", default="cpu", show_default=True, help="A device profile or auto.")
 @click.option("--threads", default=None, type=int)
@@ -160,6 +163,7 @@ def bench(
     bundle: str,
     calibrate: bool,
     prompt: str,
+    chat: bool,
     max_new_tokens: int,
     device: str,
     threads: int | None,
@@ -167,7 +171,7 @@ def bench(
     """Time each decoding mode BUNDLE supports on one prompt, or --calibrate this device."""
     import edgespec
     from edgespec.runtime.calibrate import calibrate as run_calibration
-    from edgespec.runtime.calibrate import device_key, mode_keys
+    from edgespec.runtime.calibrate import device_key, mode_keys, prompt_ids
 
     if calibrate:
         entry = run_calibration(
@@ -192,15 +196,21 @@ def bench(
         (key, edgespec.load(bundle, device=device, threads=threads, **options))
         for key, options in mode_keys(ar.manifest)
     ]
-    click.echo(f"{'mode':<14} {'tok/s':>8} {'vs ar':>7} {'accepted':>9}  output equals ar")
+    default = edgespec.load(bundle, device=device, threads=threads)  # what a plain load picks
+    rows.append((f"default ({default.drafter.name})", default))
+    ids = prompt_ids(ar, prompt) if chat else ar.encode(prompt)
+    click.echo(
+        f"{'mode':<14} {'tok/s':>8} {'vs ar':>7} {'accepted':>9} {'tok/round':>10}  "
+        "output equals ar"
+    )
     reference, base = None, None
     for key, model in rows:
-        model.generate(prompt, max_new_tokens=4, ignore_eos=True)  # warm-up
-        out = model.generate(prompt, max_new_tokens=max_new_tokens, ignore_eos=True)
+        model.generate(ids, max_new_tokens=4, ignore_eos=True)  # warm-up
+        out = model.generate(ids, max_new_tokens=max_new_tokens, ignore_eos=True)
         s = out.stats
         rate = len(out.tokens) / (s.prefill_seconds + s.decode_seconds)
         reference, base = reference or out.tokens, base or rate
         click.echo(
-            f"{key:<14} {rate:>8.1f} {rate / base:>6.2f}x {s.acceptance_rate:>8.0%}  "
-            f"{out.tokens == reference}"
+            f"{key:<14} {rate:>8.1f} {rate / base:>6.2f}x {s.acceptance_rate:>8.0%} "
+            f"{s.decode_tokens / max(s.rounds, 1):>10.2f}  {out.tokens == reference}"
         )

@@ -57,6 +57,9 @@ class ExportConfig:
     gguf_weights: a GGUF file's quantized tensors as "blocks" (kept as MatMulNBits blocks, the
     file's own integers and scales; `accuracy_level` sets their compute) or "float" (their
     exact dequantized values as float weights: float compute, larger and slower than blocks).
+    feature_layers: the `full` graph also outputs `features`, the residual stream after each
+    of these layers (1..num_layers) at every new position, concatenated: what a feature head
+    (`edgespec distill`, export/eagle.py) drafts from. Empty: no such output.
     on_progress: called with a short description of each step as it starts.
     """
 
@@ -82,6 +85,7 @@ class ExportConfig:
     batched_verify: bool | None = None
     tree_verify: bool = False
     gguf_weights: str = "blocks"
+    feature_layers: Sequence[int] = ()
     on_progress: Callable[[str], None] | None = None
     # derived in __post_init__: the weight quantization of the target and of the draft, checked
     quant: QuantConfig | None = field(init=False, default=None, repr=False)
@@ -101,6 +105,7 @@ class ExportConfig:
                 self.fit_exit_adapter,
             )
         )
+        self.feature_layers = tuple(sorted({int(k) for k in self.feature_layers}))
         if self.gguf_weights not in GGUF_WEIGHTS:
             raise ExportError(
                 f"--gguf-weights {self.gguf_weights!r} is not one of: {', '.join(GGUF_WEIGHTS)}"
@@ -114,6 +119,15 @@ class ExportConfig:
         if quantize == "qdq-int8" and dtype != "fp32":
             raise ExportError("--quantize qdq-int8 starts from fp32 graphs: use --dtype fp32")
         self.draft_quant = self.quant if self.draft_quantize is None else self._draft_quant()
+
+    def check_feature_layers(self, num_layers: int) -> None:
+        """Refuse feature layers outside 1..num_layers (an ExportError naming the range)."""
+        bad = [k for k in self.feature_layers if not 1 <= k <= num_layers]
+        if bad:
+            raise ExportError(
+                f"feature layer {bad[0]} is out of range: the model has {num_layers} layers, "
+                f"so a feature layer must be between 1 and {num_layers}"
+            )
 
     def step_width(self, blocks: bool = False) -> int:
         """The bundle's `step_width` (runtime/stack.py): 1 where a row's logits do not depend

@@ -13,6 +13,9 @@ GroupQueryAttention convention), `total_seq_len` [] int32, `num_logits_to_keep` 
 (logits only for the last n positions; 0 skips the LM head), `query_seqlens` [batch] int32
 (the valid new positions of each row, the others right padding: rows of one call may add
 different numbers of positions; S for every row in a plain call), and per layer the KV buffers.
+`DecoderWeights.feature_layers` (non-empty): `full` also outputs `features` [batch, sequence,
+len * hidden] float32, the residual stream after each of those layers at every new position,
+what a feature head drafts from (export/eagle.py); its logits are unchanged.
 Guarantees: head@k followed by tail@k computes exactly what full computes. An exit adapter
 (`ExitAdapter`, fitted by `exit_adapter.py`) changes only head@k's exit logits, never its
 `hidden` output, so verification through tail@k stays exact.
@@ -94,6 +97,9 @@ class DecoderWeights:
     embed_scale: float = 1.0  # embeddings times this (Gemma's sqrt(hidden), Granite's multiplier)
     final_softcap: float | None = None  # logits = cap * tanh(logits / cap) (Gemma 2/3)
     exit_adapters: dict[int, ExitAdapter] = field(default_factory=dict)  # exit layer -> adapter
+    # the `full` graph's declared `features` output: the residual stream after each of these
+    # layers (1..N), concatenated, for every new position (a feature head drafts from them)
+    feature_layers: tuple[int, ...] = ()
 
     @property
     def tied(self) -> bool:
@@ -164,6 +170,8 @@ def build_graph(w: DecoderWeights, role: str, gb: GraphBuilder) -> None:
     }
 
     delta: str | None = None  # the MLP output not yet added to the residual stream x
+    features: dict[int, str] = {}  # layer k -> the residual stream after k layers
+    wanted = set(w.feature_layers) if kind == "full" else set()
     windowed: dict[int, tuple[str, str]] = {}  # a tree graph's inputs per sliding window
     for i in range(first, last):
         lw, name = w.layers[i], f"{p}layers.{i}"
@@ -174,6 +182,8 @@ def build_graph(w: DecoderWeights, role: str, gb: GraphBuilder) -> None:
             h = _norm(gb, x, f"{name}.attn_norm", lw.attn_norm)
         else:
             h, x = _skip_norm(gb, delta, x, f"{name}.attn_norm", lw.attn_norm)
+        if i in wanted:  # x is the residual stream after layers 0..i-1
+            features[i] = x
         qkv = gb.linear(h, f"{name}.qkv", lw.qkv_w, lw.qkv_b)
         layer_tree, window = tree, lw.window
         if tree is not None and window is not None:  # the window in the bias
@@ -204,6 +214,10 @@ def build_graph(w: DecoderWeights, role: str, gb: GraphBuilder) -> None:
         if lw.post_mlp_norm is not None:
             delta = _norm(gb, delta, f"{name}.post_mlp_norm", lw.post_mlp_norm)
 
+    if last in wanted:
+        features[last] = gb.op1("Add", [x, delta]) if delta is not None else x
+    if wanted:
+        feature_output(gb, [features[k] for k in sorted(wanted)], w.embed.shape[1])
     if kind == "head":
         hidden = gb.op1("Add", [x, delta]) if delta is not None else x
         gb.add_output(hidden, "hidden", dt, ["batch", "sequence", w.embed.shape[1]])
@@ -226,6 +240,14 @@ def build_graph(w: DecoderWeights, role: str, gb: GraphBuilder) -> None:
         logits = softcap(gb, logits, w.final_softcap, np.float32)
     name = "exit_logits" if kind == "head" else "logits"
     gb.add_output(logits, name, TensorProto.FLOAT, ["batch", "kept", w.embed.shape[0]])
+
+
+def feature_output(gb: GraphBuilder, states: list[str], hidden: int) -> None:
+    """The declared `features` output [batch, sequence, len(states) * hidden], float32."""
+    out = states[0] if len(states) == 1 else gb.op1("Concat", states, axis=-1)
+    if gb.onnx_dtype != TensorProto.FLOAT:
+        out = gb.op1("Cast", [out], to=TensorProto.FLOAT)
+    gb.add_output(out, "features", TensorProto.FLOAT, ["batch", "sequence", len(states) * hidden])
 
 
 def _norm(gb: GraphBuilder, x: str, name: str, norm: Norm) -> str:

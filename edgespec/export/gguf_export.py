@@ -93,6 +93,7 @@ def export_gguf(path: str | Path, out: str | Path, config: ExportConfig | None =
             raise ExportError(
                 f"--exit-layers {k} is out of range: the model has {info.num_layers} layers"
             )
+    c.check_feature_layers(info.num_layers)
     for name, err in sorted(model.requantized.items()):
         steps(
             f"re-quantized {name} to int8 blocks of 32 (its type has no exact MatMulNBits "
@@ -107,6 +108,8 @@ def export_gguf(path: str | Path, out: str | Path, config: ExportConfig | None =
     elif c.gguf_weights == "float":
         steps("dequantizing every weight to float32 (--gguf-weights float)")
         weights = _dequantized(weights)
+    if c.feature_layers:
+        weights = dataclasses.replace(weights, feature_layers=tuple(c.feature_layers))
     _prepare_out(out, c.overwrite)
 
     store = WeightStore(out / WEIGHTS_FILE)
@@ -144,6 +147,7 @@ def export_gguf(path: str | Path, out: str | Path, config: ExportConfig | None =
         step_width=c.step_width(c.gguf_weights == "blocks" and _has_packed(weights)),
         draft=draft[1] if draft is not None else None,
         draft_source={"model": str(c.draft)} if draft is not None else None,
+        feature_layers=list(c.feature_layers),
     )
     manifest.extra["gguf"] = provenance(path, model, c)
     if draft is not None:

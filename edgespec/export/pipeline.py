@@ -97,6 +97,7 @@ def export_bundle(
                 f"{option} {k} is out of range: the model has {info.num_layers} layers, "
                 f"so an exit layer must be between 1 and {info.num_layers - 1}"
             )
+    c.check_feature_layers(info.num_layers)
     draft_model = draft_info = None
     if c.draft is not None:
         steps("loading draft " + str(c.draft))
@@ -122,6 +123,8 @@ def export_bundle(
 
     steps("extracting weights")
     weights = extract(target)
+    if c.feature_layers:
+        weights = dataclasses.replace(weights, feature_layers=tuple(c.feature_layers))
     adapters = {}
     if c.fit_exit_adapter is not None:  # before any file is written: bad text fails cleanly
         steps("fitting exit adapters")
@@ -201,6 +204,7 @@ def export_bundle(
         chat=save_chat_format(tokenizer, target, out),
         step_width=c.step_width(),
         tree_graphs=tree_graphs,
+        feature_layers=list(c.feature_layers),
     )
     if c.quant is not None:
         manifest.extra["quantization"] = c.quant.describe()

@@ -49,6 +49,8 @@ def mode_keys(manifest) -> list[tuple[str, dict]]:
     keys: list[tuple[str, dict]] = []
     if "draft" in manifest.roles:
         keys.append(("spec", {"mode": "spec"}))
+    if "eagle" in manifest.roles:
+        keys.append(("eagle", {"mode": "eagle"}))
     for k in manifest.exit_layers:
         keys.append((f"self-spec@{k}", {"mode": "self-spec", "exit_layer": k}))
     # the model-free drafters every bundle has: Token Recycling (`recycle`) is left out, it

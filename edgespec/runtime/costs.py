@@ -109,7 +109,9 @@ def best_local(
     With this device's calibration (`edgespec bench BUNDLE --calibrate`: round times and the
     tokens a round yields on instruct replies, per mode), the mode whose best γ promises the
     most tokens per second, N(γ) / T(γ) against 1 / T(0), if that beats plain decoding by
-    DEFAULT_MARGIN. Without one: the bundle's draft model (chained after prompt lookup:
+    DEFAULT_MARGIN. Without one: the bundle's feature head (chained after prompt lookup:
+    modes.DEFAULT_EAGLE_DRAFTER) where its distill record promises that margin
+    (`eagle_speedup`); else its draft model (chained after prompt lookup:
     modes.DEFAULT_SPEC_DRAFTER); else an exit whose fitted adapter
     agrees with the final layer on more than k/L + 0.1 of tokens (a round drafting one token
     at exit k costs about 1 + k/L plain steps: raw exits of a model not trained for them
@@ -127,6 +129,8 @@ def best_local(
             if measured[key] > DEFAULT_MARGIN:
                 return mode_of_key(key)
             return "lookup", None
+    if "eagle" in manifest.roles and (eagle_speedup(manifest) or 0.0) > DEFAULT_MARGIN:
+        return "eagle", None
     if "draft" in manifest.roles:
         return "spec", None
     layers = manifest.target.num_layers
@@ -140,6 +144,25 @@ def best_local(
     if paying:
         return "self-spec", max(paying)
     return "lookup", None
+
+
+# an extra verified position's cost, in plain target steps (a verify of γ + 1 positions on a
+# CPU costs about one step plus this per extra position: on SmolLM2's Q4_1 file, 2 cores, a
+# 5-position verify took 11.1 ms against 6.3 ms for one step)
+VERIFY_POSITION = 0.2
+
+
+def eagle_speedup(manifest: Manifest) -> float | None:
+    """What a bundle's feature head promises over plain decoding before any calibration: its
+    held-out tokens per round N(γ) (`edgespec distill`'s record) over the round's cost in
+    target steps, 1 + γ (step_cost + VERIFY_POSITION), at the best γ. None: no record."""
+    record = manifest.extra.get("eagle") if isinstance(manifest.extra, dict) else None
+    try:
+        curve = record["held_out"]["tokens_per_round"]
+        cost = float(record["step_cost"])
+        return max(float(n) / (1 + int(g) * (cost + VERIFY_POSITION)) for g, n in curve.items())
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def calibrated_speedup(entry: Any) -> float | None:

@@ -156,10 +156,12 @@ class GraphSession:
         input_ids: np.ndarray | None = None,
         hidden: np.ndarray | None = None,
         keep: int = 1,
+        extra: dict[str, np.ndarray] | None = None,
     ) -> dict[str, np.ndarray]:
         """Process S new positions ([1, S] ids, or [1, S, H] hidden states) after `past`
         cached ones, writing their keys/values into `cache` in place; return the outputs
-        (logits for the last `keep` positions). The caller owns the cache length."""
+        (logits for the last `keep` positions). The caller owns the cache length. `extra`:
+        further inputs of the graph by name (the eagle graph's features and state)."""
         with self._lock:
             new = input_ids if input_ids is not None else hidden
             assert new is not None
@@ -174,7 +176,7 @@ class GraphSession:
             self._seqlens[0], self._total[()], self._keep[()] = total - 1, total, keep
             self._query[0] = new.shape[1]
             narrow = self._narrow
-            if narrow is not None and new.shape[1] <= NARROW:
+            if narrow is not None and new.shape[1] <= NARROW and not extra:
                 bound = narrow.bind(new, keep)  # first: get_outputs() keeps binding order
                 if cache is not self._bound_cache:
                     self._bind_cache(io, cache)
@@ -186,6 +188,8 @@ class GraphSession:
                 io.bind_cpu_input("hidden", np.ascontiguousarray(hidden, dtype=self.kv_dtype))
             else:
                 io.bind_cpu_input("input_ids", np.ascontiguousarray(input_ids, dtype=np.int64))
+            for name, array in (extra or {}).items():
+                io.bind_cpu_input(name, np.ascontiguousarray(array, dtype=np.float32))
             if self._rebind:
                 for name, array in self._scalars:
                     io.bind_cpu_input(name, array)

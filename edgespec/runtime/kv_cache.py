@@ -147,6 +147,19 @@ class KVPool:
     # every call on a row runs a multiple of this many positions (the graphs' step_width,
     # runtime/stack.py); each row has room past `capacity` for the copies that pad a call
     step_width: int = 1
+    # the target's declared features per row and position (`with_features`; a feature head
+    # drafts from a row's, runtime/eagle.py); None: not kept
+    features: np.ndarray | None = None
+
+    def with_features(self, width: int) -> KVPool:
+        """Keep `width` features per position of each row (zeros mapped lazily)."""
+        rows, _, room, _ = self.keys[0].shape
+        self.features = np.zeros((rows, room, width), np.float32)
+        return self
+
+    def write_features(self, slot: int, at: int, rows: np.ndarray) -> None:
+        if self.features is not None:
+            self.features[slot, at : at + len(rows)] = rows
 
     @classmethod
     def allocate(

@@ -24,7 +24,7 @@ from edgespec.runtime.decode import decode
 from edgespec.runtime.errors import InputError
 from edgespec.runtime.grammar import Grammar, Vocabulary, bundle_vocabulary, from_response_format
 from edgespec.runtime.link import Remote
-from edgespec.runtime.modes import DEFAULT_SPEC_DRAFTER
+from edgespec.runtime.modes import DEFAULT_EAGLE_DRAFTER, DEFAULT_SPEC_DRAFTER
 from edgespec.runtime.opener import BundleGraphs, GraphOptions, open_bundle
 from edgespec.runtime.registry import MODES, Decoder, build
 from edgespec.runtime.round import Verifier
@@ -74,7 +74,8 @@ class Model:
         """Open a bundle for decoding, as `config` says (or flat keywords naming its fields:
         `Model.load(b, mode="spec", draft_policy="fixed:4")`; see `runtime.config`).
 
-        mode: "ar" | "spec" (the bundle's draft model) | "self-spec" (early exit at
+        mode: "ar" | "spec" (the bundle's draft model) | "eagle" (its feature head, made by
+        `edgespec distill`) | "self-spec" (early exit at
         `exit_layer`, default the deepest exported; "dynamic-exit" policy picks per round) |
         "lookup" (prompt lookup) | "suffix" (SuffixDecoding) | "recycle" (Token Recycling) |
         "split" (verify on `server`). drafter: any mode's drafter
@@ -247,7 +248,7 @@ def resolve_mode(graphs: BundleGraphs, config: LoadConfig) -> LoadConfig:
         return replace(c, mode="ar")  # a chosen verifier, or fixed-shape graphs: uncalibrated
     calibration = calibration_entry(graphs.folder, c.device, c.threads)
     mode, exit_layer = best_local(graphs.manifest, calibration)
-    drafter = DEFAULT_SPEC_DRAFTER if mode == "spec" else None
+    drafter = {"spec": DEFAULT_SPEC_DRAFTER, "eagle": DEFAULT_EAGLE_DRAFTER}.get(mode)
     return replace(
         c, mode=mode, exit_layer=exit_layer if mode == "self-spec" else None, drafter=drafter
     )

@@ -19,6 +19,7 @@ MODES: dict[str, ModeDefaults] = {
     "ar": ModeDefaults("none", "fixed:0", "plain decoding"),
     "spec": ModeDefaults("draft", "auto", "draft model"),
     "self-spec": ModeDefaults("exit", "auto", "early exit"),
+    "eagle": ModeDefaults("eagle", "auto", "feature head (edgespec distill)"),  # runtime/eagle.py
     "lookup": ModeDefaults("lookup", "auto", "prompt lookup"),
     "suffix": ModeDefaults("suffix", "auto", "SuffixDecoding"),  # runtime/suffix.py
     "recycle": ModeDefaults("recycle", "auto", "Token Recycling"),  # runtime/recycling.py
@@ -30,3 +31,6 @@ MODES: dict[str, ModeDefaults] = {
 # draft alone on every instruct workload (x `ar`: 1.22 / 1.46 / 1.90 / 2.11 against 1.10 /
 # 1.14 / 0.98 / 1.07, benchmarks/RESULTS.md), as spec+lookup did on the trained pair
 DEFAULT_SPEC_DRAFTER = "lookup+draft"
+# the drafter a default `eagle` runs (a load or the server choosing for a bundle with a feature
+# head): prompt lookup first, where the reply copies the prompt, the head elsewhere
+DEFAULT_EAGLE_DRAFTER = "lookup+eagle"

@@ -82,6 +82,13 @@ def _exit(b: DrafterParts, spec: str, target: Stack | None) -> Drafter:
     return ModelDrafter(head, b.config.draft_support)
 
 
+def _eagle(b: DrafterParts, spec: str, target: Stack | None) -> Drafter:
+    from edgespec.runtime.eagle import EagleDrafter
+
+    # the feature head (runtime/eagle.py) reads the local target's features
+    return EagleDrafter.of(target, b.graphs.manifest, b.open, b.config.draft_support)
+
+
 def _lookup(b: DrafterParts, spec: str, target: Stack | None) -> Drafter:
     from edgespec.runtime.lookup import LookupDrafter
 
@@ -107,6 +114,7 @@ DRAFTER_NAMES: dict[str, DrafterName] = {
     "none": DrafterName("none", "nothing: plain decoding", _none),
     "draft": DrafterName("draft", "the bundle's draft model", _draft, trees=True),
     "exit": DrafterName("exit:K", "the target's early exit at layer K", _exit, trees=True),
+    "eagle": DrafterName("eagle", "the feature head (edgespec distill)", _eagle),
     "lookup": DrafterName("lookup", "prompt lookup", _lookup, model_free=True, trees=True),
     "suffix": DrafterName("suffix", "SuffixDecoding", _suffix, model_free=True, trees=True),
     "recycle": DrafterName("recycle", "Token Recycling", _recycle, model_free=True, trees=True),

@@ -2,7 +2,7 @@
 drafter and policy tables of `names`), spelled the same in the Python API, the CLI and split
 mode, become what implements them; conflicting choices are refused here, once.
 
-  modes      ar | spec | self-spec | lookup | suffix | recycle | split (`modes.MODES`)
+  modes      ar | spec | self-spec | eagle | lookup | suffix | recycle | split (`modes.MODES`)
   drafters   `names.DRAFTER_NAMES` ("exit": exit:K at the default exit), and chains joined
              by "+" (`lookup+draft`: prompt lookup first, the draft model where it finds
              nothing), in every mode

@@ -17,6 +17,10 @@ kernel path for a lone row, so every call runs an even number of positions and k
 number of logits rows: an odd call runs with a copy of its last input after it, whose keys and
 values land past the cache's length and are overwritten later (`pad_call`). Every cache keeps
 `kv_cache.room(step_width)` positions past its capacity for such copies.
+
+A stack whose graph declares the target's `features` output (`Manifest.feature_layers`)
+keeps them per cached position (`features[:length]`, float32 [capacity, F]): written by
+`forward`, cut with the cache, what a feature head drafts from (runtime/eagle.py).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from typing import TypeVar
 
 import numpy as np
 
+from edgespec.bundle import FEATURES
 from edgespec.runtime.graph_protocol import Graph
 from edgespec.runtime.kv_cache import KVCache, room
 from edgespec.runtime.tree_verify import TreeGraph
@@ -100,6 +105,10 @@ class Stack:
         self.max_positions = min(model.max_position_embeddings, self.fixed_capacity or 1 << 62)
         # fixed-shape graphs run the widths they were exported for
         self.step_width = step_width if self.fixed_capacity is None else 1
+        # the target's features per cached position (0: its graph declares none)
+        outputs = stages[-1].graph.outputs if len(stages) == 1 else []
+        self.feature_width = next((int(o.shape[-1]) for o in outputs if o.name == FEATURES), 0)
+        self.features = np.zeros((0, self.feature_width), np.float32)
 
     @property
     def length(self) -> int:
@@ -111,6 +120,7 @@ class Stack:
         if self.stages[0].holds_kv:  # Core ML: KV in the model's state
             self.cache = KVCache([], [], [])  # only the length is kept here
             return
+        self._feature_room(capacity, 0)
         if self.cache is not None and self.cache.capacity >= capacity:
             self.cache.truncate(0)
             return
@@ -139,7 +149,15 @@ class Stack:
             # grow geometrically: a conversation gains a turn at a time
             grow = min(max(capacity, 2 * self.cache.capacity), self.max_positions)
             self.cache = self.cache.grown(max(grow, capacity))
+        self._feature_room(self.cache.capacity, keep)
         return keep
+
+    def _feature_room(self, capacity: int, keep: int) -> None:
+        """Feature rows for `capacity` positions, the first `keep` kept."""
+        if self.feature_width and len(self.features) < capacity:
+            grown = np.zeros((capacity, self.feature_width), np.float32)
+            grown[:keep] = self.features[:keep]
+            self.features = grown
 
     def forward(self, ids: np.ndarray, keep: int = 1) -> np.ndarray:
         """Logits [keep, vocab] for new token ids [S], appended to the cache."""
@@ -152,6 +170,8 @@ class Stack:
             return stage.run(cache, cache.length, keep=rows if last else 0, **x)
 
         out = run_stages(self.stages, feed[None, :], call)
+        if self.feature_width:
+            self.features[cache.length : cache.length + len(ids)] = out[FEATURES][0][: len(ids)]
         cache.length += len(ids)
         return out[self.logits][0][wanted]
 

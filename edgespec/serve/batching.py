@@ -43,6 +43,7 @@ import logging
 
 import numpy as np
 
+from edgespec.bundle import FEATURES
 from edgespec.runtime.graph import GraphSession
 from edgespec.runtime.kv_cache import KVPool
 from edgespec.runtime.stack import pad_call, pad_ids, pad_tree, run_stages
@@ -127,6 +128,8 @@ def forward_alone(
         return stage.run(view, past, keep=rows if last else 0, **x)
 
     out = run_stages(stages, feed[None, :], call)
+    if FEATURES in out:
+        pool.write_features(slot, past, out[FEATURES][0][: len(ids)])
     pool.lengths[slot] += len(ids)
     return out["logits"][0][wanted]
 
@@ -154,6 +157,8 @@ def forward_batch(
 
     out = run_stages(stages, tokens, call)
     for slot, ids in work:
+        if FEATURES in out:
+            pool.write_features(slot, int(pool.lengths[slot]), out[FEATURES][slot - lo, : len(ids)])
         pool.lengths[slot] += len(ids)
     return [out["logits"][slot - lo, : len(ids)] for slot, ids in work]
 

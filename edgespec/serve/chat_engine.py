@@ -33,8 +33,9 @@ from edgespec.runtime.chat import ChatChunk, ChatSession, Prompt
 from edgespec.runtime.config import LoadConfig
 from edgespec.runtime.costs import best_local, calibration_entry
 from edgespec.runtime.drafters import EarlyExitDrafter
+from edgespec.runtime.eagle import read_features_of
 from edgespec.runtime.model import Model
-from edgespec.runtime.modes import DEFAULT_SPEC_DRAFTER
+from edgespec.runtime.modes import DEFAULT_EAGLE_DRAFTER, DEFAULT_SPEC_DRAFTER
 from edgespec.runtime.opener import BundleGraphs
 from edgespec.runtime.registry import MODES
 from edgespec.runtime.round import Verifier
@@ -100,6 +101,8 @@ def load_model(
         config.mode, config.drafter, config.verifier = "spec", exit_layer, exit_layer
     elif mode == "spec" and chosen:
         config.drafter = DEFAULT_SPEC_DRAFTER
+    elif mode == "eagle" and chosen:
+        config.drafter = DEFAULT_EAGLE_DRAFTER
     model = Model.from_graphs(graphs, config)
     model.mode = mode
     return model
@@ -122,6 +125,8 @@ class ChatEngine:
             )
         self.model = model
         self.sessions = [model.chat_session(max_context=max_context, verifier=v) for v in verifiers]
+        for session, verifier in zip(self.sessions, verifiers, strict=True):
+            read_features_of(session.drafter, verifier)  # a feature head reads its row's
         self.busy: set[int] = set()
         self.last_used = [0] * len(verifiers)
         self.clock = 0

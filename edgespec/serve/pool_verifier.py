@@ -52,6 +52,28 @@ class Posted:
         return Verdict(r.accepted, r.token, perf_counter() - self.start)
 
 
+@dataclass
+class RowFeatures:
+    """A pool row's features as `runtime.eagle.FeatureSource` (written by the worker)."""
+
+    pool: KVPool
+    slot: int
+
+    @property
+    def feature_width(self) -> int:
+        f = self.pool.features
+        return 0 if f is None else f.shape[-1]
+
+    @property
+    def features(self) -> np.ndarray:
+        assert self.pool.features is not None
+        return self.pool.features[self.slot]
+
+    @property
+    def length(self) -> int:
+        return int(self.pool.lengths[self.slot])
+
+
 class PoolVerifier:
     def __init__(
         self,
@@ -100,6 +122,10 @@ class PoolVerifier:
 
     def max_drafts(self, seq: list[int]) -> int:
         return self.max_positions - len(seq)
+
+    def feature_source(self) -> RowFeatures:
+        """The target's features of this conversation's row (a feature head reads them)."""
+        return RowFeatures(self.pool, self.slot)
 
     def submit(
         self, seq: list[int], proposal: Proposal, params: SamplingParams, rng: np.random.Generator

@@ -193,6 +193,8 @@ def load_state(config: ServerConfig) -> State:
         stages[0].kv_dtype,
         target.step_width,  # calls padded as the device's own target pads them (batching)
     )
+    if target.feature_width:  # a feature head drafts from its row's (runtime/eagle.py)
+        pool.with_features(target.feature_width)
     stats = BatchStats()
     worker = Worker(
         lambda rounds: verify_rounds(pool, stages, rounds, stats, tree_stages),

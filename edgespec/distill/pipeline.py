@@ -1,0 +1,332 @@
+"""`distill(target, out, config)`: a bundle with a feature head, from a GGUF file, a Hugging Face
+folder or a bundle, within a time budget; run again with the same arguments, it resumes.
+
+Steps, each kept in `out` so that a stopped run (Ctrl-C: `KeyboardInterrupt`) loses nothing:
+  1. export  the target into `out` with its features declared (`feature_layers`); a bundle
+             that declares them is copied (its source model must still be there: the head
+             is built against the target's own tensors)
+  2. replies the target answers the prompts (data.py) until its share of the budget is spent
+             or the prompts run out: `out/distill/replies/*.npz`
+  3. train   the head (train.py) until the budget is spent, checkpointed to
+             `out/distill/checkpoint.pt` every `checkpoint_seconds` and when interrupted
+  4. write   the eagle graph (export/eagle.py) and its record in the manifest
+             (`extra["eagle"]`: held-out acceptance, the measured cost of a head step against
+             a target step): what `auto` reads; also done when interrupted, so the bundle
+             always holds the latest head
+Progress goes to `config.on_progress` (`Progress`), never to stdout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from edgespec.bundle import MANIFEST, load_manifest, save_manifest
+from edgespec.distill import data
+from edgespec.distill.prompts import fitting_prompts
+from edgespec.export.errors import ExportError
+
+STATE = "distill"  # the folder in the bundle holding replies, checkpoint and state
+# the head's own matrices in the bundle: int8 blocks read a quarter of float's bytes a draft
+# step (on SmolLM2's Q4_1 file a float head step cost 0.30 target steps); drafts only
+HEAD_QUANTIZE = "int8"
+
+
+@dataclass
+class Progress:
+    phase: str  # export | replies | train | write | done
+    seconds: float  # of the budget spent so far (all runs)
+    budget: float
+    samples: int = 0  # replies generated
+    tokens: int = 0  # their tokens (prompt + reply)
+    steps: int = 0
+    loss: float | None = None
+    accepted: float | None = None  # held-out mean drafts kept per round at γ = 4
+    message: str = ""
+
+
+@dataclass
+class DistillConfig:
+    minutes: float = 10.0  # the whole budget: replies and training, over every run
+    prompts: Path | None = None  # a JSONL file (data.read_prompts); None: the built-in set
+    reply_share: float = 0.45  # at most this share of the budget goes to generating replies
+    new_tokens: int = 192  # reply length cap
+    feature_layers: tuple[int, ...] | None = None  # None: a low, a middle and the last layer
+    threads: int | None = None
+    bf16: bool | None = None  # None: where the CPU has AVX-512 BF16
+    eval_seconds: float = 120.0  # between held-out evaluations (each costs a few steps)
+    checkpoint_seconds: float = 60.0
+    train: Any = None  # a train.TrainConfig (None: its defaults)
+    on_progress: Callable[[Progress], None] | None = None
+
+
+def default_feature_layers(num_layers: int) -> tuple[int, ...]:
+    """EAGLE-3's choice: a low, a middle and the last layer."""
+    return tuple(sorted({min(2, num_layers), max(1, num_layers // 2), num_layers}))
+
+
+def distill(target: str | os.PathLike, out: str | os.PathLike, config: DistillConfig) -> dict:
+    """Make or resume the bundle `out` with a feature head for `target`; return its record."""
+    import torch
+
+    from edgespec.distill.head import FeatureHead
+    from edgespec.distill.train import TrainConfig, Trainer
+    from edgespec.export.eagle import initial_head
+    from edgespec.runtime.model import Model
+
+    c = config
+    out, budget = Path(out), c.minutes * 60.0
+    if c.minutes <= 0:
+        raise ExportError(f"--minutes {c.minutes:g}: give a budget above 0")
+    conversations = (
+        data.read_prompts(c.prompts)
+        if c.prompts is not None
+        else [[{"role": "user", "content": p}] for p in fitting_prompts()]
+    )
+    state_dir = out / STATE
+    state = _state(state_dir)
+    report = c.on_progress or (lambda _: None)
+    if state is None:
+        report(Progress("export", 0.0, budget, message=f"exporting {target}"))
+        state = _export(Path(target), out, c)
+        _save_state(state_dir, state)
+    elif state["target"] != str(Path(target).expanduser().resolve()):
+        raise ExportError(
+            f"--out {out} holds a distill of {state['target']}, not of {target}: choose a new "
+            "folder, or give the same target to resume"
+        )
+    spent = float(state.get("seconds", 0.0))
+    start = time.monotonic()
+
+    def elapsed() -> float:
+        return spent + time.monotonic() - start
+
+    weights = _target_weights(state["source"])
+    if c.threads:
+        torch.set_num_threads(c.threads)
+    model = Model.load(out, mode="lookup", threads=c.threads)
+    replies = state_dir / "replies"
+    counts = {"samples": len(list(replies.glob("[0-9]*.npz"))) if replies.exists() else 0}
+    counts["tokens"] = int(state.get("tokens", 0))
+
+    def on_sample(s: data.Sample) -> None:
+        counts["samples"] += 1
+        counts["tokens"] += len(s.ids)
+        report(Progress("replies", elapsed(), budget, counts["samples"], counts["tokens"]))
+        state.update(seconds=elapsed(), tokens=counts["tokens"])
+        _save_state(state_dir, state)
+
+    reply_end = start + max(0.0, c.reply_share * budget - spent)
+    try:
+        data.generate(model, conversations, replies, reply_end, c.new_tokens, on_sample)
+    finally:
+        state.update(seconds=elapsed(), tokens=counts["tokens"])
+        _save_state(state_dir, state)
+    samples = data.load(replies)
+    train_set = [s for s in samples if not s.held_out]
+    held = [s for s in samples if s.held_out] or train_set[-1:]
+    if not train_set:
+        raise ExportError(
+            "no replies to train on: the budget ended before the first reply; give more "
+            "--minutes (or shorter prompts)"
+        )
+
+    bf16 = c.bf16 if c.bf16 is not None else _has_bf16()
+    tc = replace(c.train or TrainConfig(), bf16=bf16)
+    head = FeatureHead(weights, initial_head(weights, state["feature_layers"]))
+    trainer = Trainer(head, train_set, held, tc)
+    ckpt = state_dir / "checkpoint.pt"
+    if ckpt.exists():
+        trainer.load_state(torch.load(ckpt, weights_only=False))
+    record: dict[str, Any] = dict(state.get("record", {}))
+    losses: list[float] = []
+    last_eval = last_save = time.monotonic()
+
+    def save() -> None:
+        torch.save(trainer.state(), str(ckpt) + ".tmp")
+        os.replace(str(ckpt) + ".tmp", ckpt)
+        state.update(seconds=elapsed(), record=record)
+        _save_state(state_dir, state)
+
+    try:
+        while elapsed() < budget or trainer.steps == 0:  # at least one step: a trained head
+            losses.append(trainer.step(elapsed() / budget))
+            now = time.monotonic()
+            if now - last_eval > c.eval_seconds:
+                record["held_out"] = trainer.evaluate()
+                last_eval = now
+            if now - last_save > c.checkpoint_seconds:
+                save()
+                last_save = now
+            report(Progress("train", elapsed(), budget, counts["samples"], counts["tokens"],
+                            trainer.steps, sum(losses[-20:]) / len(losses[-20:]),
+                            record.get("held_out", {}).get("accepted")))  # fmt: skip
+        record["held_out"] = trainer.evaluate(tokens=None, full_vocab=True)
+    finally:
+        save()
+        report(Progress("write", elapsed(), budget, counts["samples"], counts["tokens"],
+                        trainer.steps, message="writing the head into the bundle"))  # fmt: skip
+        record.update(
+            feature_layers=list(state["feature_layers"]),
+            steps=trainer.steps,
+            samples=len(samples),
+            train_tokens=int(sum(len(s.ids) for s in train_set)),
+            minutes=round(elapsed() / 60, 2),
+        )
+        _write(out, weights, trainer.head, record)
+    record["step_cost"] = step_cost(out)
+    _write_record(out, record)
+    state.update(record=record)
+    _save_state(state_dir, state)
+    report(Progress("done", elapsed(), budget, counts["samples"], counts["tokens"],
+                    trainer.steps, accepted=record["held_out"].get("accepted")))  # fmt: skip
+    return record
+
+
+# -- steps --------------------------------------------------------------------------------
+def _state(folder: Path) -> dict | None:
+    path = folder / "state.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _save_state(folder: Path, state: dict) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / "state.json.tmp"
+    tmp.write_text(json.dumps(state, indent=1))
+    os.replace(tmp, folder / "state.json")
+
+
+def _export(target: Path, out: Path, c: DistillConfig) -> dict:
+    """Step 1: `out` as a bundle of `target` with its features declared; the state to keep."""
+    from edgespec.export import export_bundle
+    from edgespec.export.gguf_export import is_gguf
+
+    target = target.expanduser()
+    if out.exists() and any(out.iterdir()):
+        raise ExportError(
+            f"--out {out} is not empty and holds no distill to resume: choose a new folder"
+        )
+    if (target / MANIFEST).exists():  # a bundle: it must declare its features already
+        manifest = load_manifest(target)
+        if not manifest.feature_layers:
+            raise ExportError(
+                f"bundle {target} declares no features: distill from its model file "
+                f"({manifest.source.get('model')}) instead, or re-export it with "
+                "--feature-layers"
+            )
+        source = str(manifest.source.get("model"))
+        if not Path(source).expanduser().exists():
+            raise ExportError(
+                f"bundle {target} was exported from {source}, which is not here: the head is "
+                "built against the target's own tensors; distill from the model file"
+            )
+        if out.resolve() != target.resolve():
+            shutil.copytree(target, out, dirs_exist_ok=True)
+        layers = manifest.feature_layers
+    else:
+        if not (is_gguf(target) or (target / "config.json").exists()):
+            raise ExportError(
+                f"{target} is neither a GGUF file, a Hugging Face model folder nor a bundle"
+            )
+        source = str(target.resolve())
+        layers = list(c.feature_layers or default_feature_layers(_num_layers(target)))
+        export_bundle(target, out, feature_layers=layers)
+    return {"target": str(target.resolve()), "source": str(Path(source).expanduser().resolve()),
+            "feature_layers": [int(k) for k in layers], "seconds": 0.0}  # fmt: skip
+
+
+def _num_layers(target: Path) -> int:
+    from edgespec.export.gguf_export import is_gguf
+
+    if is_gguf(target):
+        from edgespec.export.gguf_model import read_gguf
+
+        return read_gguf(target).info.num_layers
+    config = json.loads((target / "config.json").read_text())
+    return int(config.get("num_hidden_layers") or config["n_layer"])
+
+
+def _target_weights(source: str) -> Any:
+    """The target's `DecoderWeights` (its embeddings, final norm, LM head, rotary table)."""
+    from edgespec.export.gguf_export import is_gguf
+
+    path = Path(source)
+    if is_gguf(path):
+        from edgespec.export.gguf_model import read_gguf
+
+        return read_gguf(path).weights
+    try:
+        from edgespec.export.hf import extract, load_checkpoint
+    except ImportError:  # pragma: no cover - the [export] extra is missing
+        raise ExportError(
+            "distilling a Hugging Face model reads it through transformers: "
+            "pip install 'edgespec[export,distill]'"
+        ) from None
+    return extract(load_checkpoint(str(path), None)[0])
+
+
+def _write(out: Path, weights: Any, head: Any, record: dict) -> None:
+    """Step 4: the eagle graph and its manifest entry (replacing an earlier head)."""
+    from edgespec.export.eagle import write_head
+
+    manifest = load_manifest(out)
+    full = manifest.graph("full")
+    batched = any(t.name == "query_seqlens" for t in full.inputs)
+    level = int(manifest.extra.get("accuracy_level", 4))
+    shared = manifest.quantization if manifest.quantization in ("int8", "int4") else None
+    graph = write_head(out, weights, head.weights(), manifest.dtype, batched, level,
+                       HEAD_QUANTIZE, shared)  # fmt: skip
+    manifest.graphs = [g for g in manifest.graphs if g.role != "eagle"] + [graph]
+    manifest.extra["eagle"] = record
+    save_manifest(manifest, out)
+
+
+def _write_record(out: Path, record: dict) -> None:
+    manifest = load_manifest(out)
+    manifest.extra["eagle"] = record
+    save_manifest(manifest, out)
+
+
+def step_cost(out: Path, calls: int = 30) -> float:
+    """Median seconds of a one-token head step over a one-token target step, measured here."""
+    import numpy as np
+
+    from edgespec.runtime.kv_cache import KVCache
+    from edgespec.runtime.opener import open_bundle
+    from edgespec.runtime.stack import Stack
+
+    graphs = open_bundle(out)
+    m = graphs.manifest.target
+    full, head = Stack([graphs.open("full")]), graphs.open("eagle")
+    full.reset(calls + 4)
+    cache = KVCache.allocate([0], m.num_kv_heads, m.head_dim, calls + 4, head.kv_dtype)
+    width = len(graphs.manifest.feature_layers) * m.hidden_size
+    feed = {"features": np.zeros((1, 1, width), np.float32),
+            "state": np.zeros((1, 1, m.hidden_size), np.float32)}  # fmt: skip
+    t_full, t_head = [], []
+    for i in range(calls):
+        t0 = time.perf_counter()
+        full.forward(np.array([1 + i], np.int64), keep=1)
+        t1 = time.perf_counter()
+        head.run(cache, i, input_ids=np.array([[1 + i]], np.int64), keep=1, extra=feed)
+        t_full.append(t1 - t0)
+        t_head.append(time.perf_counter() - t1)
+    return round(float(np.median(t_head[3:]) / np.median(t_full[3:])), 3)
+
+
+def _has_bf16() -> bool:
+    try:
+        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines()
+                     if line.startswith("flags"))  # fmt: skip
+    except (OSError, StopIteration):
+        return False
+    return "avx512_bf16" in flags.split()
+
+
+__all__ = ["DistillConfig", "Progress", "distill"]

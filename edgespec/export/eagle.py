@@ -1,0 +1,285 @@
+"""A feature head (EAGLE style) as the bundle's `eagle` graph, drafting from the target's own
+hidden states.
+
+Takes the target's `DecoderWeights` (its embeddings, final norm, LM head and rotary table,
+which the head shares: the graph names the very initializers of the bundle's `full` graph,
+so no second vocabulary matrix is written or loaded) and `HeadWeights` (trained by
+`edgespec distill`). The graph, at each new position p:
+
+  g  = features_p @ fuse + state_p      features: the target's feature layers' residual
+                                        streams at p (concatenated), state: the head's own
+                                        `next_state` of p - 1; a position takes one of the
+                                        two, the other zero
+  z  = [rms(embed(input_ids_p)), rms(g)] @ proj
+  z += attention(rms(z)) ; z += mlp(rms(z))   one decoder layer, KV cache in/out (layer 0)
+  next_state = z                        what the target's last feature layer would be at
+                                        p + 1: the head's own g for its next step
+  logits = lm_head(final_norm(z))       the next token after input_ids_p (kept positions)
+
+Inputs: as the target's graphs (seqlens_k, total_seq_len, num_logits_to_keep, query_seqlens,
+past_key.0 / past_value.0) plus input_ids [batch, sequence], features [batch, sequence, F]
+float32, state [batch, sequence, hidden] float32. Outputs: logits, next_state, present_*.
+Guarantees: the graph computes what `edgespec.distill.head.FeatureHead` (torch) computes
+with the same weights (tested); a bundle's head is drafting only, the target verifies.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto
+
+from edgespec.bundle import GraphInfo, TensorSpec
+from edgespec.export.builder import GraphBuilder, WeightStore, io_specs
+from edgespec.export.config import DTYPES
+from edgespec.export.decoder import (
+    DecoderWeights,
+    LayerWeights,
+    Norm,
+    _lm_head,
+    _mlp,
+    _norm,
+    softcap,
+)
+from edgespec.export.errors import ExportError
+from edgespec.export.positions import last_positions
+
+FILE = "eagle.onnx"
+WEIGHTS = "eagle.bin"
+PREFIX = "eagle."
+# the target's tensors the head reads: never written again (the full graph's are named)
+SHARED = ("embed.", "lm_head.", "final_norm.", "rotary.")
+
+
+@dataclass
+class HeadWeights:
+    """A feature head's own weights (numpy, [in, out] like the graph builders take)."""
+
+    feature_layers: list[int]
+    fuse: np.ndarray  # [len(feature_layers) * hidden, hidden]
+    embed_norm: Norm
+    state_norm: Norm
+    proj: np.ndarray  # [2 * hidden, hidden]
+    layer: LayerWeights  # a llama-style layer: attn_norm, qkv, o, mlp_norm, gate|up, down
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """Every tensor by name (a checkpoint's layout, see `from_arrays`)."""
+        lw = self.layer
+        assert lw.attn_norm is not None and lw.mlp_norm is not None
+        return {
+            "feature_layers": np.asarray(self.feature_layers, np.int64),
+            "fuse": self.fuse,
+            "embed_norm": self.embed_norm.gamma,
+            "state_norm": self.state_norm.gamma,
+            "proj": self.proj,
+            "attn_norm": lw.attn_norm.gamma,
+            "qkv": lw.qkv_w,
+            "o": lw.o_w,
+            "mlp_norm": lw.mlp_norm.gamma,
+            "up": lw.up_w,
+            "down": lw.down_w,
+        }
+
+    @classmethod
+    def from_arrays(cls, a: dict[str, np.ndarray], eps: float) -> HeadWeights:
+        def norm(name: str) -> Norm:
+            return Norm(np.asarray(a[name], np.float32), None, eps)
+
+        f32 = {k: np.asarray(v, np.float32) for k, v in a.items() if k != "feature_layers"}
+        layer = LayerWeights(
+            attn_norm=norm("attn_norm"),
+            qkv_w=f32["qkv"],
+            qkv_b=None,
+            o_w=f32["o"],
+            o_b=None,
+            mlp_norm=norm("mlp_norm"),
+            up_w=f32["up"],
+            up_b=None,
+            down_w=f32["down"],
+            down_b=None,
+        )
+        return cls(
+            [int(k) for k in a["feature_layers"]],
+            f32["fuse"],
+            norm("embed_norm"),
+            norm("state_norm"),
+            f32["proj"],
+            layer,
+        )
+
+
+class SharedStore(WeightStore):
+    """A weight store that hands out the `full` graph's own initializer for a tensor of the
+    same name and shape (the target's embeddings, LM head, final norm and rotary tables) and
+    writes only the head's own tensors into its file."""
+
+    def __init__(self, path: Path, full: onnx.ModelProto) -> None:
+        super().__init__(path)
+        self.shared = {t.name: t for t in full.graph.initializer}
+        self.missing: list[str] = []  # target tensors the full graph does not hold as named
+
+    def tensor(self, name: str, array: np.ndarray) -> TensorProto:
+        if name.startswith(SHARED):
+            t = self.shared.get(name)
+            if t is not None and list(t.dims) == list(array.shape):
+                out = TensorProto()
+                out.CopyFrom(t)
+                return out
+            self.missing.append(name)
+        return super().tensor(name, array)
+
+
+def build_head_graph(
+    target: DecoderWeights, head: HeadWeights, gb: GraphBuilder, shared: str | None = None
+) -> None:
+    """Populate `gb` with the eagle graph (module doc): the head's own matrices quantized as
+    `gb.quantize` says, the target's embeddings and LM head as `shared` (the bundle's
+    quantization: the names its full graph gave them)."""
+    if target.rotary is None or target.pos_embed is not None:
+        raise ExportError("a feature head needs a rotary-position family (llama, qwen, ...)")
+    hidden = target.embed.shape[1]
+    feat = len(head.feature_layers) * hidden
+    dt = gb.onnx_dtype
+    seqlens = gb.add_input("seqlens_k", TensorProto.INT32, ["batch"])
+    total = gb.add_input("total_seq_len", TensorProto.INT32, [])
+    keep = gb.add_input("num_logits_to_keep", TensorProto.INT64, [])
+    query = (
+        gb.add_input("query_seqlens", TensorProto.INT32, ["batch"]) if gb.query_seqlens else None
+    )
+    ids = gb.add_input("input_ids", TensorProto.INT64, ["batch", "sequence"])
+    features = gb.add_input("features", TensorProto.FLOAT, ["batch", "sequence", feat])
+    state = gb.add_input("state", TensorProto.FLOAT, ["batch", "sequence", hidden])
+    if dt != TensorProto.FLOAT:
+        features = gb.op1("Cast", [features], to=dt)
+        state = gb.op1("Cast", [state], to=dt)
+
+    own, gb.quantize = gb.quantize, shared  # the target's tensors as its full graph holds them
+    e = gb.embedding(ids, "embed", target.embed)
+    gb.quantize = own
+    if target.embed_scale != 1.0:
+        e = gb.op1("Mul", [e, gb.const(np.array(target.embed_scale, gb.dtype))])
+    p = PREFIX
+    g = gb.op1("Add", [gb.linear(features, f"{p}fuse", head.fuse), state])
+    z = gb.op1(
+        "Concat",
+        [_norm(gb, e, f"{p}embed_norm", head.embed_norm), _norm(gb, g, f"{p}state_norm",
+                                                               head.state_norm)],
+        axis=-1,
+    )  # fmt: skip
+    z = gb.linear(z, f"{p}proj", head.proj)
+    lw = head.layer
+    assert lw.attn_norm is not None and lw.mlp_norm is not None
+    rotary = gb.rotary_cache(*target.rotary, name="rotary")
+    attn = target.attn
+    a = gb.attention(
+        gb.linear(_norm(gb, z, f"{p}layer.attn_norm", lw.attn_norm), f"{p}layer.qkv", lw.qkv_w),
+        0,
+        type(attn)(attn.num_heads, attn.num_kv_heads, attn.head_dim, True, attn.scale),
+        seqlens,
+        total,
+        rotary,
+        query,
+    )
+    a = gb.linear(a, f"{p}layer.o", lw.o_w)
+    h, z = gb.skip_norm(a, z, f"{p}layer.mlp_norm", lw.mlp_norm.gamma, None, lw.mlp_norm.eps)
+    z = gb.op1("Add", [z, _mlp(gb, h, f"{p}layer", lw, "silu")])
+    out_state = z if dt == TensorProto.FLOAT else gb.op1("Cast", [z], to=TensorProto.FLOAT)
+    gb.add_output(out_state, "next_state", TensorProto.FLOAT, ["batch", "sequence", hidden])
+    x = _norm(gb, last_positions(gb, z, keep), "final_norm", target.final_norm)
+    gb.quantize = shared
+    logits = _lm_head(gb, x, target)
+    gb.quantize = own
+    if dt != TensorProto.FLOAT:
+        logits = gb.op1("Cast", [logits], to=TensorProto.FLOAT)
+    if target.final_softcap is not None:
+        logits = softcap(gb, logits, target.final_softcap, np.float32)
+    gb.add_output(logits, "logits", TensorProto.FLOAT, ["batch", "kept", target.embed.shape[0]])
+
+
+def write_head(
+    folder: Path,
+    target: DecoderWeights,
+    head: HeadWeights,
+    dtype: str = "fp32",
+    batched: bool = True,
+    accuracy_level: int = 4,
+    quantize: str | None = None,
+    shared: str | None = None,
+) -> GraphInfo:
+    """Build the eagle graph into the bundle `folder` (next to its `full.onnx`, whose shared
+    tensors it names); return its manifest entry. `quantize`: the head's own matrices as
+    int8 / int4 blocks (None: float); `shared`: the bundle's quantization. An ExportError if
+    the full graph holds the target's embeddings or LM head under other names."""
+    full = onnx.load(str(folder / "full.onnx"), load_external_data=False)
+    store = SharedStore(folder / WEIGHTS, full)
+    gb = GraphBuilder(
+        store=store,
+        dtype=np.dtype(DTYPES[dtype]),
+        query_seqlens=batched,
+        accuracy_level=accuracy_level,
+        quantize=quantize,
+    )
+    try:
+        build_head_graph(target, head, gb, shared)
+    finally:
+        store.close()
+    if store.missing:
+        raise ExportError(
+            f"the bundle's full graph does not hold {store.missing[0]} as the target's weights "
+            "give it (exported with other options): distill from the model file instead"
+        )
+    onnx.save(gb.model("edgespec_eagle"), str(folder / FILE))
+    return GraphInfo(
+        role="eagle",
+        file=FILE,
+        model="target",
+        kv_layers=[0],
+        inputs=[TensorSpec(**s) for s in io_specs(gb.inputs)],
+        outputs=[TensorSpec(**s) for s in io_specs(gb.outputs)],
+    )
+
+
+def initial_head(target: DecoderWeights, feature_layers: list[int], seed: int = 0) -> HeadWeights:
+    """A head to start training from (or to test with): g is the last feature layer's state,
+    z starts as the normalised g, and the layer is a float copy of the target's last one
+    (its attention shape), so the untrained head is about one more target layer."""
+    rng = np.random.default_rng(seed)
+    hidden = target.embed.shape[1]
+    last = target.layers[-1]
+    eps = target.final_norm.eps
+    fuse = np.zeros((len(feature_layers) * hidden, hidden), np.float32)
+    fuse[-hidden:] = np.eye(hidden, dtype=np.float32)
+    proj = np.concatenate([rng.normal(0, 0.02, (hidden, hidden)), np.eye(hidden)], 0).astype(
+        np.float32
+    )
+    inter = np.asarray(last.up_w, np.float32).shape[1] // 2 if target.activation.endswith(
+        "gated") or target.activation == "silu" else 4 * hidden  # fmt: skip
+    up = np.asarray(last.up_w, np.float32)
+    if up.shape[1] != 2 * inter:  # a plain MLP: a gated one of random weights
+        up = rng.normal(0, hidden**-0.5, (hidden, 2 * inter)).astype(np.float32)
+    down = np.asarray(last.down_w, np.float32)
+    if down.shape[0] != inter:
+        down = rng.normal(0, inter**-0.5, (inter, hidden)).astype(np.float32)
+
+    def gain(norm: Norm | None) -> Norm:
+        g = np.ones(hidden, np.float32) if norm is None else np.asarray(norm.gamma, np.float32)
+        return Norm(g.copy(), None, eps)
+
+    layer = LayerWeights(
+        attn_norm=gain(last.attn_norm),
+        qkv_w=np.asarray(last.qkv_w, np.float32).copy(),
+        qkv_b=None,
+        o_w=np.asarray(last.o_w, np.float32).copy(),
+        o_b=None,
+        mlp_norm=gain(last.mlp_norm),
+        up_w=up.copy(),
+        up_b=None,
+        down_w=down.copy(),
+        down_b=None,
+    )
+    ones = Norm(np.ones(hidden, np.float32), None, eps)
+    return HeadWeights(list(feature_layers), fuse, ones, Norm(ones.gamma.copy(), None, eps),
+                       proj, layer)  # fmt: skip

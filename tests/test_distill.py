@@ -1,0 +1,158 @@
+"""`edgespec distill`: a head trained on a tiny GGUF's own replies within seconds, end to end
+through the CLI, resumed after an interruption, bad input refused with the fix."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import edgespec
+from edgespec.bundle import load_manifest
+from edgespec.cli import main
+
+pytest.importorskip("torch")
+pytest.importorskip("gguf")
+
+
+@pytest.fixture(scope="module")
+def gguf_file(tmp_path_factory) -> Path:
+    from tests.gguf_files import write_gguf
+
+    path = tmp_path_factory.mktemp("distill") / "m.gguf"
+    write_gguf(path, "llama", "Q4_1")
+    return path
+
+
+def prompts_file(folder: Path, n: int = 12) -> Path:
+    path = folder / "prompts.jsonl"
+    rows = [{"prompt": f"the cat {i} sat on the"} for i in range(n)]
+    rows.append({"messages": [{"role": "user", "content": "a b c a b c"}]})
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return path
+
+
+def test_distill_cli_writes_a_head_that_decodes_as_ar(gguf_file, tmp_path):
+    out = tmp_path / "b"
+    args = [str(gguf_file), "--out", str(out), "--minutes", "0.25", "--new-tokens", "24",
+            "--prompts", str(prompts_file(tmp_path))]  # fmt: skip
+    r = CliRunner().invoke(main, ["distill", *args])
+    assert r.exit_code == 0, r.output
+    assert "held-out drafts kept per round at γ=4" in r.output
+    m = load_manifest(out)
+    assert "eagle" in m.roles and m.feature_layers == [1, 2]
+    record = m.extra["eagle"]
+    assert record["steps"] > 0 and record["samples"] >= 2 and record["step_cost"] > 0
+    assert set(record["held_out"]["tokens_per_round"]) == {"1", "2", "3", "4"}
+    # the head is the target's: its graph names no second vocabulary matrix
+    import onnx
+
+    head = onnx.load(str(out / "eagle.onnx"), load_external_data=False)
+    shared = [t for t in head.graph.initializer if t.name.startswith(("embed.", "lm_head."))]
+    assert shared and all(
+        e.value == "weights.bin" for t in shared for e in t.external_data if e.key == "location"
+    )
+    ar = edgespec.load(out, mode="ar")
+    eagle = edgespec.load(out, mode="eagle", draft_policy="fixed:3")
+    for prompt in ("the cat sat", "a b c a b"):
+        want = ar.generate(prompt, max_new_tokens=24, ignore_eos=True).tokens
+        got = eagle.generate(prompt, max_new_tokens=24, ignore_eos=True)
+        assert got.tokens == want and got.stats.drafted > 0
+
+
+def test_an_interrupted_distill_resumes_where_it_stopped(gguf_file, tmp_path):
+    """Ctrl-C in training keeps the replies and the checkpoint (and writes the head so far);
+    the same call again trains on from the checkpoint without generating the replies again."""
+    from edgespec.distill.pipeline import DistillConfig, distill
+
+    out = tmp_path / "b"
+    seen: list = []
+
+    def stop_at_step_3(p) -> None:
+        seen.append(p)
+        if p.phase == "train" and p.steps >= 3:
+            raise KeyboardInterrupt
+
+    prompts = prompts_file(tmp_path)
+    config = DistillConfig(minutes=0.5, prompts=prompts, new_tokens=24, reply_share=0.2,
+                           on_progress=stop_at_step_3)  # fmt: skip
+    with pytest.raises(KeyboardInterrupt):
+        distill(gguf_file, out, config)
+    assert (out / "distill" / "checkpoint.pt").exists()
+    assert "eagle" in load_manifest(out).roles  # the head so far, usable
+    replies = sorted(p.name for p in (out / "distill" / "replies").glob("*.npz"))
+    spent = json.loads((out / "distill" / "state.json").read_text())["seconds"]
+    assert replies and spent > 0
+
+    after: list = []
+    config.on_progress = after.append
+    config.minutes = spent / 60 + 0.05
+    record = distill(gguf_file, out, config)
+    assert sorted(p.name for p in (out / "distill" / "replies").glob("*.npz")) == replies
+    assert not [p for p in after if p.phase in ("export", "replies")]  # nothing redone
+    assert record["steps"] > 3  # from the checkpoint's step on
+    first_train = next(p for p in after if p.phase == "train")
+    assert first_train.steps == 4
+
+
+def test_bad_inputs_are_refused_with_the_fix(gguf_file, tmp_path):
+    run = lambda *a: CliRunner().invoke(main, ["distill", *map(str, a)])  # noqa: E731
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "ok"}\n{"text": 3}\n')
+    r = run(gguf_file, "--out", tmp_path / "b1", "--prompts", bad)
+    assert r.exit_code == 1 and "line 2" in r.output and '{"prompt": "..."}' in r.output
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    (busy / "x.txt").write_text("mine")
+    r = run(gguf_file, "--out", busy, "--minutes", "0.05")
+    assert r.exit_code == 1 and "not empty" in r.output and (busy / "x.txt").exists()
+    r = run(tmp_path / "nothing.txt", "--out", tmp_path / "b2")
+    assert r.exit_code == 1 and "neither a GGUF file" in r.output
+    r = run(gguf_file, "--out", tmp_path / "b3", "--minutes", "0")
+    assert r.exit_code == 1 and "--minutes" in r.output
+
+
+def test_the_runtime_never_imports_torch_to_decode_with_a_head(tmp_path):
+    """A head's bundle decodes in a process where torch cannot be imported."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "import edgespec\n"
+        f"m = edgespec.load({str(tmp_path)!r} + '/b', mode='eagle')\n"
+        "print(len(m.generate('the cat', max_new_tokens=8, ignore_eos=True).tokens))\n"
+    )
+    from edgespec.distill.pipeline import DistillConfig, distill
+    from tests.gguf_files import write_gguf
+
+    write_gguf(tmp_path / "m.gguf", "llama", "Q4_1")
+    distill(
+        tmp_path / "m.gguf",
+        tmp_path / "b",
+        DistillConfig(minutes=0.05, prompts=prompts_file(tmp_path, 4), new_tokens=16),
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "8"
+    assert np.isfinite(load_manifest(tmp_path / "b").extra["eagle"]["step_cost"])
+
+
+def test_a_bundle_exported_with_its_features_is_distilled_into_a_copy(gguf_file, tmp_path):
+    run = lambda *a: CliRunner().invoke(main, list(map(str, a)))  # noqa: E731
+    plain, featured = tmp_path / "plain", tmp_path / "featured"
+    assert run("export", gguf_file, "--out", plain).exit_code == 0
+    r = run("distill", plain, "--out", tmp_path / "x", "--minutes", "0.1")
+    assert (
+        r.exit_code == 1 and "declares no features" in r.output and "--feature-layers" in r.output
+    )
+    r = run("export", gguf_file, "--out", featured, "--feature-layers", "1,2")
+    assert r.exit_code == 0, r.output
+    out = tmp_path / "headed"
+    r = run("distill", featured, "--out", out, "--minutes", "0.2", "--new-tokens", "16",
+            "--prompts", prompts_file(tmp_path, 6))  # fmt: skip
+    assert r.exit_code == 0, r.output
+    assert "eagle" in load_manifest(out).roles and "eagle" not in load_manifest(featured).roles
