@@ -9,7 +9,9 @@ thread count, in alternating turns (`--repeats`, so load drifts hit both engines
   `-p P -n 0` (prefill), its mean tokens/s;
 * edgespec: the runtime's own `ar` (`edgespec.load(bundle, mode="ar")`), N tokens generated
   from the file's BOS token with `ignore_eos`: decode tokens/s from the generation's stats
-  (every token after the first over their time); prefill: P token ids in one call.
+  (every token after the first over their time); prefill: P token ids in one call. Each
+  measurement runs in a fresh process, as each llama-bench does: onnxruntime's process-wide
+  thread pool keeps the thread count of the first model a process loads.
 
 Prints one row per file and thread count: both engines' best decode and prefill rate over
 the turns, and their ratio; the CPU and the load average are printed with the table.
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -59,7 +62,19 @@ def edgespec_rates(bundle: Path, threads: int, n: int, p: int) -> tuple[float, f
     return decode, p / best
 
 
+def edgespec_in_child(bundle: Path, threads: int, n: int, p: int) -> tuple[float, float]:
+    cmd = [sys.executable, "-m", "benchmarks.gguf_speed", "--worker", str(bundle), str(threads),
+           str(n), str(p)]  # fmt: skip
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    decode, prefill = json.loads(out.stdout.strip().splitlines()[-1])
+    return decode, prefill
+
+
 def main() -> None:
+    if len(sys.argv) == 6 and sys.argv[1] == "--worker":
+        bundle, t, n, p = Path(sys.argv[2]), *map(int, sys.argv[3:6])
+        print(json.dumps(edgespec_rates(bundle, t, n, p)))
+        return
     a = parser(__doc__)
     a.add_argument("--files", default="", help="GGUF files (comma list; default the demo's)")
     a.add_argument("--threads-list", default="1,2")
@@ -87,7 +102,7 @@ def main() -> None:
             for _ in range(args.repeats):
                 theirs.append((llama_bench(env, f, t, args.new_tokens, 0),
                                llama_bench(env, f, t, 0, args.prompt_tokens)))  # fmt: skip
-                ours.append(edgespec_rates(bundle, t, args.new_tokens, args.prompt_tokens))
+                ours.append(edgespec_in_child(bundle, t, args.new_tokens, args.prompt_tokens))
             d_ours, p_ours = max(o[0] for o in ours), max(o[1] for o in ours)
             d_them, p_them = max(o[0] for o in theirs), max(o[1] for o in theirs)
             row = [f.name, t, f"{d_ours:.1f}", f"{d_them:.1f}", f"{d_ours / d_them:.2f}x",
