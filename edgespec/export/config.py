@@ -129,7 +129,7 @@ class ExportConfig:
                 f"so a feature layer must be between 1 and {num_layers}"
             )
 
-    def step_width(self, blocks: bool = False) -> int:
+    def step_width(self) -> int:
         """The bundle's `step_width` (runtime/stack.py): 1 where a row's logits do not depend
         on its call's width (tests/test_batch_invariance.py), else 2 (even-width calls, whose
         rows agree whatever the width). MatMulNBits with int8 activations (accuracy level >= 2)
@@ -137,7 +137,7 @@ class ExportConfig:
         format held, `--block-size 32`) a lone row takes the same path as a wide call's rows;
         with larger blocks (the int8 / int4 default of 128) onnxruntime's one-row kernel
         rounds differently. Attention pads a one-position call (export/positions.py `lone_row_pad`).
-        QDQ graphs quantize activations per tensor: 2. `blocks`: a GGUF's blocks were kept."""
+        QDQ graphs quantize activations per tensor: 2."""
         q = self.quant
         if q is not None and q.method == "qdq-int8":
             return 2

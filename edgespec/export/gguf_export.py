@@ -144,7 +144,7 @@ def export_gguf(path: str | Path, out: str | Path, config: ExportConfig | None =
         backbone_fingerprint=_fingerprint(files, weights),
         created_by=f"edgespec {__version__}",
         chat=chat_format(meta, config_json, out),
-        step_width=c.step_width(c.gguf_weights == "blocks" and _has_packed(weights)),
+        step_width=c.step_width(),
         draft=draft[1] if draft is not None else None,
         draft_source={"model": str(c.draft)} if draft is not None else None,
         feature_layers=list(c.feature_layers),
