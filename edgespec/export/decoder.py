@@ -151,9 +151,8 @@ def build_graph(w: DecoderWeights, role: str, gb: GraphBuilder) -> None:
     # attention's seqlens and total length, counting a one-position call's pad row
     att_seqlens, att_total, att_query, pad = seqlens, total, query, None
     if gb.pad_lone_rows and tree is None:
-        att_seqlens, att_total, att_query, pad = lone_row_pad(gb,
-            x if kind == "tail" else ids, seqlens, total, query
-        )
+        new = x if kind == "tail" else ids  # [B, S, ...]: S new positions
+        att_seqlens, att_total, att_query, pad = lone_row_pad(gb, new, seqlens, total, query)
     if kind != "tail":
         x = gb.embedding(ids, f"{p}embed", w.embed)
         if w.embed_scale != 1.0:

@@ -153,8 +153,8 @@ class KVPool:
 
     def with_features(self, width: int) -> KVPool:
         """Keep `width` features per position of each row (zeros mapped lazily)."""
-        rows, _, room, _ = self.keys[0].shape
-        self.features = np.zeros((rows, room, width), np.float32)
+        rows, _, positions, _ = self.keys[0].shape
+        self.features = np.zeros((rows, positions, width), np.float32)
         return self
 
     def write_features(self, slot: int, at: int, rows: np.ndarray) -> None:
