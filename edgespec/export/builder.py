@@ -13,7 +13,7 @@ them on disk).
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import BinaryIO
 
@@ -21,7 +21,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from edgespec.export.gguf_blocks import PackedMatrix
+from edgespec.export.gguf_blocks import PackedMatrix, from_float
 from edgespec.export.nbits import (
     BITS,
     WeightFormat,
@@ -174,10 +174,13 @@ class GraphBuilder:
         """y = x @ w + b, with w stored [in, out]; int8/int4 weights use MatMulNBits
         (layout in export/nbits.py); a `PackedMatrix` (an imported GGUF's blocks) keeps its own
         blocks, whatever `quantize` says."""
+        f = weight_format(self.quantize, self.block_size) if self.quantize in BITS else None
+        if f is not None and not isinstance(w, PackedMatrix):
+            w = from_float(w, f) or w  # None: K padded to whole blocks, below
         if isinstance(w, PackedMatrix):
             y = self._packed_linear(x, name, w)
-        elif self.quantize in BITS:
-            f = weight_format(self.quantize, self.block_size)
+        elif f is not None:  # K padded: 4-bit symmetric, no zero points (`PackedMatrix.centred`)
+            f = replace(f, zero_points=False) if f.bits == 4 else f
             block, tensors = self._nbits(name, w, f)
             y = self.op1(
                 "MatMulNBits",
@@ -378,8 +381,6 @@ class GraphBuilder:
         """A rotary table as graphs store it: with `pad_lone_rows`, its last row once more
         (static graphs store the same bytes, so a bundle holds one copy)."""
         return np.concatenate([table, table[-1:]]) if self.pad_lone_rows else table
-
-
 
 
 def kv_shape(shape: AttentionShape) -> list[int | str]:

@@ -33,6 +33,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from edgespec.export.nbits import WeightFormat, block_for, quantize_blocks
+
 QK_K = 256
 
 
@@ -118,21 +120,31 @@ class PackedMatrix:
         return replace(self, scales=self.scales * f, minima=mins)
 
     def centred(self) -> PackedMatrix:
-        """The same weights as (q - c) * scale + (minimum + c * scale), c the middle of q's
-        range (8 for 4-bit levels, 16 for 5-bit ones, 2 for Q2_K's 2-bit ones): what the graph
-        computes for blocks with a minimum. With int8 activations x's rounding error e
-        multiplies what MatMulNBits holds: e * q * scale, all of one sign, against e * (q - c)
-        * scale, centred on 0 like the weights themselves, a quarter of the variance (on the
-        SmolLM2 Q4_1 file KL to the file's float values 0.0248 -> below llama.cpp's 0.0049,
-        whose Q8_1 activations multiply the whole weight). The centre term (x's block sums
-        times minimum + c * scale) is added in float. Blocks without a minimum come back as
-        they are; 4-bit levels centred at 8 drop their zero points (the op's default)."""
-        if self.minima is None or self.zero_points is None or self.zero_points.any():
+        """The same weights around the middle c of q's range: 4-bit levels shifted by 8 - c
+        onto the op's default zero point 8 (so no 4-bit graph takes a zero point input), 8-bit
+        ones with blocks with a minimum held as (q - c) * scale; whatever the zero points left
+        goes into the minimum: (q - z) * s + m = (q' - 8) * s + (m + (c - z) * s). Why: with
+        int8 activations x's rounding error e multiplies what MatMulNBits holds: e * q * scale,
+        all of one sign, against e * (q - c) * scale, centred on 0 like the weights themselves,
+        a quarter of the variance (on the SmolLM2 Q4_1 file KL to the file's float values
+        0.0248 -> below llama.cpp's 0.0049, whose Q8_1 activations multiply the whole weight).
+        And onnxruntime's AVX2 one-row int8 kernel for 4-bit blocks with zero points is
+        reported wrong on CPUs without AVX-512 (onnxruntime #29853). The centre term (x's
+        block sums times the minimum) is added in float; a minimum of 0 everywhere is none."""
+        if self.zero_points is None:
             return self
         top = int(self.levels().max()) if self.packed.size else 1
         c = 1 << max(top.bit_length() - 1, 0)
-        zp = None if self.bits == 4 and c == 8 else np.full(self.scales.shape, c, np.uint8)
-        return replace(self, zero_points=zp, minima=self.minima + np.float32(c) * self.scales)
+        if self.bits == 8 and (self.minima is None or self.zero_points.any()):
+            return self
+        z = self.zero_points.astype(np.float32)
+        minima = (0 if self.minima is None else self.minima) + (c - z) * self.scales
+        minima = None if self.minima is None and not minima.any() else minima
+        if self.bits == 8:
+            return replace(self, zero_points=np.full(self.scales.shape, c, np.uint8),
+                           minima=minima)  # fmt: skip
+        return replace(self, packed=_pack4(self.levels() + np.uint8(8 - c)), zero_points=None,
+                       minima=minima)  # fmt: skip
 
     def layout(self) -> tuple[int, int, bool, bool]:
         return (self.bits, self.block, self.zero_points is not None, self.minima is not None)
@@ -166,6 +178,21 @@ def concat_columns(parts: list[PackedMatrix]) -> PackedMatrix | None:
         minima=cat("minima"),
         source="+".join(sorted({p.source for p in parts})),
     )
+
+
+def from_float(w: np.ndarray, f: WeightFormat) -> PackedMatrix | None:
+    """Float W [K, N] quantized as `f` (export/nbits.py), as a PackedMatrix, so that the graph
+    holds it as it holds a GGUF file's blocks (`centred`); None where K needs padding to whole
+    blocks."""
+    k, n = w.shape
+    block = block_for(k, f.block_size)
+    if k % block:
+        return None
+    packed, scales, zp = quantize_blocks(w, f.bits, block, f.zero_points)
+    if zp is not None and f.bits == 4:
+        zp = np.stack([zp & 0x0F, zp >> 4], -1).reshape(n, -1)[:, : k // block]
+    zp = None if zp is None else zp.reshape(n, k // block)
+    return PackedMatrix(f.bits, block, packed, scales.reshape(n, -1), zp, None, f"int{f.bits}")
 
 
 def _f16(raw: np.ndarray) -> np.ndarray:

@@ -46,7 +46,7 @@ from edgespec.runtime.policies import Acceptance, Auto, DraftLengthPolicy, Dynam
 from edgespec.runtime.remote import FallbackVerifier, RemoteVerifier
 from edgespec.runtime.round import Drafter, Verifier
 from edgespec.runtime.split_trees import SplitTrees
-from edgespec.runtime.stack import Stack
+from edgespec.runtime.stack import Stack, settle_step_width
 from edgespec.runtime.tree_draft import AsTree
 from edgespec.runtime.tree_policy import tree_reasons, with_trees
 
@@ -144,7 +144,10 @@ class _Builder:
         # token trees: the roles' tree-verification twins, opened (or refused) on first use
         trees = lambda: [self.graphs.open_tree(r) for r in roles]  # noqa: E731
         width = self.config.step_width or self.graphs.manifest.step_width
-        return Stack([self.open(r) for r in roles], tree_stages=trees, step_width=width)
+        stack = Stack([self.open(r) for r in roles], tree_stages=trees, step_width=width)
+        if self.config.step_width is None:  # asked for: as asked
+            settle_step_width(stack)
+        return stack
 
 
 def build(graphs: BundleGraphs, config: LoadConfig) -> Decoder:

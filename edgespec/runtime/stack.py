@@ -16,7 +16,11 @@ pads a one-position call itself, tests/test_batch_invariance.py). Bundles of `st
 kernel path for a lone row, so every call runs an even number of positions and keeps an even
 number of logits rows: an odd call runs with a copy of its last input after it, whose keys and
 values land past the cache's length and are overwritten later (`pad_call`). Every cache keeps
-`kv_cache.room(step_width)` positions past its capacity for such copies.
+`kv_cache.room(step_width)` positions past its capacity for such copies. Whether a lone row
+rounds as a wide call's rows is a property of the machine's kernels too: onnxruntime's AVX2
+one-row int8 kernel for 4-bit blocks of 32 rounds otherwise, its AVX-512 one does not. So a
+target of `step_width` 1 checks it on the machine it opened on (`settle_step_width`) and
+steps two positions wide where a lone row parts from its verify round.
 
 A stack whose graph declares the target's `features` output (`Manifest.feature_layers`)
 keeps them per cached position (`features[:length]`, float32 [capacity, F]): written by
@@ -220,3 +224,21 @@ class Stack:
     def truncate(self, length: int) -> None:
         if self.cache is not None:
             self.cache.truncate(min(length, self.cache.length))
+
+
+def settle_step_width(stack: Stack) -> None:
+    """`stack.step_width` 2 where, on this machine, the rows of one-position calls are not the
+    same bits as the same positions inside one wider call (see the module doc): five probe
+    positions, each stepped alone against one 3-wide call after the same two."""
+    if stack.step_width != 1 or stack.fixed_capacity is not None or stack.stages[0].holds_kv:
+        return
+    ids = np.arange(1, 6) % stack.vocab_size
+    stack.reset(len(ids))
+    stack.forward(ids[:2])
+    alone = [stack.forward(ids[i : i + 1])[0] for i in range(2, 5)]
+    stack.reset(len(ids))
+    stack.forward(ids[:2])
+    rows = stack.forward(ids[2:], keep=3)
+    stack.cache = None
+    if not all(np.array_equal(a, r) for a, r in zip(alone, rows, strict=True)):
+        stack.step_width = 2
