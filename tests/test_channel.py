@@ -175,7 +175,7 @@ def test_unreachable_upstream_closes_the_client_and_the_proxy_survives(echo):
             assert s.recv(1) == b""
         assert ch.stats.refused == 1
         ch.proxy.upstream = parse_address(echo)
-        assert median_rtt(ch, 1) < 0.05
+        assert median_rtt(ch, 1) < 2.0  # it answers (a bound for a loaded machine, not a speed)
 
 
 @pytest.mark.parametrize(
