@@ -6,6 +6,9 @@ files that are no head for this target are refused with the reason and the fix."
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -66,7 +69,17 @@ def rope_pairs(x: np.ndarray, base: float) -> np.ndarray:
     return out
 
 
-def reference(t: dict, embed: np.ndarray, lm_head: np.ndarray, tokens, g: np.ndarray):
+def rope_halves(x: np.ndarray, base: float) -> np.ndarray:
+    """transformers' rotate-half rope (a Hugging Face checkpoint's q/k rows)."""
+    n, _, d = x.shape
+    theta = np.arange(n)[:, None] * base ** (-np.arange(0, d, 2) / d)
+    cos, sin = np.cos(theta)[:, None], np.sin(theta)[:, None]
+    a, b = x[..., : d // 2], x[..., d // 2 :]
+    return np.concatenate([a * cos - b * sin, b * cos + a * sin], -1)
+
+
+def reference(t: dict, embed: np.ndarray, lm_head: np.ndarray, tokens, g: np.ndarray,
+              rope=rope_pairs):  # fmt: skip
     """llama.cpp's head over positions 0..n-1 (token p + 1's id and g at each): the prenorm
     states [n, H] and logits over the target's vocabulary [n, V] (-inf off the draft's)."""
     m = t["meta"]
@@ -74,8 +87,8 @@ def reference(t: dict, embed: np.ndarray, lm_head: np.ndarray, tokens, g: np.nda
     e = embed[np.asarray(tokens)]
     g_n = rms(g, t["blk.0.attn_norm_2.weight"], eps)
     x = np.concatenate([rms(e, t["blk.0.attn_norm.weight"], eps), g_n], -1)
-    q = rope_pairs((x @ t["blk.0.attn_q.weight"].T).reshape(n, HEADS, HEAD_DIM), m["base"])
-    k = rope_pairs((x @ t["blk.0.attn_k.weight"].T).reshape(n, KV, HEAD_DIM), m["base"])
+    q = rope((x @ t["blk.0.attn_q.weight"].T).reshape(n, HEADS, HEAD_DIM), m["base"])
+    k = rope((x @ t["blk.0.attn_k.weight"].T).reshape(n, KV, HEAD_DIM), m["base"])
     v = (x @ t["blk.0.attn_v.weight"].T).reshape(n, KV, HEAD_DIM)
     k, v = np.repeat(k, HEADS // KV, 1), np.repeat(v, HEADS // KV, 1)
     s = np.einsum("qhd,khd->hqk", q, k) / np.sqrt(HEAD_DIM)
@@ -235,3 +248,117 @@ def test_a_hugging_face_target_takes_a_gguf_head(checkpoints, tmp_path):
         got = eagle.generate(prompt, max_new_tokens=30, ignore_eos=True)
         assert got.tokens == ar.generate(prompt, max_new_tokens=30, ignore_eos=True).tokens
         assert got.stats.drafted > 0
+
+
+# a llama.cpp source tree (e.g. llama-cpp-python's vendor/llama.cpp): its own converter checked
+LLAMA_CPP = os.environ.get("EDGESPEC_LLAMA_CPP")
+# run its converter on a test tokenizer it does not know (its pre-tokenizer hash table), with
+# sentencepiece stubbed where it is not installed (the converter imports it before it looks)
+CONVERT = """
+import importlib.machinery, importlib.util, runpy, sys, types
+tree = sys.argv.pop(1)
+sys.path[:0] = [tree, tree + "/gguf-py"]
+if importlib.util.find_spec("sentencepiece") is None:
+    stub = sys.modules["sentencepiece"] = types.ModuleType("sentencepiece")
+    stub.__spec__ = importlib.machinery.ModuleSpec("sentencepiece", None)
+    stub.SentencePieceProcessor = None
+import conversion.base as base
+base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "gpt-2"
+runpy.run_path(tree + "/convert_hf_to_gguf.py", run_name="__main__")
+"""
+HF_NAMES = {  # a Hugging Face EAGLE-3 checkpoint's names -> what llama.cpp names them
+    "fc.weight": "fc.weight",
+    "midlayer.input_layernorm.weight": "blk.0.attn_norm.weight",
+    "midlayer.hidden_norm.weight": "blk.0.attn_norm_2.weight",
+    "midlayer.self_attn.q_proj.weight": "blk.0.attn_q.weight",
+    "midlayer.self_attn.k_proj.weight": "blk.0.attn_k.weight",
+    "midlayer.self_attn.v_proj.weight": "blk.0.attn_v.weight",
+    "midlayer.self_attn.o_proj.weight": "blk.0.attn_output.weight",
+    "midlayer.post_attention_layernorm.weight": "blk.0.ffn_norm.weight",
+    "midlayer.mlp.gate_proj.weight": "blk.0.ffn_gate.weight",
+    "midlayer.mlp.up_proj.weight": "blk.0.ffn_up.weight",
+    "midlayer.mlp.down_proj.weight": "blk.0.ffn_down.weight",
+    "norm.weight": "output_norm.weight",
+    "lm_head.weight": "output.weight",
+}
+
+
+@pytest.mark.skipif(not LLAMA_CPP, reason="EDGESPEC_LLAMA_CPP names no llama.cpp source tree")
+def test_llama_cpps_own_conversion_of_a_hugging_face_head_imports_as_that_head(
+    checkpoints, tmp_path
+):
+    """A Hugging Face EAGLE-3 checkpoint (EAGLE's layout: midlayer.*, d2t as offsets, t2d)
+    through llama.cpp's convert_hf_to_gguf.py, then `--eagle-gguf`: the graph computes the
+    checkpoint's own head (rotate-half rope on its unpermuted rows)."""
+    import json
+
+    from safetensors.numpy import load_file, save_file
+
+    from edgespec.export import export_bundle
+    from edgespec.runtime.kv_cache import KVCache
+    from edgespec.runtime.opener import open_bundle
+    from edgespec.runtime.stack import Stack
+
+    target = checkpoints["llama-gqa-tied"]
+    embed = load_file(str(target / "model.safetensors"))["model.embed_tokens.weight"]
+    vocab, hidden, draft_vocab = embed.shape[0], embed.shape[1], 300
+    rng = np.random.default_rng(2)
+    shapes = {
+        "fc.weight": (hidden, 3 * hidden),
+        "midlayer.self_attn.q_proj.weight": (64, 128),
+        "midlayer.self_attn.k_proj.weight": (32, 128),
+        "midlayer.self_attn.v_proj.weight": (32, 128),
+        "midlayer.self_attn.o_proj.weight": (64, 64),
+        "midlayer.mlp.gate_proj.weight": (128, 64),
+        "midlayer.mlp.up_proj.weight": (128, 64),
+        "midlayer.mlp.down_proj.weight": (64, 128),
+        "lm_head.weight": (draft_vocab, 64),
+    }
+    hf = {k: (rng.standard_normal(shape) * 0.2).astype(np.float32) for k, shape in shapes.items()}
+    for k in HF_NAMES:
+        if k not in hf:  # the norms' gains
+            hf[k] = (1 + 0.1 * rng.standard_normal(hidden)).astype(np.float32)
+    kept = np.sort(rng.choice(vocab, draft_vocab, replace=False))
+    hf["d2t"] = (kept - np.arange(draft_vocab)).astype(np.int64)
+    hf["t2d"] = np.isin(np.arange(vocab), kept)
+    head = tmp_path / "head"
+    head.mkdir()
+    save_file(hf, str(head / "model.safetensors"))
+    (head / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama",
+        "hidden_size": hidden, "intermediate_size": 128, "num_hidden_layers": 1,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256,
+        "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "vocab_size": vocab,
+        "draft_vocab_size": draft_vocab, "hidden_act": "silu", "tie_word_embeddings": False,
+        "torch_dtype": "float32"}))  # fmt: skip
+    run = subprocess.run(
+        [sys.executable, "-c", CONVERT, LLAMA_CPP, str(head), "--target-model-dir", str(target),
+         "--outfile", str(tmp_path / "head.gguf"), "--outtype", "f32"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    bundle = tmp_path / "b"
+    export_bundle(target, bundle, eagle_gguf=tmp_path / "head.gguf")
+    m = load_manifest(bundle)
+    layers = m.extra["eagle"]["imported"]["target_layers"]
+    assert layers == [2, 2, 1]  # the converter's [2, N // 2, N - 3] for a 4-layer target
+
+    t = {HF_NAMES[k]: v for k, v in hf.items() if k in HF_NAMES}
+    t["d2t"] = kept  # llama.cpp's absolute ids: HF's offsets plus the draft id
+    t["meta"] = dict(eps=1e-5, base=10000.0, normed_residual=False)
+    graphs = open_bundle(bundle)
+    full, sess = Stack([graphs.open("full")]), graphs.open("eagle")
+    ids = rng.integers(0, vocab, 12)
+    full.reset(32)
+    full.forward(ids, keep=1)
+    n, fl = len(ids) - 1, m.feature_layers
+    feats = full.features[:n].copy()
+    mine = [feats[:, fl.index(k) * hidden : (fl.index(k) + 1) * hidden] for k in layers]
+    g = np.concatenate(mine, -1) @ hf["fc.weight"].T
+    states, want = reference(t, embed, embed.T, ids[1:], g, rope=rope_halves)
+    cache = KVCache.allocate([0], 2, HEAD_DIM, 40, np.float32)
+    zeros = np.zeros((1, n, hidden), np.float32)
+    out = sess.run(cache, 0, input_ids=ids[None, 1:], keep=n,
+                   extra={"features": feats[None], "state": zeros})  # fmt: skip
+    np.testing.assert_allclose(out["next_state"][0], states, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(out["logits"][0], want, rtol=1e-4, atol=1e-4)
