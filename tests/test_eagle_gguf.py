@@ -35,7 +35,8 @@ HEADS_KW = {
 
 @pytest.fixture(scope="module")
 def imported(tmp_path_factory) -> dict[str, tuple[Path, dict]]:
-    """(bundle, the head file's tensors) per (target family, head variant)."""
+    """(bundle, the head file's tensors) per (target family, head variant): the head's float
+    matrices as float (exactly the file's), and once as the default int8 blocks."""
     from edgespec.export import export_bundle
 
     root = tmp_path_factory.mktemp("eagle_gguf")
@@ -46,8 +47,10 @@ def imported(tmp_path_factory) -> dict[str, tuple[Path, dict]]:
         head = root / f"{variant}.gguf"
         tensors = write_eagle3(head, VOCAB, seed=3, **HEADS_KW[variant])
         bundle = root / f"{family}-{variant}"
-        export_bundle(target, bundle, eagle_gguf=head, feature_layers=[1])
+        export_bundle(target, bundle, eagle_gguf=head, feature_layers=[1], draft_quantize="none")
         out[f"{family}-{variant}"] = (bundle, tensors)
+    export_bundle(root / "llama.gguf", root / "int8", eagle_gguf=root / "d2t.gguf")
+    out["llama-d2t-int8"] = (root / "int8", out["llama-d2t"][1])
     return out
 
 
@@ -167,7 +170,7 @@ def test_imported_head_graph_computes_llama_cpps_head(imported, name):
 PROMPTS = ["def f(x):\n    return", "the the the cat", "a b c a b"]
 
 
-@pytest.mark.parametrize("name", ["llama-d2t", "qwen2-shared"])
+@pytest.mark.parametrize("name", ["llama-d2t", "qwen2-shared", "llama-d2t-int8"])
 @pytest.mark.parametrize("policy", ["fixed:3", "auto"])
 def test_greedy_with_an_imported_head_equals_ar(imported, name, policy):
     bundle, t = imported[name]
@@ -185,8 +188,9 @@ def test_greedy_with_an_imported_head_equals_ar(imported, name, policy):
 
 def test_an_imported_head_is_not_the_default_until_measured(imported):
     """No held-out acceptance or step cost yet: the default stays prompt lookup."""
-    bundle, _ = imported["llama-d2t"]
-    assert load_manifest(bundle).extra["eagle"]["imported"]["draft_vocab"] == 200
+    bundle, _ = imported["llama-d2t-int8"]
+    record = load_manifest(bundle).extra["eagle"]["imported"]
+    assert record["draft_vocab"] == 200 and record["quantize"] == "int8"
     assert edgespec.load(bundle).mode == "lookup"
 
 
@@ -338,7 +342,7 @@ def test_llama_cpps_own_conversion_of_a_hugging_face_head_imports_as_that_head(
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
     bundle = tmp_path / "b"
-    export_bundle(target, bundle, eagle_gguf=tmp_path / "head.gguf")
+    export_bundle(target, bundle, eagle_gguf=tmp_path / "head.gguf", draft_quantize="none")
     m = load_manifest(bundle)
     layers = m.extra["eagle"]["imported"]["target_layers"]
     assert layers == [2, 2, 1]  # the converter's [2, N // 2, N - 3] for a 4-layer target

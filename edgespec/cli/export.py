@@ -41,7 +41,7 @@ from edgespec.cli.common import ExportProgress, _friendly, _report_compat
     type=click.Choice(["int8", "int4", "none"]),
     default=None,
     help="The --draft model's weights, if not as --quantize (e.g. an fp32 target with an int8 "
-    "draft: a faster draft, the same output).",
+    "draft: a faster draft, the same output); --eagle-gguf's float matrices (default: int8).",
 )
 @click.option(
     "--block-size",

@@ -36,9 +36,6 @@ from edgespec.distill.prompts import fitting_prompts
 from edgespec.export.errors import ExportError
 
 STATE = "distill"  # the folder in the bundle holding replies, checkpoint and state
-# the head's own matrices in the bundle: int8 blocks read a quarter of float's bytes a draft
-# step (on SmolLM2's Q4_1 file a float head step cost 0.30 target steps); drafts only
-HEAD_QUANTIZE = "int8"
 
 
 @dataclass
@@ -279,7 +276,7 @@ def _target_weights(source: str) -> Any:
 
 def _write(out: Path, weights: Any, head: Any, record: dict) -> None:
     """Step 4: the eagle graph and its manifest entry (replacing an earlier head)."""
-    from edgespec.export.eagle import write_head
+    from edgespec.export.eagle import HEAD_QUANTIZE, write_head
 
     manifest = load_manifest(out)
     full = manifest.graph("full")

@@ -61,7 +61,9 @@ class ExportConfig:
     of these layers (0..num_layers; 0: the embeddings) at every new position, concatenated:
     what a feature head (`edgespec distill`, export/eagle.py) drafts from. Empty: no such output.
     eagle_gguf: an EAGLE-3 head in llama.cpp's GGUF (export/eagle_gguf.py) for this target,
-    written as the bundle's eagle graph; the features it reads join `feature_layers`.
+    written as the bundle's eagle graph; the features it reads join `feature_layers`. Its
+    float matrices as `draft_quantize` says (None: int8 blocks, as a distilled head's; "none":
+    float), its block-quantized ones as the file's blocks.
     on_progress: called with a short description of each step as it starts.
     """
 
@@ -163,8 +165,10 @@ class ExportConfig:
 
     def _draft_quant(self) -> QuantConfig | None:
         """The draft's own weight quantization (`--draft-quantize`), checked."""
-        if self.draft is None:
-            raise ExportError("--draft-quantize sets the draft model's weights: also pass --draft")
+        if self.draft is None and self.eagle_gguf is None:
+            raise ExportError(
+                "--draft-quantize sets a draft's weights: also pass --draft or --eagle-gguf"
+            )
         if self.draft_quantize not in DRAFT_QUANTIZATIONS:
             raise ExportError(
                 f"--draft-quantize {self.draft_quantize!r} is not supported; choose one of "

@@ -221,10 +221,13 @@ class ImportedHead:
 
     def write(self, out: Path, manifest: Any, target: DecoderWeights, config: Any) -> None:
         """The eagle graph into the bundle `out` and its entry into `manifest` (not saved)."""
-        from edgespec.export.eagle import write_head
+        from edgespec.export.eagle import HEAD_QUANTIZE, write_head
 
         shared = config.quantize if config.quantize in ("int8", "int4") else None
+        own = config.draft_quant.method if config.draft_quant is not None else None
+        own = HEAD_QUANTIZE if config.draft_quantize is None else own
+        self.record["quantize"] = own or "none"
         graph = write_head(out, target, self.head, config.dtype, bool(config.batched_verify),
-                           config.accuracy_level, None, shared, self.layers)  # fmt: skip
+                           config.accuracy_level, own, shared, self.layers)  # fmt: skip
         manifest.graphs = [g for g in manifest.graphs if g.role != "eagle"] + [graph]
         manifest.extra["eagle"] = {"imported": self.record}
