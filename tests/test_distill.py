@@ -54,6 +54,8 @@ def test_distill_cli_writes_a_head_that_decodes_as_ar(gguf_file, tmp_path):
     pays = eagle_pays(m)
     assert ("drafts with lookup+eagle" if pays else "keeps prompt lookup") in r.output
     assert edgespec.load(out).mode == ("eagle" if pays else "lookup")
+    shown = CliRunner().invoke(main, ["inspect", str(out)]).output
+    assert "feature head" in shown and "distilled" in shown and "decoding, x ar" in shown
     # the head is the target's: its graph names no second vocabulary matrix
     import onnx
 

@@ -212,6 +212,10 @@ def test_cli_export_takes_a_gguf_head(tmp_path):
     )
     assert r.exit_code == 0, r.output
     assert "eagle" in load_manifest(tmp_path / "b").roles
+    r = CliRunner().invoke(main, ["inspect", str(tmp_path / "b")])
+    assert r.exit_code == 0, r.output
+    row = next(x for x in r.output.splitlines() if x.startswith("feature head"))
+    assert "h.gguf (llama.cpp EAGLE-3), target layers [0, 1, 2]" in row and "int8" in row
 
 
 BAD = {
