@@ -30,6 +30,9 @@ HEADS_KW = {
     "shared": dict(
         layers=[1, 2, 0], own_output=False, norm_before_fc=True, norm_before_residual=True
     ),  # fmt: skip
+    # Q8_0 blocks kept as the file's (their float compute: accuracy level 0), 8 query heads
+    # over the target's 2 KV heads
+    "q8": dict(layers=[0, 1, 2], draft_vocab=120, qtype="Q8_0", heads=8),
 }
 
 
@@ -41,13 +44,15 @@ def imported(tmp_path_factory) -> dict[str, tuple[Path, dict]]:
 
     root = tmp_path_factory.mktemp("eagle_gguf")
     out = {}
-    for family, variant in (("llama", "d2t"), ("qwen2", "shared")):
+    for family, variant in (("llama", "d2t"), ("qwen2", "shared"), ("llama", "q8")):
         target = root / f"{family}.gguf"
-        write_gguf(target, family)
+        if not target.exists():
+            write_gguf(target, family)
         head = root / f"{variant}.gguf"
         tensors = write_eagle3(head, VOCAB, seed=3, **HEADS_KW[variant])
         bundle = root / f"{family}-{variant}"
-        export_bundle(target, bundle, eagle_gguf=head, feature_layers=[1], draft_quantize="none")
+        export_bundle(target, bundle, eagle_gguf=head, feature_layers=[1], draft_quantize="none",
+                      accuracy_level=0)  # fmt: skip
         out[f"{family}-{variant}"] = (bundle, tensors)
     export_bundle(root / "llama.gguf", root / "int8", eagle_gguf=root / "d2t.gguf")
     out["llama-d2t-int8"] = (root / "int8", out["llama-d2t"][1])
@@ -86,14 +91,14 @@ def reference(t: dict, embed: np.ndarray, lm_head: np.ndarray, tokens, g: np.nda
     """llama.cpp's head over positions 0..n-1 (token p + 1's id and g at each): the prenorm
     states [n, H] and logits over the target's vocabulary [n, V] (-inf off the draft's)."""
     m = t["meta"]
-    eps, n = m["eps"], len(tokens)
+    eps, n, heads = m["eps"], len(tokens), m.get("heads", HEADS)
     e = embed[np.asarray(tokens)]
     g_n = rms(g, t["blk.0.attn_norm_2.weight"], eps)
     x = np.concatenate([rms(e, t["blk.0.attn_norm.weight"], eps), g_n], -1)
-    q = rope((x @ t["blk.0.attn_q.weight"].T).reshape(n, HEADS, HEAD_DIM), m["base"])
+    q = rope((x @ t["blk.0.attn_q.weight"].T).reshape(n, heads, HEAD_DIM), m["base"])
     k = rope((x @ t["blk.0.attn_k.weight"].T).reshape(n, KV, HEAD_DIM), m["base"])
     v = (x @ t["blk.0.attn_v.weight"].T).reshape(n, KV, HEAD_DIM)
-    k, v = np.repeat(k, HEADS // KV, 1), np.repeat(v, HEADS // KV, 1)
+    k, v = np.repeat(k, heads // KV, 1), np.repeat(v, heads // KV, 1)
     s = np.einsum("qhd,khd->hqk", q, k) / np.sqrt(HEAD_DIM)
     s = np.where(np.tril(np.ones((n, n), bool)), s, -np.inf)
     a = np.exp(s - s.max(-1, keepdims=True))
@@ -120,7 +125,7 @@ def fused(t: dict, f: np.ndarray) -> np.ndarray:
     return f @ t["fc.weight"].T
 
 
-@pytest.mark.parametrize("name", ["llama-d2t", "qwen2-shared"])
+@pytest.mark.parametrize("name", ["llama-d2t", "qwen2-shared", "llama-q8"])
 def test_imported_head_graph_computes_llama_cpps_head(imported, name):
     from edgespec.export.gguf_model import read_gguf
     from edgespec.runtime.kv_cache import KVCache
@@ -170,7 +175,7 @@ def test_imported_head_graph_computes_llama_cpps_head(imported, name):
 PROMPTS = ["def f(x):\n    return", "the the the cat", "a b c a b"]
 
 
-@pytest.mark.parametrize("name", ["llama-d2t", "qwen2-shared", "llama-d2t-int8"])
+@pytest.mark.parametrize("name", ["llama-d2t", "qwen2-shared", "llama-q8", "llama-d2t-int8"])
 @pytest.mark.parametrize("policy", ["fixed:3", "auto"])
 def test_greedy_with_an_imported_head_equals_ar(imported, name, policy):
     bundle, t = imported[name]
