@@ -145,6 +145,8 @@ def test_imported_head_graph_computes_llama_cpps_head(imported, name):
     full.forward(ids, keep=1)
     n, hd = len(ids) - 1, 64
     feats = full.features[:n].copy()  # the bundle's layers 0, 1, 2
+    full.forward(np.array([7]), keep=1)  # layer 0, the embeddings, in a one-position call too
+    np.testing.assert_allclose(full.features[[0, n, n + 1], :hd], embed[[ids[0], ids[-1], 7]])
     mine = np.concatenate([feats[:, k * hd : (k + 1) * hd] for k in t["meta"]["layers"]], -1)
     g = fused(t, mine)
     states, want = reference(t, embed, lm_head, ids[1:], g)
@@ -375,3 +377,10 @@ def test_llama_cpps_own_conversion_of_a_hugging_face_head_imports_as_that_head(
                    extra={"features": feats[None], "state": zeros})  # fmt: skip
     np.testing.assert_allclose(out["next_state"][0], states, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(out["logits"][0], want, rtol=1e-4, atol=1e-4)
+
+
+def test_a_shared_backbone_bundle_refuses_a_head_it_has_no_features_for(tmp_path):
+    from edgespec.export import ExportConfig, ExportError
+
+    with pytest.raises(ExportError, match="--eagle-gguf drafts from the full graph's features"):
+        ExportConfig(variant="shared-backbone", backbone_layers=2, eagle_gguf=tmp_path / "h.gguf")

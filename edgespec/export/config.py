@@ -111,6 +111,11 @@ class ExportConfig:
             )
         )
         self.feature_layers = tuple(sorted({int(k) for k in self.feature_layers}))
+        if self.eagle_gguf is not None and self.variant != "standard":
+            raise ExportError(
+                "--eagle-gguf drafts from the full graph's features, which a shared-backbone "
+                "edge bundle does not have: drop one of them"
+            )
         if self.gguf_weights not in GGUF_WEIGHTS:
             raise ExportError(
                 f"--gguf-weights {self.gguf_weights!r} is not one of: {', '.join(GGUF_WEIGHTS)}"
