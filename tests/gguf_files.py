@@ -180,3 +180,97 @@ def write_gguf(
 def _permute_back(w: np.ndarray, heads: int) -> np.ndarray:
     n = w.shape[0]
     return w.reshape(heads, n // heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def write_eagle3(
+    path: Path,
+    vocab: int,
+    layers: list[int],
+    seed: int = 0,
+    draft_vocab: int | None = None,
+    own_output: bool = True,
+    norm_before_fc: bool = False,
+    norm_before_residual: bool = False,
+    target_hidden: int = HIDDEN,
+    rope_base: float = 10000.0,
+    arch: str = "eagle3",
+    drop: tuple[str, ...] = (),
+    qtype: str = "F32",
+    heads: int = HEADS,
+) -> dict:
+    """A tiny EAGLE-3 head as llama.cpp's converter writes it (conversion/llama.py): one layer
+    whose q/k/v read 2 x hidden inputs, hidden_norm as attn_norm_2, fc over the target layers'
+    states, q/k rows permuted, d2t as absolute target ids (int64) when `draft_vocab` is given
+    (the draft vocabulary: a random subset of the target's), matrices as `qtype`. Returns
+    the file's tensors by name in their numpy layout ([out, in], dequantized as the file holds
+    them), d2t included, and its metadata."""
+    import gguf
+    from gguf.quants import dequantize, quantize
+
+    rng = np.random.default_rng(seed)
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_block_count(1)
+    w.add_context_length(256)
+    w.add_embedding_length(HIDDEN)
+    w.add_feed_forward_length(INTER)
+    w.add_head_count(heads)
+    w.add_head_count_kv(KV)
+    w.add_key_length(HEAD_DIM)
+    w.add_value_length(HEAD_DIM)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_freq_base(rope_base)
+    w.add_rope_dimension_count(HEAD_DIM)
+    w.add_array(f"{arch}.target_layers", layers)
+    w.add_uint32(f"{arch}.target_hidden_size", target_hidden)
+    w.add_bool(f"{arch}.norm_before_residual", norm_before_residual)
+    w.add_bool(f"{arch}.norm_before_fc", norm_before_fc)
+    out: dict = {}
+
+    kind = getattr(gguf.GGMLQuantizationType, qtype)
+
+    def tensor(name: str, a: np.ndarray) -> None:
+        if a.ndim == 2 and qtype != "F32":
+            stored = quantize(a, kind)
+            out[name] = dequantize(stored, kind).reshape(a.shape)
+            if name not in drop:
+                w.add_tensor(name, stored, raw_dtype=kind)
+            return
+        out[name] = a
+        if name not in drop:
+            w.add_tensor(name, a)
+
+    def matrix(name: str, rows: int, cols: int, scale: float = 0.2) -> np.ndarray:
+        return (rng.standard_normal((rows, cols)) * scale).astype(np.float32)
+
+    def gains(n: int) -> np.ndarray:
+        return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
+
+    q, kv = heads * HEAD_DIM, KV * HEAD_DIM
+    tensor("fc.weight", matrix("fc", HIDDEN, len(layers) * target_hidden, 0.1))
+    if norm_before_fc:
+        tensor("enc.output_norm.weight", gains(len(layers) * target_hidden))
+    tensor("blk.0.attn_norm.weight", gains(HIDDEN))
+    tensor("blk.0.attn_norm_2.weight", gains(HIDDEN))
+    tensor("blk.0.attn_q.weight", _permute(matrix("q", q, 2 * HIDDEN), heads))
+    tensor("blk.0.attn_k.weight", _permute(matrix("k", kv, 2 * HIDDEN), KV))
+    tensor("blk.0.attn_v.weight", matrix("v", kv, 2 * HIDDEN))
+    tensor("blk.0.attn_output.weight", matrix("o", HIDDEN, q))
+    tensor("blk.0.ffn_norm.weight", gains(HIDDEN))
+    tensor("blk.0.ffn_gate.weight", matrix("gate", INTER, HIDDEN))
+    tensor("blk.0.ffn_up.weight", matrix("up", INTER, HIDDEN))
+    tensor("blk.0.ffn_down.weight", matrix("down", HIDDEN, INTER))
+    tensor("output_norm.weight", gains(HIDDEN))
+    if own_output:
+        tensor("output.weight", matrix("output", draft_vocab or vocab, HIDDEN, 0.5))
+    if draft_vocab is not None:
+        d2t = np.sort(rng.choice(vocab, draft_vocab, replace=False)).astype(np.int64)
+        out["d2t"] = d2t
+        if "d2t" not in drop:
+            w.add_tensor("d2t", d2t, raw_dtype=gguf.GGMLQuantizationType.I64)
+    out["meta"] = dict(layers=layers, eps=1e-5, base=rope_base, normed_fc=norm_before_fc,
+                       normed_residual=norm_before_residual, heads=heads)  # fmt: skip
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return out

@@ -135,3 +135,41 @@ def test_a_bundle_with_a_draft_defaults_to_lookup_then_the_draft_and_keeps_ar_to
     assert got.tokens == want.tokens
     # a mode asked for by name keeps its own drafter
     assert edgespec.load(b, mode="spec", threads=1).config.drafter is None
+
+
+def with_head(manifest, record: dict | None):
+    """`manifest` with an eagle graph listed and `record` as its distill record."""
+    from edgespec.bundle import GraphInfo
+
+    m = replace(manifest, graphs=[*manifest.graphs, GraphInfo("eagle", "eagle.onnx", "target",
+                                                               [0], [], [])])  # fmt: skip
+    m.extra = {**m.extra, "eagle": record} if record is not None else dict(m.extra)
+    return m
+
+
+PROMISE = {"held_out": {"tokens_per_round": {"1": 1.47, "2": 1.71, "3": 1.85, "4": 1.93}},
+           "step_cost": 0.13}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "measured, default",
+    [
+        (None, "lookup"),  # the held-out promise alone (1.10x) is no measurement
+        ({"lookup": 2.42, "eagle": 1.0, "lookup+eagle": 2.40}, "lookup"),  # lookup alone wins
+        ({"lookup": 1.12, "eagle": 1.05, "lookup+eagle": 1.14}, "lookup"),  # within the spread
+        ({"lookup": 0.98, "eagle": 1.0, "lookup+eagle": 1.02}, "lookup"),  # not over plain
+        ({"lookup": 1.12, "eagle": 1.3, "lookup+eagle": 1.4}, "eagle"),  # the chain pays
+    ],
+)
+def test_a_head_is_the_default_only_where_decoding_with_it_was_measured_to_pay(
+    bundles, measured, default
+):
+    from edgespec.runtime.costs import eagle_speedup
+
+    m = load_manifest(bundles["llama-gqa-tied"])
+    record = PROMISE if measured is None else {**PROMISE, "decode_speedup": measured}
+    head = with_head(m, record)
+    assert eagle_speedup(head) == pytest.approx(1.47 / 1.33)  # what it promised
+    assert best_local(head) == (default, None)
+    # an imported head (llama.cpp's) has no record of its own to promise with
+    assert best_local(with_head(m, {"imported": {"file": "h.gguf"}})) == ("lookup", None)

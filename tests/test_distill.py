@@ -13,6 +13,7 @@ from click.testing import CliRunner
 import edgespec
 from edgespec.bundle import load_manifest
 from edgespec.cli import main
+from edgespec.runtime.costs import eagle_pays
 
 pytest.importorskip("torch")
 pytest.importorskip("gguf")
@@ -47,6 +48,14 @@ def test_distill_cli_writes_a_head_that_decodes_as_ar(gguf_file, tmp_path):
     record = m.extra["eagle"]
     assert record["steps"] > 0 and record["samples"] >= 2 and record["step_cost"] > 0
     assert set(record["held_out"]["tokens_per_round"]) == {"1", "2", "3", "4"}
+    # decoding measured with and without the head, and the default is what it favours
+    assert set(record["decode_speedup"]) == {"lookup", "eagle", "lookup+eagle"}
+    assert all(x > 0 for x in record["decode_speedup"].values())
+    pays = eagle_pays(m)
+    assert ("drafts with lookup+eagle" if pays else "keeps prompt lookup") in r.output
+    assert edgespec.load(out).mode == ("eagle" if pays else "lookup")
+    shown = CliRunner().invoke(main, ["inspect", str(out)]).output
+    assert "feature head" in shown and "distilled" in shown and "decoding, x ar" in shown
     # the head is the target's: its graph names no second vocabulary matrix
     import onnx
 

@@ -14,7 +14,11 @@ import edgespec
 from edgespec.bundle import load_manifest, save_manifest
 
 LAYERS = [2, 4]
-PROMISING = {"held_out": {"tokens_per_round": {"1": 1.8, "2": 2.3}}, "step_cost": 0.2}
+PROMISING = {
+    "held_out": {"tokens_per_round": {"1": 1.8, "2": 2.3}},
+    "step_cost": 0.2,
+    "decode_speedup": {"lookup": 1.2, "eagle": 1.4, "lookup+eagle": 1.6},
+}
 
 
 @pytest.fixture(scope="module")
@@ -46,9 +50,9 @@ def test_a_promising_head_is_the_default_and_a_poor_one_is_not(eagle_chat, tmp_p
     poor = tmp_path / "poor"
     shutil.copytree(eagle_chat, poor)
     m = load_manifest(poor)
-    m.extra["eagle"] = {"held_out": {"tokens_per_round": {"1": 1.1}}, "step_cost": 0.3}
+    m.extra["eagle"] = {**PROMISING, "decode_speedup": {"lookup": 2.4, "lookup+eagle": 2.3}}
     save_manifest(m, poor)
-    assert edgespec.load(poor).mode != "eagle"
+    assert edgespec.load(poor).mode == "lookup"
 
 
 def test_openai_conversations_draft_from_their_rows_features(eagle_chat, hf_chat, tmp_path):

@@ -339,7 +339,10 @@ def test_a_draft_quantized_as_its_target_records_nothing_apart(checkpoints, tmp_
 @pytest.mark.parametrize(
     "options, message",
     [
-        ({"draft_quantize": "int8"}, "--draft-quantize sets the draft model's weights: also pass"),
+        (
+            {"draft_quantize": "int8"},
+            "--draft-quantize sets a draft's weights: also pass --draft or --eagle-gguf",
+        ),
         (
             {"draft_quantize": "int3", "with_draft": True},
             "--draft-quantize 'int3' is not supported; choose one of int8, int4, none",

@@ -125,3 +125,11 @@ def distill(target: str, out: str, minutes: float, prompts: str | None, new_toke
         f"{held.get('accepted', 0):.2f} (tokens per round {curve}); a head step costs "
         f"{record['step_cost']:.2f} target steps"
     )
+    from edgespec.bundle import load_manifest
+    from edgespec.runtime.costs import eagle_pays
+
+    measured = record.get("decode_speedup", {})
+    speeds = ", ".join(f"{k} {x:.2f}x" for k, x in measured.items())
+    pays = eagle_pays(load_manifest(out))
+    verdict = "drafts with lookup+eagle" if pays else "keeps prompt lookup (the head does not pay)"
+    click.echo(f"decoding here, x ar: {speeds}; a load without --mode {verdict}")

@@ -22,6 +22,13 @@ from edgespec.cli.common import ExportProgress, _friendly, _report_compat
     help="Layers whose hidden states the full graph also outputs (for a feature head, "
     "`edgespec distill`), e.g. 2,15,30.",
 )
+@click.option(
+    "--eagle-gguf",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="An EAGLE-3 head in llama.cpp's GGUF (as its draft-eagle3 reads) for this target, "
+    "written as the bundle's feature head (--mode eagle); the features it reads are declared.",
+)
 @click.option("--dtype", type=click.Choice(["fp32", "fp16"]), default="fp32", show_default=True)
 @click.option(
     "--quantize",
@@ -34,7 +41,7 @@ from edgespec.cli.common import ExportProgress, _friendly, _report_compat
     type=click.Choice(["int8", "int4", "none"]),
     default=None,
     help="The --draft model's weights, if not as --quantize (e.g. an fp32 target with an int8 "
-    "draft: a faster draft, the same output).",
+    "draft: a faster draft, the same output); --eagle-gguf's float matrices (default: int8).",
 )
 @click.option(
     "--block-size",
@@ -118,6 +125,7 @@ def export(
     draft: str | None,
     exit_layers: str,
     feature_layers: str,
+    eagle_gguf: str | None,
     dtype: str,
     quantize: str | None,
     draft_quantize: str | None,
@@ -193,6 +201,7 @@ def export(
             fit_exit_adapter=fit_exit_adapter,
             adapter_steps=adapter_steps,
             feature_layers=features,
+            eagle_gguf=eagle_gguf,
             on_progress=progress,
         )
         manifest = export_bundle(model, out, config)

@@ -66,6 +66,7 @@ def inspect(bundle: str | None, compat: tuple[str, str] | None) -> None:
             rows.append(("draft quantization", q["method"] + _quant_details(q)))
     rows += _chat_rows(m, Path(bundle))
     rows += _gguf_rows(m.extra.get("gguf"))
+    rows += _head_rows(m)
     if m.variant != "standard":
         rows.append(("variant", f"{m.variant}, backbone layers {m.backbone_layers}"))
     for k, a in m.extra.get("exit_adapters", {}).items():
@@ -170,3 +171,26 @@ def _quant_details(details: dict | None) -> str:
     details = details or {}
     shown = ", ".join(f"{k} {v}" for k, v in details.items() if k != "method")
     return f" ({shown})" if shown else ""
+
+
+def _head_rows(m: Any) -> list[tuple[str, str]]:
+    """The feature head: where it came from, what it reads, what decoding with it measured."""
+    if "eagle" not in m.roles:
+        return []
+    record = m.extra.get("eagle") or {}
+    layers = ", ".join(map(str, m.feature_layers))
+    imported = record.get("imported")
+    if imported:
+        q = imported.get("quantize", "none")
+        what = (f"{imported.get('file')} (llama.cpp EAGLE-3), target layers "
+                f"{imported.get('target_layers')}, draft vocab {imported.get('draft_vocab')}, "
+                f"{'float' if q == 'none' else q} weights")  # fmt: skip
+    else:
+        held = record.get("held_out", {})
+        what = (f"distilled, {record.get('steps', '?')} steps; held-out drafts kept per round "
+                f"at γ=4: {held.get('accepted', 0):.2f}")  # fmt: skip
+    rows = [("feature head", f"{what}; features of layers {layers}")]
+    measured = record.get("decode_speedup")
+    if measured:
+        rows.append(("decoding, x ar", ", ".join(f"{k} {x:.2f}" for k, x in measured.items())))
+    return rows

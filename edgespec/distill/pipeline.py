@@ -11,8 +11,10 @@ Steps, each kept in `out` so that a stopped run (Ctrl-C: `KeyboardInterrupt`) lo
              `out/distill/checkpoint.pt` every `checkpoint_seconds` and when interrupted
   4. write   the eagle graph (export/eagle.py) and its record in the manifest
              (`extra["eagle"]`: held-out acceptance, the measured cost of a head step against
-             a target step): what `auto` reads; also done when interrupted, so the bundle
-             always holds the latest head
+             a target step); also done when interrupted, so the bundle always holds the
+             latest head
+  5. measure decoding instruct prompts with and without the head (measure.py:
+             `decode_speedup`, in the record): what a load without a mode reads
 Progress goes to `config.on_progress` (`Progress`), never to stdout.
 """
 
@@ -29,13 +31,11 @@ from typing import Any
 
 from edgespec.bundle import MANIFEST, load_manifest, save_manifest
 from edgespec.distill import data
+from edgespec.distill.measure import decode_speedup
 from edgespec.distill.prompts import fitting_prompts
 from edgespec.export.errors import ExportError
 
 STATE = "distill"  # the folder in the bundle holding replies, checkpoint and state
-# the head's own matrices in the bundle: int8 blocks read a quarter of float's bytes a draft
-# step (on SmolLM2's Q4_1 file a float head step cost 0.30 target steps); drafts only
-HEAD_QUANTIZE = "int8"
 
 
 @dataclass
@@ -181,6 +181,9 @@ def distill(target: str | os.PathLike, out: str | os.PathLike, config: DistillCo
         )
         _write(out, weights, trainer.head, record)
     record["step_cost"] = step_cost(out)
+    report(Progress("write", elapsed(), budget, counts["samples"], counts["tokens"],
+                    trainer.steps, message="timing decoding with, without the head"))  # fmt: skip
+    record["decode_speedup"] = decode_speedup(out, c.threads)
     _write_record(out, record)
     state.update(record=record)
     _save_state(state_dir, state)
@@ -273,7 +276,7 @@ def _target_weights(source: str) -> Any:
 
 def _write(out: Path, weights: Any, head: Any, record: dict) -> None:
     """Step 4: the eagle graph and its manifest entry (replacing an earlier head)."""
-    from edgespec.export.eagle import write_head
+    from edgespec.export.eagle import HEAD_QUANTIZE, write_head
 
     manifest = load_manifest(out)
     full = manifest.graph("full")

@@ -58,8 +58,12 @@ class ExportConfig:
     file's own integers and scales; `accuracy_level` sets their compute) or "float" (their
     exact dequantized values as float weights: float compute, larger and slower than blocks).
     feature_layers: the `full` graph also outputs `features`, the residual stream after each
-    of these layers (1..num_layers) at every new position, concatenated: what a feature head
-    (`edgespec distill`, export/eagle.py) drafts from. Empty: no such output.
+    of these layers (0..num_layers; 0: the embeddings) at every new position, concatenated:
+    what a feature head (`edgespec distill`, export/eagle.py) drafts from. Empty: no such output.
+    eagle_gguf: an EAGLE-3 head in llama.cpp's GGUF (export/eagle_gguf.py) for this target,
+    written as the bundle's eagle graph; the features it reads join `feature_layers`. Its
+    float matrices as `draft_quantize` says (None: int8 blocks, as a distilled head's; "none":
+    float), its block-quantized ones as the file's blocks.
     on_progress: called with a short description of each step as it starts.
     """
 
@@ -86,6 +90,7 @@ class ExportConfig:
     tree_verify: bool = False
     gguf_weights: str = "blocks"
     feature_layers: Sequence[int] = ()
+    eagle_gguf: str | Path | None = None
     on_progress: Callable[[str], None] | None = None
     # derived in __post_init__: the weight quantization of the target and of the draft, checked
     quant: QuantConfig | None = field(init=False, default=None, repr=False)
@@ -106,6 +111,11 @@ class ExportConfig:
             )
         )
         self.feature_layers = tuple(sorted({int(k) for k in self.feature_layers}))
+        if self.eagle_gguf is not None and self.variant != "standard":
+            raise ExportError(
+                "--eagle-gguf drafts from the full graph's features, which a shared-backbone "
+                "edge bundle does not have: drop one of them"
+            )
         if self.gguf_weights not in GGUF_WEIGHTS:
             raise ExportError(
                 f"--gguf-weights {self.gguf_weights!r} is not one of: {', '.join(GGUF_WEIGHTS)}"
@@ -121,12 +131,12 @@ class ExportConfig:
         self.draft_quant = self.quant if self.draft_quantize is None else self._draft_quant()
 
     def check_feature_layers(self, num_layers: int) -> None:
-        """Refuse feature layers outside 1..num_layers (an ExportError naming the range)."""
-        bad = [k for k in self.feature_layers if not 1 <= k <= num_layers]
+        """Refuse feature layers outside 0..num_layers (an ExportError naming the range)."""
+        bad = [k for k in self.feature_layers if not 0 <= k <= num_layers]
         if bad:
             raise ExportError(
                 f"feature layer {bad[0]} is out of range: the model has {num_layers} layers, "
-                f"so a feature layer must be between 1 and {num_layers}"
+                f"so a feature layer must be between 0 and {num_layers}"
             )
 
     def step_width(self) -> int:
@@ -160,8 +170,10 @@ class ExportConfig:
 
     def _draft_quant(self) -> QuantConfig | None:
         """The draft's own weight quantization (`--draft-quantize`), checked."""
-        if self.draft is None:
-            raise ExportError("--draft-quantize sets the draft model's weights: also pass --draft")
+        if self.draft is None and self.eagle_gguf is None:
+            raise ExportError(
+                "--draft-quantize sets a draft's weights: also pass --draft or --eagle-gguf"
+            )
         if self.draft_quantize not in DRAFT_QUANTIZATIONS:
             raise ExportError(
                 f"--draft-quantize {self.draft_quantize!r} is not supported; choose one of "

@@ -16,6 +16,12 @@ so no second vocabulary matrix is written or loaded) and `HeadWeights` (trained 
                                         p + 1: the head's own g for its next step
   logits = lm_head(final_norm(z))       the next token after input_ids_p (kept positions)
 
+An EAGLE-3 head as llama.cpp holds it (`HeadWeights.proj` None, export/eagle_gguf.py) differs
+as data: its attention reads the 2H-wide [rms(embed), rms(g)] itself, the residual stream
+starts at g (or rms(g)), the features may pass an RMSNorm before `fuse`, and it may bring its
+own final norm, rotary table, embeddings and LM head, the latter over a draft vocabulary
+whose logits land on their target ids (`draft_ids`, llama.cpp's d2t; -inf elsewhere).
+
 Inputs: as the target's graphs (seqlens_k, total_seq_len, num_logits_to_keep, query_seqlens,
 past_key.0 / past_value.0) plus input_ids [batch, sequence], features [batch, sequence, F]
 float32, state [batch, sequence, hidden] float32. Outputs: logits, next_state, present_*.
@@ -27,13 +33,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
 from onnx import TensorProto
 
 from edgespec.bundle import GraphInfo, TensorSpec
-from edgespec.export.builder import GraphBuilder, WeightStore, io_specs
+from edgespec.export.builder import AttentionShape, GraphBuilder, WeightStore, io_specs
 from edgespec.export.config import DTYPES
 from edgespec.export.decoder import (
     DecoderWeights,
@@ -47,6 +54,9 @@ from edgespec.export.decoder import (
 from edgespec.export.errors import ExportError
 from edgespec.export.positions import last_positions
 
+# the head's own float matrices in a bundle: int8 blocks read a quarter of float's bytes a
+# draft step (on SmolLM2's Q4_1 file a float head step cost 0.30 target steps); drafts only
+HEAD_QUANTIZE = "int8"
 FILE = "eagle.onnx"
 WEIGHTS = "eagle.bin"
 PREFIX = "eagle."
@@ -58,17 +68,26 @@ SHARED = ("embed.", "lm_head.", "final_norm.", "rotary.")
 class HeadWeights:
     """A feature head's own weights (numpy, [in, out] like the graph builders take)."""
 
-    feature_layers: list[int]
-    fuse: np.ndarray  # [len(feature_layers) * hidden, hidden]
+    feature_layers: list[int]  # the target layers `fuse`'s rows read, in their order
+    fuse: Any  # [len(feature_layers) * hidden, hidden]
     embed_norm: Norm
     state_norm: Norm
-    proj: np.ndarray  # [2 * hidden, hidden]
+    proj: np.ndarray | None  # [2 * hidden, hidden]; None: the attention reads the 2H input
     layer: LayerWeights  # a llama-style layer: attn_norm, qkv, o, mlp_norm, gate|up, down
+    # an EAGLE-3 head's differences (export/eagle_gguf.py); the defaults are a distilled head's
+    feature_norm: Norm | None = None  # over the concatenated features, before fuse
+    residual_normed: bool = False  # proj None: the residual stream starts at rms(g), not g
+    final_norm: Norm | None = None  # None: the target's
+    lm_head: Any = None  # [hidden, draft vocab]; None: the target's
+    draft_ids: np.ndarray | None = None  # the target id of each draft id (d2t); None: same vocab
+    embed: Any = None  # [vocab, hidden]; None: the target's
+    rotary: tuple[np.ndarray, np.ndarray] | None = None  # None: the target's table
+    attn: AttentionShape | None = None  # None: the target's shape
 
     def arrays(self) -> dict[str, np.ndarray]:
         """Every tensor by name (a checkpoint's layout, see `from_arrays`)."""
         lw = self.layer
-        assert lw.attn_norm is not None and lw.mlp_norm is not None
+        assert lw.attn_norm is not None and lw.mlp_norm is not None and self.proj is not None
         return {
             "feature_layers": np.asarray(self.feature_layers, np.int64),
             "fuse": self.fuse,
@@ -133,15 +152,20 @@ class SharedStore(WeightStore):
 
 
 def build_head_graph(
-    target: DecoderWeights, head: HeadWeights, gb: GraphBuilder, shared: str | None = None
+    target: DecoderWeights,
+    head: HeadWeights,
+    gb: GraphBuilder,
+    shared: str | None = None,
+    layers: list[int] | None = None,
 ) -> None:
     """Populate `gb` with the eagle graph (module doc): the head's own matrices quantized as
     `gb.quantize` says, the target's embeddings and LM head as `shared` (the bundle's
-    quantization: the names its full graph gave them)."""
+    quantization: the names its full graph gave them). `layers`: the bundle's feature layers,
+    whose concatenation the `features` input is (None: the head's own, in their order)."""
     if target.rotary is None or target.pos_embed is not None:
         raise ExportError("a feature head needs a rotary-position family (llama, qwen, ...)")
     hidden = target.embed.shape[1]
-    feat = len(head.feature_layers) * hidden
+    layers = list(head.feature_layers if layers is None else layers)
     dt = gb.onnx_dtype
     seqlens = gb.add_input("seqlens_k", TensorProto.INT32, ["batch"])
     total = gb.add_input("total_seq_len", TensorProto.INT32, [])
@@ -150,34 +174,46 @@ def build_head_graph(
         gb.add_input("query_seqlens", TensorProto.INT32, ["batch"]) if gb.query_seqlens else None
     )
     ids = gb.add_input("input_ids", TensorProto.INT64, ["batch", "sequence"])
-    features = gb.add_input("features", TensorProto.FLOAT, ["batch", "sequence", feat])
+    width = len(layers) * hidden
+    features = gb.add_input("features", TensorProto.FLOAT, ["batch", "sequence", width])
     state = gb.add_input("state", TensorProto.FLOAT, ["batch", "sequence", hidden])
     if dt != TensorProto.FLOAT:
         features = gb.op1("Cast", [features], to=dt)
         state = gb.op1("Cast", [state], to=dt)
 
-    own, gb.quantize = gb.quantize, shared  # the target's tensors as its full graph holds them
-    e = gb.embedding(ids, "embed", target.embed)
-    gb.quantize = own
-    if target.embed_scale != 1.0:
-        e = gb.op1("Mul", [e, gb.const(np.array(target.embed_scale, gb.dtype))])
     p = PREFIX
+    own, gb.quantize = gb.quantize, shared  # the target's tensors as its full graph holds them
+    if head.embed is None:
+        e = gb.embedding(ids, "embed", target.embed)
+    else:
+        gb.quantize = own
+        e = gb.embedding(ids, f"{p}embed", head.embed)
+    gb.quantize = own
+    if target.embed_scale != 1.0 and head.embed is None:
+        e = gb.op1("Mul", [e, gb.const(np.array(target.embed_scale, gb.dtype))])
+    if head.feature_layers != layers:  # the head's columns of the bundle's features
+        cols = [layers.index(k) * hidden + np.arange(hidden) for k in head.feature_layers]
+        features = gb.op1("Gather", [features, gb.const(np.concatenate(cols))], axis=2)
+    if head.feature_norm is not None:
+        features = _norm(gb, features, f"{p}feature_norm", head.feature_norm)
     g = gb.op1("Add", [gb.linear(features, f"{p}fuse", head.fuse), state])
-    z = gb.op1(
-        "Concat",
-        [_norm(gb, e, f"{p}embed_norm", head.embed_norm), _norm(gb, g, f"{p}state_norm",
-                                                               head.state_norm)],
-        axis=-1,
-    )  # fmt: skip
-    z = gb.linear(z, f"{p}proj", head.proj)
+    g_normed = _norm(gb, g, f"{p}state_norm", head.state_norm)
+    z = gb.op1("Concat", [_norm(gb, e, f"{p}embed_norm", head.embed_norm), g_normed], axis=-1)
     lw = head.layer
-    assert lw.attn_norm is not None and lw.mlp_norm is not None
-    rotary = gb.rotary_cache(*target.rotary, name="rotary")
-    attn = target.attn
+    assert lw.mlp_norm is not None
+    if head.proj is not None:  # a distilled head: z in the hidden width, normed for attention
+        assert lw.attn_norm is not None
+        z = gb.linear(z, f"{p}proj", head.proj)
+        x = _norm(gb, z, f"{p}layer.attn_norm", lw.attn_norm)
+    else:  # EAGLE-3: the attention reads the 2H input, the residual stream starts at g
+        x, z = z, g_normed if head.residual_normed else g
+    cos_sin = head.rotary or target.rotary
+    rotary = gb.rotary_cache(*cos_sin, name="rotary" if head.rotary is None else f"{p}rotary")
+    attn = head.attn or target.attn
     a = gb.attention(
-        gb.linear(_norm(gb, z, f"{p}layer.attn_norm", lw.attn_norm), f"{p}layer.qkv", lw.qkv_w),
+        gb.linear(x, f"{p}layer.qkv", lw.qkv_w),
         0,
-        type(attn)(attn.num_heads, attn.num_kv_heads, attn.head_dim, True, attn.scale),
+        AttentionShape(attn.num_heads, attn.num_kv_heads, attn.head_dim, True, attn.scale),
         seqlens,
         total,
         rotary,
@@ -188,15 +224,41 @@ def build_head_graph(
     z = gb.op1("Add", [z, _mlp(gb, h, f"{p}layer", lw, "silu")])
     out_state = z if dt == TensorProto.FLOAT else gb.op1("Cast", [z], to=TensorProto.FLOAT)
     gb.add_output(out_state, "next_state", TensorProto.FLOAT, ["batch", "sequence", hidden])
-    x = _norm(gb, last_positions(gb, z, keep), "final_norm", target.final_norm)
-    gb.quantize = shared
-    logits = _lm_head(gb, x, target)
-    gb.quantize = own
-    if dt != TensorProto.FLOAT:
-        logits = gb.op1("Cast", [logits], to=TensorProto.FLOAT)
-    if target.final_softcap is not None:
-        logits = softcap(gb, logits, target.final_softcap, np.float32)
+    logits = _head_logits(gb, last_positions(gb, z, keep), target, head, shared)
     gb.add_output(logits, "logits", TensorProto.FLOAT, ["batch", "kept", target.embed.shape[0]])
+
+
+def _head_logits(
+    gb: GraphBuilder, z: str, target: DecoderWeights, head: HeadWeights, shared: str | None
+) -> str:
+    """float32 logits over the target's vocabulary of the kept positions' states `z`."""
+    if head.final_norm is None:
+        x = _norm(gb, z, "final_norm", target.final_norm)
+    else:
+        x = _norm(gb, z, f"{PREFIX}final_norm", head.final_norm)
+    if head.lm_head is not None:
+        logits = gb.linear(x, f"{PREFIX}lm_head", head.lm_head)
+    else:
+        own, gb.quantize = gb.quantize, shared
+        logits = _lm_head(gb, x, target)
+        gb.quantize = own
+    if gb.onnx_dtype != TensorProto.FLOAT:
+        logits = gb.op1("Cast", [logits], to=TensorProto.FLOAT)
+    if target.final_softcap is not None and head.lm_head is None:
+        logits = softcap(gb, logits, target.final_softcap, np.float32)
+    if head.draft_ids is None:
+        return logits
+    # draft id i's logit at target id draft_ids[i]; a target id no draft id maps to: -inf,
+    # the column appended past the draft vocabulary
+    n = int(head.draft_ids.shape[0])
+    at = np.full(target.embed.shape[0], n, np.int64)
+    at[head.draft_ids] = np.arange(n)
+    padded = gb.op1(
+        "Pad",
+        [logits, gb.const(np.array([0, 0, 0, 0, 0, 1], np.int64)),
+         gb.const(np.array(-np.inf, np.float32))],
+    )  # fmt: skip
+    return gb.op1("Gather", [padded, gb.const(at)], axis=2)
 
 
 def write_head(
@@ -208,10 +270,12 @@ def write_head(
     accuracy_level: int = 4,
     quantize: str | None = None,
     shared: str | None = None,
+    layers: list[int] | None = None,
 ) -> GraphInfo:
     """Build the eagle graph into the bundle `folder` (next to its `full.onnx`, whose shared
     tensors it names); return its manifest entry. `quantize`: the head's own matrices as
-    int8 / int4 blocks (None: float); `shared`: the bundle's quantization. An ExportError if
+    int8 / int4 blocks (None: float; a GGUF's blocks stay its own); `shared`: the bundle's
+    quantization; `layers`: the bundle's feature layers (None: the head's). An ExportError if
     the full graph holds the target's embeddings or LM head under other names."""
     full = onnx.load(str(folder / "full.onnx"), load_external_data=False)
     store = SharedStore(folder / WEIGHTS, full)
@@ -223,7 +287,7 @@ def write_head(
         quantize=quantize,
     )
     try:
-        build_head_graph(target, head, gb, shared)
+        build_head_graph(target, head, gb, shared, layers)
     finally:
         store.close()
     if store.missing:

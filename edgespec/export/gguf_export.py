@@ -32,6 +32,7 @@ from edgespec.bundle import GraphInfo, Manifest, save_manifest
 from edgespec.export.builder import WeightStore
 from edgespec.export.config import ExportConfig
 from edgespec.export.decoder import DecoderWeights
+from edgespec.export.eagle_gguf import ImportedHead
 from edgespec.export.errors import ExportError
 from edgespec.export.feeds import prefill_feed, session_inputs
 from edgespec.export.gguf_blocks import PackedMatrix
@@ -93,6 +94,11 @@ def export_gguf(path: str | Path, out: str | Path, config: ExportConfig | None =
             raise ExportError(
                 f"--exit-layers {k} is out of range: the model has {info.num_layers} layers"
             )
+    imported = None
+    if c.eagle_gguf is not None:
+        steps(f"reading the EAGLE-3 head {c.eagle_gguf}")
+        imported = ImportedHead(c, model.weights, info.num_layers)
+        c = dataclasses.replace(c, feature_layers=imported.layers)
     c.check_feature_layers(info.num_layers)
     for name, err in sorted(model.requantized.items()):
         steps(
@@ -150,6 +156,9 @@ def export_gguf(path: str | Path, out: str | Path, config: ExportConfig | None =
         feature_layers=list(c.feature_layers),
     )
     manifest.extra["gguf"] = provenance(path, model, c)
+    if imported is not None:
+        steps("building eagle graph")
+        imported.write(out, manifest, weights, c)
     if draft is not None:
         q = c.draft_quant if c.draft_quantize is not None else None
         manifest.extra["draft_quantization"] = q.describe() if q else {"method": "none"}

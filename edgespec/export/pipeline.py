@@ -34,6 +34,7 @@ from edgespec.bundle import (
 from edgespec.export.builder import WeightStore
 from edgespec.export.chat_format import save_chat_format
 from edgespec.export.config import DTYPES, ExportConfig
+from edgespec.export.eagle_gguf import ImportedHead
 from edgespec.export.errors import ExportError
 from edgespec.export.exit_adapter import fit_exit_adapters
 from edgespec.export.gguf_export import export_gguf, is_gguf
@@ -97,6 +98,13 @@ def export_bundle(
                 f"{option} {k} is out of range: the model has {info.num_layers} layers, "
                 f"so an exit layer must be between 1 and {info.num_layers - 1}"
             )
+    steps("extracting weights")
+    weights = extract(target)
+    imported = None
+    if c.eagle_gguf is not None:  # read and checked before any file is written
+        steps(f"reading the EAGLE-3 head {c.eagle_gguf}")
+        imported = ImportedHead(c, weights, info.num_layers)
+        c = dataclasses.replace(c, feature_layers=imported.layers)
     c.check_feature_layers(info.num_layers)
     draft_model = draft_info = None
     if c.draft is not None:
@@ -121,8 +129,6 @@ def export_bundle(
             raise ExportError(str(e)) from None
     _prepare_out(out, c.overwrite)  # a refused checkpoint or option leaves no folder behind
 
-    steps("extracting weights")
-    weights = extract(target)
     if c.feature_layers:
         weights = dataclasses.replace(weights, feature_layers=tuple(c.feature_layers))
     adapters = {}
@@ -211,6 +217,9 @@ def export_bundle(
     if draft_info is not None and c.draft_quant != c.quant:  # absent: the draft's are the target's
         q = c.draft_quant
         manifest.extra["draft_quantization"] = q.describe() if q else {"method": "none"}
+    if imported is not None:
+        steps("building eagle graph")
+        imported.write(out, manifest, weights, c)
     if adapters:
         manifest.extra["exit_adapters"] = {str(k): r for k, r in adapters.items()}
     if c.verify and c.variant == "shared-backbone":

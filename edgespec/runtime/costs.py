@@ -110,8 +110,8 @@ def best_local(
     tokens a round yields on instruct replies, per mode), the mode whose best γ promises the
     most tokens per second, N(γ) / T(γ) against 1 / T(0), if that beats plain decoding by
     DEFAULT_MARGIN. Without one: the bundle's feature head (chained after prompt lookup:
-    modes.DEFAULT_EAGLE_DRAFTER) where its distill record promises that margin
-    (`eagle_speedup`); else its draft model (chained after prompt lookup:
+    modes.DEFAULT_EAGLE_DRAFTER) where distill measured the chain beating prompt lookup alone
+    (`eagle_pays`); else its draft model (chained after prompt lookup:
     modes.DEFAULT_SPEC_DRAFTER); else an exit whose fitted adapter
     agrees with the final layer on more than k/L + 0.1 of tokens (a round drafting one token
     at exit k costs about 1 + k/L plain steps: raw exits of a model not trained for them
@@ -129,7 +129,7 @@ def best_local(
             if measured[key] > DEFAULT_MARGIN:
                 return mode_of_key(key)
             return "lookup", None
-    if "eagle" in manifest.roles and (eagle_speedup(manifest) or 0.0) > DEFAULT_MARGIN:
+    if "eagle" in manifest.roles and eagle_pays(manifest):
         return "eagle", None
     if "draft" in manifest.roles:
         return "spec", None
@@ -150,6 +150,24 @@ def best_local(
 # CPU costs about one step plus this per extra position: on SmolLM2's Q4_1 file, 2 cores, a
 # 5-position verify took 11.1 ms against 6.3 ms for one step)
 VERIFY_POSITION = 0.2
+
+
+def eagle_pays(manifest: Manifest) -> bool:
+    """Whether a bundle's feature head is its default without a calibration: its distill
+    record's end-to-end measurement (`decode_speedup`, distill/measure.py: lookup+eagle,
+    lookup and the head alone decoding instruct prompts, x `ar`, on the machine that
+    distilled) has lookup+eagle beating both prompt lookup and plain decoding by
+    DEFAULT_MARGIN. A record without one (an older distill, a head imported from llama.cpp)
+    does not: the held-out promise (`eagle_speedup`) is no measurement of decoding (on
+    SmolLM2-135M-Instruct's Q4_1 file it promised 1.10x where the head alone decoded at
+    0.94–1.09x `ar` and lookup alone beat lookup+eagle on every workload)."""
+    record = manifest.extra.get("eagle") if isinstance(manifest.extra, dict) else None
+    try:
+        measured = record["decode_speedup"]
+        chain, lookup = float(measured["lookup+eagle"]), float(measured["lookup"])
+    except (KeyError, TypeError, ValueError):
+        return False
+    return chain > DEFAULT_MARGIN * max(lookup, 1.0)
 
 
 def eagle_speedup(manifest: Manifest) -> float | None:
