@@ -86,7 +86,7 @@ def chat_bundle(checkpoint: Path, out: Path, draft: Path | None, exits: list[int
 
 def local_ttft(bundle: Path, users: list[str], reply_tokens: int, threads: int) -> list[dict]:
     import edgespec
-    from edgespec.runtime.chat import ChatOptions
+    from edgespec.runtime.chat.session import ChatOptions
 
     model = edgespec.load(bundle, threads=threads)
     options = ChatOptions(max_new_tokens=reply_tokens, temperature=0, ignore_eos=True)
@@ -231,7 +231,7 @@ def split_ttft(
     """Per turn of one conversation in split mode (a fresh `edgespec serve`, optionally behind
     the channel emulator): the resumed and the fresh session's TTFT and server counters."""
     import edgespec
-    from edgespec.runtime.chat import ChatOptions
+    from edgespec.runtime.chat.session import ChatOptions
     from edgespec.tools.channel import Channel, ChannelConfig
 
     port = free_port()

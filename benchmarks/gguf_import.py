@@ -61,7 +61,7 @@ def main() -> None:
     import edgespec
     from edgespec.demo import demo_gguf
     from edgespec.export import export_bundle
-    from edgespec.runtime.chat_template import ChatTemplate
+    from edgespec.runtime.chat.template import ChatTemplate
 
     ap = parser(__doc__)
     add_common(ap)

@@ -1,7 +1,7 @@
 """Dynamic trees from a drafting model against its chains, on the trained pair.
 
 The draft model (`spec`) and a standalone early exit (`exit:K`, head@K alone) draft a spine as
-their chain and add runner-ups where their row splits (`runtime/model_tree.py`). Three
+their chain and add runner-ups where their row splits (`runtime/drafters/model_tree.py`). Three
 measurements on the trained pair's held-out code and text prompts:
 
 * replay (offline, `lib.tree_replay`): the target's greedy output of each prompt is the truth;
@@ -51,9 +51,9 @@ def tree_bundle(models: Path) -> Path:
 
 def drafter(graphs: Any, role: str) -> Any:
     """The `draft` graph, or `head@K` alone, as a model drafter that also drafts trees."""
-    from edgespec.runtime.drafters import ModelDrafter
-    from edgespec.runtime.model_tree import ModelTrees
-    from edgespec.runtime.stack import Stack
+    from edgespec.runtime.drafters.base import ModelDrafter
+    from edgespec.runtime.drafters.model_tree import ModelTrees
+    from edgespec.runtime.graphs.stack import Stack
 
     logits = "logits" if role == "draft" else "exit_logits"
     return ModelTrees(ModelDrafter(Stack([graphs.open(role)], logits=logits)))
@@ -154,7 +154,7 @@ def main() -> None:
     args = p.parse_args()
     log(load_line())
     import edgespec
-    from edgespec.runtime.opener import GraphOptions, open_bundle
+    from edgespec.runtime.graphs.opener import GraphOptions, open_bundle
 
     models = trained_pair(TRAINED)
     bundle = tree_bundle(models)

@@ -125,7 +125,7 @@ def chat_prompts(bundle: Path, n: int) -> list[str]:
     """The first `n` of benchmarks.real's conversations, rendered through the bundle's chat
     template (a conversation's text up to the assistant's turn)."""
     import edgespec
-    from edgespec.runtime.chat_template import ChatTemplate
+    from edgespec.runtime.chat.template import ChatTemplate
 
     model = edgespec.load(bundle, mode="ar", threads=1)
     if model.manifest.chat is None:

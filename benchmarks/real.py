@@ -100,8 +100,8 @@ def chat_prompts(model: Any, only: list[str]) -> list[tuple[str, list[int]]]:
 
 def load_modes(args: Any) -> dict[str, Any]:
     """One model per mode (and per `--variants` priors), loaded now."""
-    from edgespec.runtime.estimates import PRIORS
-    from edgespec.runtime.policies import set_priors
+    from edgespec.runtime.policies.draft_length import set_priors
+    from edgespec.runtime.policies.estimates import PRIORS
 
     models = {name: load(args.bundle, o, args.threads) for name, o in map(parse_mode, args.modes)}
     for fields in args.variants:  # auto rows of the first adaptive mode, other priors

@@ -29,7 +29,7 @@ from benchmarks.lib.machine import cpu_name, load_line
 from benchmarks.lib.models import checkpoint, prompt_ids, shape_bundle
 from benchmarks.lib.serving import free_port, health, start_server, stop_server
 from benchmarks.lib.tables import table, write_result
-from edgespec.runtime.chat import ChatOptions
+from edgespec.runtime.chat.session import ChatOptions
 
 ONE = ChatOptions(max_new_tokens=1, temperature=0)
 

@@ -1,6 +1,6 @@
 """What the verifier server's even-width calls cost on a bundle with int8 activations.
 
-A bundle of `step_width` 2 (runtime/stack.py) pads every server-side target call to an even
+A bundle of `step_width` 2 (runtime/graphs/stack.py) pads every server-side target call to an even
 number of positions (serve/batching.py): an odd verify round [last, d_1..d_γ] runs one copy
 of its last token more. This runs the server's own round function (`forward_rounds`, the
 worker's forward) on the bundle's verifier graphs over a KV pool padded as the server pads
@@ -28,7 +28,7 @@ from benchmarks.lib.tables import table_header, table_row, write_result
 
 def main() -> None:
     import edgespec
-    from edgespec.runtime.kv_cache import KVPool
+    from edgespec.runtime.graphs.kv_cache import KVPool
     from edgespec.serve.batching import forward_alone, forward_rounds
 
     ap = parser(__doc__)

@@ -69,8 +69,8 @@ def load_setup(models: Path, setup: str, threads: int) -> Any:
 
 
 def policies_for(model: Any, args: Any) -> dict[str, Any]:
-    from edgespec.runtime.estimates import PRIORS
-    from edgespec.runtime.policies import set_priors
+    from edgespec.runtime.policies.draft_length import set_priors
+    from edgespec.runtime.policies.estimates import PRIORS
     from edgespec.runtime.registry import make_policy
 
     policies = {"auto": model.policy}

@@ -9,7 +9,7 @@ same prompts, device threads fixed):
                   trip (not how a cloud serves: `benchmarks.placement` has centralized streaming)
   device-only     the best local mode (ar, spec auto), no network (the same for every row)
   split fixed:γ   draft γ = 1..8 here with the bundle's draft model, verify on the server
-  channel-aware   split with the FlexSpec policy (`edgespec.runtime.channel_policy`)
+  channel-aware   split with the FlexSpec policy (`edgespec.runtime.policies.channel`)
 
 Each configuration runs for a fixed wall time (`--seconds`) over the prompts (prefill
 included), so every one sees the same stretch of a time-varying trace (replayed from its start

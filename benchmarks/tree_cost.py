@@ -41,10 +41,10 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=30)
     args = p.parse_args()
 
-    from edgespec.runtime.opener import GraphOptions, open_bundle
-    from edgespec.runtime.stack import Stack
+    from edgespec.runtime.graphs.opener import GraphOptions, open_bundle
+    from edgespec.runtime.graphs.stack import Stack
+    from edgespec.runtime.graphs.tree_verify import tree_feed
     from edgespec.runtime.tree import TokenTree
-    from edgespec.runtime.tree_verify import tree_feed
 
     bundle = shape_bundle(checkpoint(args.shape), "fp32", tree_verify=True)
     graphs = open_bundle(bundle, GraphOptions(threads=args.threads))

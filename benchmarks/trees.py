@@ -51,9 +51,9 @@ def target_rows(ar: Any, ids: list[int]) -> Any:
 
 
 def new_drafter(name: str) -> Any:
-    from edgespec.runtime.lookup import LookupDrafter
-    from edgespec.runtime.recycling import RECYCLE, RecyclingDrafter
-    from edgespec.runtime.suffix import SUFFIX, SuffixDrafter, SuffixStore
+    from edgespec.runtime.drafters.lookup import LookupDrafter
+    from edgespec.runtime.drafters.recycling import RECYCLE, RecyclingDrafter
+    from edgespec.runtime.drafters.suffix import SUFFIX, SuffixDrafter, SuffixStore
 
     if name == "lookup":
         return LookupDrafter()

@@ -36,7 +36,7 @@ def decode(models: dict[str, Any], prompts: list[list[int]], n_new: int, repeats
 
 def flat_projection(policy: Any) -> dict[str, Any] | None:
     """The tree policy's best chain and best tree, every round priced at its one-node cost."""
-    from edgespec.runtime.tree_policy import TreePolicy, best_shapes
+    from edgespec.runtime.policies.trees import TreePolicy, best_shapes
 
     if not isinstance(policy, TreePolicy) or policy.cost.t_draft is None:
         return None

@@ -190,10 +190,10 @@ class Manifest:
     chat: ChatFormat | None = None
     # optional (exported with --tree-verify): per dynamic role, its twin taking `position_ids`
     # [batch, sequence] int64 and `tree_mask` [sequence, sequence] bool, which verifies a token
-    # tree in one forward (runtime/tree_verify.py)
+    # tree in one forward (runtime/graphs/tree_verify.py)
     tree_graphs: list[GraphInfo] = field(default_factory=list)
     # target calls run a multiple of this many positions: 2 where activations are quantized
-    # (runtime/stack.py). Absent in older bundles: 2 if their weights are quantized
+    # (runtime/graphs/stack.py). Absent in older bundles: 2 if their weights are quantized
     step_width: int = 1
     # optional: the layers whose residual streams `full` outputs as FEATURES [batch, sequence,
     # len * hidden] (float32), what the `eagle` graph drafts from (export/eagle.py); [] none

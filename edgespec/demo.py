@@ -211,7 +211,7 @@ def modes_of(manifest: Any) -> tuple[str, ...]:
 def run_demo(config: DemoConfig, progress: Callable[[str], None] | None = None) -> list[DemoAnswer]:
     """Answer every prompt with every mode; answers in `config.prompts` order, `ar` first."""
     import edgespec
-    from edgespec.runtime.chat_template import ChatTemplate
+    from edgespec.runtime.chat.template import ChatTemplate
 
     bundle = config.bundle or demo_bundle(config.cache, progress, config.fetch)
     if not (Path(bundle) / "manifest.json").is_file():

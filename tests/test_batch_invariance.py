@@ -40,7 +40,7 @@ def _layer_session(kind: str, tmp_path, threads: int):
 
     from edgespec.export.builder import GraphBuilder, WeightStore
     from edgespec.export.gguf_blocks import pack
-    from edgespec.runtime.graph import session_options
+    from edgespec.runtime.graphs.session import session_options
 
     rows, k = 96, 512
     held = pack(_raw_blocks(kind, rows, k, np.random.default_rng(3)), kind, k)

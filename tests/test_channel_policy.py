@@ -9,8 +9,8 @@ from dataclasses import dataclass, replace
 
 import pytest
 
-from edgespec.runtime.channel_policy import ChannelAware, EnergyModel, OnlineLinear
-from edgespec.runtime.estimates import expected_tokens
+from edgespec.runtime.policies.channel import ChannelAware, EnergyModel, OnlineLinear
+from edgespec.runtime.policies.estimates import expected_tokens
 from edgespec.runtime.registry import make_policy
 from edgespec.runtime.stats import RoundStats
 

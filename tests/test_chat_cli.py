@@ -10,7 +10,7 @@ import pexpect
 import pytest
 
 import edgespec
-from edgespec.runtime.chat import ChatOptions
+from edgespec.runtime.chat.session import ChatOptions
 
 ROOT = Path(__file__).resolve().parents[1]
 

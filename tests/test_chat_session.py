@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 import edgespec
-from edgespec.runtime.chat import ChatError, ChatOptions, StopStrings
-from edgespec.runtime.chat_template import ChatTemplateError
+from edgespec.runtime.chat.session import ChatError, ChatOptions, StopStrings
+from edgespec.runtime.chat.template import ChatTemplateError
 from edgespec.runtime.model import InputError
 
 MODES = {

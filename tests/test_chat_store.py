@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 import edgespec
-from edgespec.runtime import chat_store
-from edgespec.runtime.chat import ChatOptions
+from edgespec.runtime.chat import store as chat_store
+from edgespec.runtime.chat.session import ChatOptions
 from edgespec.runtime.errors import InputError
 
 TURNS = ["Write a function that adds two numbers.", "Now make it add three.", "Thanks!"]

@@ -9,7 +9,7 @@ import pytest
 from chat_templates import CHAT_BUNDLE_TEMPLATE, QWEN25, TEMPLATES
 
 from edgespec.bundle import BundleError, load_manifest
-from edgespec.runtime.chat_template import ChatTemplate, ChatTemplateError
+from edgespec.runtime.chat.template import ChatTemplate, ChatTemplateError
 from edgespec.runtime.tokenizer import Tokenizer
 
 WEATHER = {

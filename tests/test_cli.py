@@ -180,7 +180,7 @@ def test_calibrate_stores_round_costs_that_seed_the_auto_policy(spec_bundles, tm
     assert chain.main.cost.round_time[0] == entry["spec"]["round_seconds"]["0"]
     assert chain.apart["lookup"].cost.round_time[1] == entry["lookup"]["round_seconds"]["1"]
     # seeding prices, not how acceptance is learnt: prompt lookup keeps its own state prior
-    from edgespec.runtime.estimates import PRIORS
+    from edgespec.runtime.policies.estimates import PRIORS
 
     assert chain.apart["lookup"].cost.acceptance.priors.state_prior == PRIORS.state_prior_first
     assert chain.main.cost.acceptance.priors.state_prior == PRIORS.state_prior

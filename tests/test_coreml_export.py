@@ -19,13 +19,13 @@ from edgespec.bundle import BundleError, load_manifest
 from edgespec.export import export_bundle, extract
 from edgespec.export.coreml import build_program, package_specs
 from edgespec.export.static import StaticShape
-from edgespec.runtime.coreml import CoreMLSession
 from edgespec.runtime.decode import decode
-from edgespec.runtime.drafters import EarlyExitDrafter, ModelDrafter, NoDrafter
-from edgespec.runtime.local import LocalVerifier
-from edgespec.runtime.policies import FixedLength
+from edgespec.runtime.drafters.base import EarlyExitDrafter, ModelDrafter, NoDrafter
+from edgespec.runtime.graphs.coreml import CoreMLSession
+from edgespec.runtime.graphs.stack import Stack
+from edgespec.runtime.policies.draft_length import FixedLength
 from edgespec.runtime.sampling import SamplingParams
-from edgespec.runtime.stack import Stack
+from edgespec.runtime.verify.local import LocalVerifier
 
 ct = pytest.importorskip(
     "coremltools", reason="coremltools is not installed (pip install 'edgespec[coreml]')"

@@ -12,9 +12,9 @@ import pytest
 import edgespec
 from edgespec.bundle import load_manifest
 from edgespec.runtime.calibrate import mode_keys
-from edgespec.runtime.costs import best_local, calibrated_speedup, device_key
-from edgespec.runtime.estimates import PRIORS, AcceptanceModel, CostModel
-from edgespec.runtime.policies import Auto, PerSource, set_priors
+from edgespec.runtime.policies.costs import best_local, calibrated_speedup, device_key
+from edgespec.runtime.policies.draft_length import Auto, PerSource, set_priors
+from edgespec.runtime.policies.estimates import PRIORS, AcceptanceModel, CostModel
 from edgespec.runtime.registry import make_policy
 
 
@@ -164,7 +164,7 @@ PROMISE = {"held_out": {"tokens_per_round": {"1": 1.47, "2": 1.71, "3": 1.85, "4
 def test_a_head_is_the_default_only_where_decoding_with_it_was_measured_to_pay(
     bundles, measured, default
 ):
-    from edgespec.runtime.costs import eagle_speedup
+    from edgespec.runtime.policies.costs import eagle_speedup
 
     m = load_manifest(bundles["llama-gqa-tied"])
     record = PROMISE if measured is None else {**PROMISE, "decode_speedup": measured}

@@ -12,7 +12,7 @@ import edgespec
 from edgespec.cli import main
 from edgespec.devices import DeviceError, available, get_profile, providers_for
 from edgespec.devices.profiles import BUILTIN_ORDER, load_profiles
-from edgespec.runtime.channel_policy import EnergyModel
+from edgespec.runtime.policies.channel import EnergyModel
 from edgespec.runtime.registry import make_policy
 
 

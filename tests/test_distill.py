@@ -13,7 +13,7 @@ from click.testing import CliRunner
 import edgespec
 from edgespec.bundle import load_manifest
 from edgespec.cli import main
-from edgespec.runtime.costs import eagle_pays
+from edgespec.runtime.policies.costs import eagle_pays
 
 pytest.importorskip("torch")
 pytest.importorskip("gguf")

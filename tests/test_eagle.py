@@ -106,9 +106,9 @@ def test_eagle_graph_computes_what_the_torch_head_computes(checkpoints, eagle_bu
     torch = pytest.importorskip("torch")
     from edgespec.distill.head import FeatureHead
     from edgespec.export.eagle import initial_head
-    from edgespec.runtime.kv_cache import KVCache
-    from edgespec.runtime.opener import open_bundle
-    from edgespec.runtime.stack import Stack
+    from edgespec.runtime.graphs.kv_cache import KVCache
+    from edgespec.runtime.graphs.opener import open_bundle
+    from edgespec.runtime.graphs.stack import Stack
 
     weights = hf_weights(checkpoints["qwen2"])
     head = initial_head(weights, LAYERS, 0)
@@ -169,9 +169,9 @@ def test_eagle_greedy_output_equals_ar(eagle_bundles, name, policy):
 def fresh_drafts(bundle: Path, seq: list[int], gamma: int) -> list[int]:
     """The greedy drafts after `seq` of a head that never drafted before: the target's
     features over seq[:-1] from scratch, then the head over all of it in one call."""
-    from edgespec.runtime.kv_cache import KVCache
-    from edgespec.runtime.opener import open_bundle
-    from edgespec.runtime.stack import Stack
+    from edgespec.runtime.graphs.kv_cache import KVCache
+    from edgespec.runtime.graphs.opener import open_bundle
+    from edgespec.runtime.graphs.stack import Stack
 
     graphs = open_bundle(bundle)
     m = graphs.manifest.target

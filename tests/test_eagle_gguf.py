@@ -128,9 +128,9 @@ def fused(t: dict, f: np.ndarray) -> np.ndarray:
 @pytest.mark.parametrize("name", ["llama-d2t", "qwen2-shared", "llama-q8"])
 def test_imported_head_graph_computes_llama_cpps_head(imported, name):
     from edgespec.export.gguf_model import read_gguf
-    from edgespec.runtime.kv_cache import KVCache
-    from edgespec.runtime.opener import open_bundle
-    from edgespec.runtime.stack import Stack
+    from edgespec.runtime.graphs.kv_cache import KVCache
+    from edgespec.runtime.graphs.opener import open_bundle
+    from edgespec.runtime.graphs.stack import Stack
 
     bundle, t = imported[name]
     m = load_manifest(bundle)
@@ -310,9 +310,9 @@ def test_llama_cpps_own_conversion_of_a_hugging_face_head_imports_as_that_head(
     from safetensors.numpy import load_file, save_file
 
     from edgespec.export import export_bundle
-    from edgespec.runtime.kv_cache import KVCache
-    from edgespec.runtime.opener import open_bundle
-    from edgespec.runtime.stack import Stack
+    from edgespec.runtime.graphs.kv_cache import KVCache
+    from edgespec.runtime.graphs.opener import open_bundle
+    from edgespec.runtime.graphs.stack import Stack
 
     target = checkpoints["llama-gqa-tied"]
     embed = load_file(str(target / "model.safetensors"))["model.embed_tokens.weight"]

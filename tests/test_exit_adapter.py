@@ -11,8 +11,8 @@ import pytest
 
 import edgespec
 from edgespec.bundle import load_manifest
-from edgespec.runtime.graph import GraphSession, session_options
-from edgespec.runtime.kv_cache import KVCache
+from edgespec.runtime.graphs.kv_cache import KVCache
+from edgespec.runtime.graphs.session import GraphSession, session_options
 
 EXITS = [1, 2]
 N = 24

@@ -9,7 +9,7 @@ import onnxruntime as ort
 import pytest
 
 from edgespec.export.feeds import prefill_feed, session_inputs
-from edgespec.runtime.graph import session_options
+from edgespec.runtime.graphs.session import session_options
 
 
 def _session(path: Path) -> ort.InferenceSession:

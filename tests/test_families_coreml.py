@@ -14,8 +14,8 @@ from test_coreml_export import greedy, reference_session
 
 from edgespec.bundle import load_manifest
 from edgespec.export import export_bundle
-from edgespec.runtime.drafters import EarlyExitDrafter, NoDrafter
-from edgespec.runtime.stack import Stack
+from edgespec.runtime.drafters.base import EarlyExitDrafter, NoDrafter
+from edgespec.runtime.graphs.stack import Stack
 
 pytest.importorskip("coremltools", reason="coremltools is not installed")
 

@@ -71,7 +71,7 @@ def test_matmulnbits_of_held_blocks_computes_the_float_product(kind, tmp_path):
     gb.add_output(gb.embedding(ids, "emb", held.T), "e", TensorProto.FLOAT, [1, "s", k])
     store.close()
     onnx.save(gb.model("t"), str(tmp_path / "m.onnx"))
-    from edgespec.runtime.graph import session_options
+    from edgespec.runtime.graphs.session import session_options
 
     # the runtime's options: a process-wide thread pool may exist (another test opened one)
     sess = ort.InferenceSession(

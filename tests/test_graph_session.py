@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 import edgespec
-from edgespec.runtime.graph import NARROW
+from edgespec.runtime.graphs.session import NARROW
 
 # (new positions, logits kept): widths and keeps change from call to call, as in speculative
 # rounds, and repeat, so that buffers bound earlier are bound again

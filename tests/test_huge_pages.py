@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from edgespec.runtime import huge_pages
+from edgespec.runtime.graphs import huge_pages
 
 MB = 1 << 20
 
@@ -71,8 +71,7 @@ from pathlib import Path
 import edgespec
 from edgespec.export import export_bundle
 from edgespec.export.builtin import write_checkpoint
-from edgespec.runtime import huge_pages
-
+from edgespec.runtime.graphs import huge_pages
 seen = []  # what each collapse found, for the failure message
 collapse = huge_pages.collapse
 def noted(before=None):

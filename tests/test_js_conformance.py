@@ -95,7 +95,7 @@ def policy_vectors() -> list[dict]:
     each round drafts what the policy planned, so the policy's whole estimate is exercised."""
     import numpy as np
 
-    from edgespec.runtime.policies import Acceptance, Auto
+    from edgespec.runtime.policies.draft_length import Acceptance, Auto
     from edgespec.runtime.stats import RoundStats
 
     rng = np.random.default_rng(3)
@@ -124,7 +124,7 @@ def policy_vectors() -> list[dict]:
 
 def python_vectors(bundles: dict[str, Path]) -> dict:
     from edgespec.bundle import load_manifest
-    from edgespec.runtime.chat_template import ChatTemplate, ChatTemplateError
+    from edgespec.runtime.chat.template import ChatTemplate, ChatTemplateError
     from edgespec.runtime.model import Model
 
     vectors: dict = {"bundles": [], "templates": [], "policies": policy_vectors()}

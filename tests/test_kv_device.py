@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import edgespec
-from edgespec.runtime.kv_cache import KVCache
+from edgespec.runtime.graphs.kv_cache import KVCache
 
 CONFIGS = [
     ("ar", {}),

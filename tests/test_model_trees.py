@@ -1,5 +1,5 @@
-"""Dynamic trees from a drafting model (runtime/model_tree.py): with the draft model (`spec`)
-or an early exit (`self-spec`) drafting trees, greedy decoding is token for token `ar`'s;
+"""Dynamic trees from a drafting model (runtime/drafters/model_tree.py): with the draft model
+(`spec`) or an early exit (`self-spec`) drafting trees, greedy decoding is token for token `ar`'s;
 side candidates are really sent and sometimes taken (a draft that is the target with noise:
 it agrees often, not always); after a round that kept a side candidate the draft model's
 cache holds what a fresh draft fed the sequence would; runner-ups appear only where a row
@@ -15,14 +15,14 @@ import pytest
 from conftest import EXIT_LAYER
 
 import edgespec
-from edgespec.runtime.drafters import ModelDrafter
-from edgespec.runtime.model_tree import ModelTrees, runner_ups
-from edgespec.runtime.policies import FixedLength
+from edgespec.runtime.drafters.base import ModelDrafter
+from edgespec.runtime.drafters.model_tree import ModelTrees, runner_ups
+from edgespec.runtime.drafters.tree_draft import AsTree
+from edgespec.runtime.graphs.stack import Stack
+from edgespec.runtime.policies.draft_length import FixedLength
+from edgespec.runtime.policies.trees import TreePolicy
 from edgespec.runtime.round import Plan
 from edgespec.runtime.sampling import SamplingParams
-from edgespec.runtime.stack import Stack
-from edgespec.runtime.tree_draft import AsTree
-from edgespec.runtime.tree_policy import TreePolicy
 
 FAMILIES = ["qwen2", "llama-gqa-tied", "gpt2"]
 PROMPT = "def parse(text):\n    return"
@@ -104,7 +104,7 @@ def test_side_candidates_are_taken_where_the_draft_disagrees(near_bundles):
 
 
 def test_after_a_side_leaf_the_draft_cache_is_a_fresh_drafts(near_bundles):
-    from edgespec.runtime.opener import open_bundle
+    from edgespec.runtime.graphs.opener import open_bundle
 
     graphs = open_bundle(near_bundles["qwen2"])
     trees = ModelTrees(ModelDrafter(Stack([graphs.open("draft")])))

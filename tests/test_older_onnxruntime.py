@@ -10,7 +10,7 @@ from split_server import TOKEN, start_server
 
 import edgespec
 from edgespec.bundle import BundleError, load_manifest
-from edgespec.runtime import graph
+from edgespec.runtime.graphs import session as graph
 
 ARCH = "llama-gqa-tied"
 PROMPT = "def f(x):\n    return"

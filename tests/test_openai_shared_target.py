@@ -14,8 +14,8 @@ from split_server import TOKEN, hold_worker, queued, serve_in_process
 from test_openai_server import reference
 
 import edgespec
-from edgespec.runtime.chat import ChatOptions
-from edgespec.runtime.stack import Stack
+from edgespec.runtime.chat.session import ChatOptions
+from edgespec.runtime.graphs.stack import Stack
 from edgespec.serve.pool_verifier import PoolVerifier
 from edgespec.serve.server import stop
 from edgespec.serve.state import ServerConfig, load_state

@@ -9,8 +9,8 @@ from dataclasses import replace
 
 import pytest
 
-from edgespec.runtime.estimates import PRIORS
-from edgespec.runtime.placement import Placement
+from edgespec.runtime.policies.estimates import PRIORS
+from edgespec.runtime.policies.placement import Placement
 from edgespec.runtime.registry import make_policy
 from edgespec.runtime.stats import RoundStats
 

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from edgespec.runtime.estimates import PRIORS, expected_tokens
-from edgespec.runtime.policies import (
+from edgespec.runtime.policies.draft_length import (
     Acceptance,
     Auto,
     Confidence,
     DynamicExit,
     PerSource,
 )
+from edgespec.runtime.policies.estimates import PRIORS, expected_tokens
 from edgespec.runtime.registry import make_policy
 from edgespec.runtime.stats import RoundStats
 
@@ -85,7 +85,7 @@ def test_dynamic_exit_settles_on_the_exit_with_the_best_rate():
 def test_dynamic_exit_prices_every_exit_with_the_priors_it_is_given():
     from dataclasses import replace
 
-    from edgespec.runtime.estimates import PRIORS
+    from edgespec.runtime.policies.estimates import PRIORS
 
     priors = replace(PRIORS, probe_gap=PRIORS.probe_gap + 1)
     p = make_policy("dynamic-exit", [4, 2], priors=priors)
@@ -191,7 +191,7 @@ def test_a_burst_of_slow_rounds_before_a_plain_stretch_does_not_price_speculatio
 
 
 def test_alpha_is_fitted_to_the_tokens_rounds_yield():
-    from edgespec.runtime.estimates import CostModel, alpha_for
+    from edgespec.runtime.policies.estimates import CostModel, alpha_for
 
     for alpha in (0.2, 0.6, 0.9):
         assert abs(alpha_for(expected_tokens(alpha, 4), 4) - alpha) < 1e-6
@@ -207,7 +207,7 @@ def test_alpha_is_fitted_to_the_tokens_rounds_yield():
 
 
 def test_a_round_tells_exactly_what_every_shorter_draft_would_have_accepted():
-    from edgespec.runtime.estimates import CostModel
+    from edgespec.runtime.policies.estimates import CostModel
 
     cost = CostModel()
     for _ in range(80):  # every round drafts 6 and the third draft is always wrong
@@ -234,7 +234,7 @@ def test_auto_drafts_long_inside_a_run_of_accepted_drafts_and_short_after_a_miss
 
 
 def test_after_a_round_accepted_whole_auto_expects_the_run_to_go_on():
-    from edgespec.runtime.estimates import CostModel
+    from edgespec.runtime.policies.estimates import CostModel
 
     cost = CostModel()
     for i in range(120):  # stretches of 10 rounds accepting all 4 drafts, then 10 accepting 0
@@ -288,7 +288,7 @@ def test_a_policy_settled_at_neighbouring_lengths_learns_the_full_verify_slope()
     """Rounds at γ = 2 and 3 only: their spread is small, but after many of them the slope is
     measured, and must not stay shrunk (shrunk by half it priced γ = 4 as cheap as 3 and kept
     `auto` drafting 3.2 on the trained pair where 2 paid 9% more)."""
-    from edgespec.runtime.estimates import CostModel
+    from edgespec.runtime.policies.estimates import CostModel
 
     cost = CostModel()
     for i in range(80):
@@ -305,7 +305,7 @@ def test_each_drafted_length_is_priced_by_its_own_rounds_where_the_verify_time_s
     """The trained pair's fp32 verify cost 2.02 ms for 6 positions and 2.34 for 7 (the matmul
     kernels change tiling). A line through rounds at γ 4-6 priced γ = 5 3.5% high and γ = 6
     low, and `auto` drafted 6 in a fifth of its rounds where 5 paid 5% more per token."""
-    from edgespec.runtime.estimates import CostModel
+    from edgespec.runtime.policies.estimates import CostModel
 
     def rest(g: int) -> float:
         return 0.0017 + 0.00006 * g + (0.0003 if g >= 6 else 0.0)
@@ -325,7 +325,7 @@ def test_a_generations_cold_first_rounds_are_priced_as_the_warm_rounds_they_woul
     best γ."""
     from dataclasses import replace
 
-    from edgespec.runtime.estimates import PRIORS, CostModel
+    from edgespec.runtime.policies.estimates import PRIORS, CostModel
 
     def steady(g: int) -> float:
         return 0.0017 + 0.00006 * g + g * 0.00018
@@ -351,7 +351,7 @@ def test_early_rounds_price_as_they_run_where_nothing_runs_cold():
     """Where a generation's first rounds run as fast as later ones (a model too big for the
     caches), and in an app whose replies all end within WARM_ROUNDS rounds, every round
     prices as it ran: here the machine turns 30% slower and the prices follow."""
-    from edgespec.runtime.estimates import CostModel
+    from edgespec.runtime.policies.estimates import CostModel
 
     for length in (12, 40):
         cost = CostModel()
@@ -367,7 +367,7 @@ def test_greedy_drafting_stops_after_a_token_drafted_below_the_confidence_thresh
     # draft whose top probability is under the threshold is the last of the round
     import numpy as np
 
-    from edgespec.runtime.drafters import draft_tokens
+    from edgespec.runtime.drafters.base import draft_tokens
     from edgespec.runtime.round import Plan
     from edgespec.runtime.sampling import SamplingParams
 

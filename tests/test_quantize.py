@@ -29,7 +29,7 @@ from edgespec.export.nbits import (
     fake_quantize,
     quantize_blocks,
 )
-from edgespec.runtime.graph import session_options
+from edgespec.runtime.graphs.session import session_options
 
 PROMPT = [5, 9, 200, 31, 7, 1500, 77, 3]
 

@@ -21,7 +21,7 @@ from test_split_streaming import Scripted
 
 import edgespec
 from edgespec.bundle import load_manifest
-from edgespec.runtime.kv_cache import KVPool
+from edgespec.runtime.graphs.kv_cache import KVPool
 from edgespec.serve.batching import forward_alone, forward_batch
 
 gguf = pytest.importorskip("gguf")
@@ -142,6 +142,6 @@ def test_the_openai_endpoint_on_quantized_activations_gives_local_ars_reply(
 
 
 def _options():
-    from edgespec.runtime.chat import ChatOptions
+    from edgespec.runtime.chat.session import ChatOptions
 
     return ChatOptions(max_new_tokens=N_NEW, temperature=0)

@@ -6,7 +6,7 @@ lone row, which rounds differently by float noise, and int8 activation rounding 
 into whole logits, so prompt lookup left `ar`'s text. Bundles whose blocks are of 32 or 16 (the
 GGUF block formats) pad a one-position call's attention in the graph and step one position
 wide (tests/test_batch_invariance.py); wider blocks (the int8 / int4 default) record
-`step_width` 2 and every target call runs an even number of positions (runtime/stack.py),
+`step_width` 2 and every target call runs an even number of positions (runtime/graphs/stack.py),
 whose rows are bitwise the same whatever the width. Either way every mode's greedy output is
 `ar`'s.
 """

@@ -36,7 +36,11 @@ sys.meta_path.insert(0, Block())
 # when split mode connects to a server, llguidance (the [grammar] extra) when a request asks
 # for a response_format (test_generate_runs_with_torch_unimportable checks that ordinary use
 # never does)
-LAZY_OPTIONAL = {"coreml.py": "coremltools", "ws.py": "websockets", "grammar.py": "llguidance"}
+LAZY_OPTIONAL = {
+    "coreml.py": "coremltools",
+    "websocket.py": "websockets",
+    "engine.py": "llguidance",
+}
 
 
 def _lazy_optional_imports(tree: ast.AST, package: str) -> set[ast.AST]:

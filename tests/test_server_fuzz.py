@@ -223,7 +223,7 @@ def test_a_device_refuses_server_messages_that_are_not_answers():
     from websockets.sync.server import serve
 
     from edgespec.runtime.errors import LinkError
-    from edgespec.runtime.ws import Link
+    from edgespec.runtime.split.websocket import Link
 
     q = SparseQ(np.array([1], np.int32), np.array([SCALE]))
     hostile = P.encode(P.Verify(3, [1], [q]))

@@ -115,7 +115,7 @@ def test_the_server_is_healthy_after_the_hostile_bodies(server):
 def test_a_stream_that_fails_after_its_headers_ends_with_an_error_event_and_done(server):
     """A reply whose chunks cannot be encoded (a model name that is not text, as the parser
     now refuses) fails after the 200 headers: the stream still ends in an error and [DONE]."""
-    from edgespec.runtime.chat import ChatOptions
+    from edgespec.runtime.chat.session import ChatOptions
     from edgespec.serve.openai import _Shape, _stream
 
     engine = server.state.chat

@@ -16,7 +16,7 @@ from split_server import serve_in_process
 
 import edgespec
 from edgespec import protocol as P
-from edgespec.runtime.policies import DraftLengthPolicy, FixedLength, PerSource
+from edgespec.runtime.policies.draft_length import DraftLengthPolicy, FixedLength, PerSource
 from edgespec.runtime.registry import build
 from edgespec.runtime.round import Plan
 from edgespec.runtime.sampling import SamplingParams

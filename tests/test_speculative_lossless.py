@@ -133,7 +133,7 @@ def test_a_chains_members_are_priced_apart_each_learning_only_from_its_own_round
     the draft model's cost a step each; one policy over both drafted the model ~6 where 4
     paid best. Each round names the member that drafted it, and that member's policy alone
     learns from it."""
-    from edgespec.runtime.policies import PerSource
+    from edgespec.runtime.policies.draft_length import PerSource
 
     model = edgespec.load(spec_bundles["self-draft"], mode="spec", drafter="lookup+draft")
     assert isinstance(model.policy, PerSource) and list(model.policy.apart) == ["lookup"]

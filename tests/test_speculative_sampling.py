@@ -10,9 +10,9 @@ import pytest
 from speculative_reference import reference_speculative_step
 
 import edgespec
-from edgespec.runtime.accept import accept_sampled
 from edgespec.runtime.draft_q import DraftSupport, SparseQ, quantize, truncate
 from edgespec.runtime.sampling import SamplingParams, probabilities
+from edgespec.runtime.verify.accept import accept_sampled
 
 CHI2_CRITICAL_P001 = {5: 20.52, 7: 24.32, 15: 37.70}  # chi-square quantile at p = 0.001
 

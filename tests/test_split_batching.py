@@ -14,8 +14,8 @@ from websockets.sync.client import connect
 import edgespec
 from edgespec import protocol as P
 from edgespec.runtime.draft_q import quantize
-from edgespec.runtime.kv_cache import KVPool
-from edgespec.runtime.stack import Stack
+from edgespec.runtime.graphs.kv_cache import KVPool
+from edgespec.runtime.graphs.stack import Stack
 from edgespec.serve.batching import forward_alone, forward_batch, forward_rounds, plan
 from edgespec.serve.worker import Worker
 

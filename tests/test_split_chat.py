@@ -17,7 +17,7 @@ from websockets.sync.client import connect
 
 import edgespec
 from edgespec import protocol as P
-from edgespec.runtime.chat import ChatOptions
+from edgespec.runtime.chat.session import ChatOptions
 
 GREEDY = ChatOptions(max_new_tokens=8, temperature=0)
 

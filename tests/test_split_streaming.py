@@ -255,7 +255,7 @@ def test_a_local_rounds_catch_up_on_server_tokens_is_not_priced_as_its_draft_len
     feeds them first. That one-off goes to `catchup_seconds`, which the cost models leave out,
     not into the round's price (priced in, it made a γ look several times dearer than it is,
     and placement's local `auto` stayed plain for generations)."""
-    from edgespec.runtime.estimates import CostModel
+    from edgespec.runtime.policies.estimates import CostModel
 
     script = [("split", 3)] * 6 + [("local", 3)] * 2
     # the draft model alone: behind prompt lookup (the default chain) it has catch-ups of its

@@ -25,10 +25,10 @@ from test_tree_verify import TreeDrafter
 
 import edgespec
 from edgespec import protocol as P
+from edgespec.runtime.drafters.tree_draft import AsTree
+from edgespec.runtime.policies.split_trees import SplitTrees
 from edgespec.runtime.round import Plan
-from edgespec.runtime.split_trees import SplitTrees
 from edgespec.runtime.tree import TokenTree
-from edgespec.runtime.tree_draft import AsTree
 
 ARCH = "qwen2"
 TEXT = "the cat sat on the mat. the cat sat on the hat. the dog sat on the mat. the cat"
@@ -87,7 +87,7 @@ def priced(seconds_per_node: float, side_hits: bool) -> SplitTrees:
     """A SplitTrees over a real ChannelAware that measured a round trip of 50 ms, a server
     whose seconds grow by `seconds_per_node`, and a drafter whose second candidates the
     target takes often (`side_hits`) or never."""
-    from edgespec.runtime.channel_policy import ChannelAware
+    from edgespec.runtime.policies.channel import ChannelAware
     from edgespec.runtime.stats import RoundStats
 
     channel = ChannelAware()
@@ -332,8 +332,8 @@ def test_a_pool_row_scores_a_tree_bitwise_as_the_devices_verifier(int8_trees, no
     """The server's tree forward on a pool row (padded to the pool's step width) gives the
     logits the device's own `Stack.forward_tree` gives, bit for bit, and keeps the same
     rows: what makes the server's acceptance the device's."""
-    from edgespec.runtime.kv_cache import KVPool
-    from edgespec.runtime.tree_verify import tree_feed
+    from edgespec.runtime.graphs.kv_cache import KVPool
+    from edgespec.runtime.graphs.tree_verify import tree_feed
     from edgespec.serve.batching import forward_alone, forward_tree_alone, keep_rows
 
     target = edgespec.load(int8_trees, threads=1).target
@@ -382,7 +382,7 @@ def test_an_int8_activation_bundle_verifies_split_trees_as_ar(int8_trees, tmp_pa
 def test_a_tree_round_advances_what_the_link_knows_the_server_holds():
     """A conversation resumes the server's session from what the link knows it holds: after
     a tree round, the kept path's tokens (not the first drafts sent)."""
-    from edgespec.runtime.link import Remote
+    from edgespec.runtime.split.session import Remote
 
     remote = Remote("ws://127.0.0.1:1")
     remote.held, remote.sent_base, remote.sent_drafts = [1, 2, 3], 3, [7, 8, 9, 10]

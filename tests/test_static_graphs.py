@@ -115,7 +115,7 @@ def test_static_graphs_run_as_written_without_onnxruntime_fusions(static_bundles
     fused contrib kernels) and gets the logits the optimised session gets."""
     import onnxruntime as ort
 
-    from edgespec.runtime.graph import session_options
+    from edgespec.runtime.graphs.session import session_options
 
     folder = static_bundles["llama-gqa-tied"]
     g = load_manifest(folder).static.graphs_for("full")[WIDTH]  # type: ignore[union-attr]
@@ -274,7 +274,7 @@ def test_seeded_sampling_on_static_graphs_reproduces_the_dynamic_graphs(mode, st
 
 
 def test_each_chunk_runs_on_the_narrowest_graph_that_takes_it(static_bundles, monkeypatch):
-    from edgespec.runtime import static as runtime_static
+    from edgespec.runtime.graphs import static as runtime_static
 
     widths: list[int] = []
     real = runtime_static._FixedWidth.__call__
@@ -311,7 +311,7 @@ def test_a_device_profile_that_needs_static_shapes_runs_the_static_graphs(
 ):
     """An NPU-style profile (static_shapes: true) picks the static graphs by itself; a bundle
     without them is refused with the re-export command."""
-    from edgespec.runtime.static import StaticGraphSession
+    from edgespec.runtime.graphs.static import StaticGraphSession
 
     profiles = tmp_path / "devices"
     profiles.mkdir()

@@ -14,9 +14,9 @@ from chat_templates import TEMPLATES
 from split_server import TOKEN, start_server
 
 import edgespec
-from edgespec.runtime.chat_template import ChatTemplate
-from edgespec.runtime.tool_stream import INCREMENTAL, ToolStream
-from edgespec.runtime.tools import parse, style_of
+from edgespec.runtime.chat.template import ChatTemplate
+from edgespec.runtime.chat.tool_calls import parse, style_of
+from edgespec.runtime.chat.tool_stream import INCREMENTAL, ToolStream
 
 pytest.importorskip("llguidance")
 jsonschema = pytest.importorskip("jsonschema")

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 from test_tree_verify import tree_bundles  # noqa: F401  (the bundles with tree graphs)
 
-from edgespec.runtime.lookup import LookupDrafter
-from edgespec.runtime.recycling import RecycleConfig, RecycleTable, RecyclingDrafter
+from edgespec.runtime.drafters.lookup import LookupDrafter
+from edgespec.runtime.drafters.recycling import RecycleConfig, RecycleTable, RecyclingDrafter
+from edgespec.runtime.drafters.suffix import CountTrie, SuffixConfig, SuffixDrafter, SuffixStore
 from edgespec.runtime.round import Plan
 from edgespec.runtime.sampling import SamplingParams
-from edgespec.runtime.suffix import CountTrie, SuffixConfig, SuffixDrafter, SuffixStore
 from edgespec.runtime.tree import TokenTree
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -250,7 +250,7 @@ def test_model_free_trees_verified_in_one_forward_give_ar_output(kind, tree_bund
     output is `ar`'s token for token, and some rounds accept more than one draft (Token
     Recycling learns only from verify rows, so the tree verifier's rows reach it)."""
     import edgespec
-    from edgespec.runtime.tree_draft import AsTree
+    from edgespec.runtime.drafters.tree_draft import AsTree
 
     prompt = "def f(a, b):\n    return a + b\n\ndef g(a, b):\n    return a + b\n\ndef f(a"
     bundle = tree_bundles["qwen2"]

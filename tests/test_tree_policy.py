@@ -10,11 +10,11 @@ import pytest
 from test_tree_verify import tree_bundles  # noqa: F401  (the bundles with tree graphs)
 
 import edgespec
+from edgespec.runtime.drafters.tree_draft import AsTree
 from edgespec.runtime.errors import InputError
+from edgespec.runtime.policies.trees import TreePolicy
 from edgespec.runtime.stats import RoundStats
 from edgespec.runtime.tree import TokenTree
-from edgespec.runtime.tree_draft import AsTree
-from edgespec.runtime.tree_policy import TreePolicy
 
 PROMPT = "def f(a, b):\n    return a + b\n\ndef g(a, b):\n    return a + b\n\ndef f(a"
 
@@ -64,7 +64,7 @@ def test_a_steep_cost_curve_keeps_chains_even_with_second_ranks_accepted():
 
 
 def test_rounds_that_are_not_trees_are_the_chain_policys_own():
-    from edgespec.runtime.policies import FixedLength
+    from edgespec.runtime.policies.draft_length import FixedLength
 
     policy = fed(steep, rank1=0.3)
     policy.chain = FixedLength(5)
@@ -229,7 +229,7 @@ def test_generate_refuses_trees_on_a_bundle_without_tree_graphs_in_one_line(bund
 
 
 def test_a_model_drafters_side_leaves_are_priced_at_verify_width_only():
-    from edgespec.runtime.tree_policy import MAX_DEPTH, MAX_RANK, best_shapes
+    from edgespec.runtime.policies.trees import MAX_DEPTH, MAX_RANK, best_shapes
 
     table = [[0.5, 0.3] + [0.0] * (MAX_RANK - 2) for _ in range(MAX_DEPTH + 1)]
     step = 0.004  # a draft step; the verify is nearly flat in width
@@ -255,7 +255,7 @@ def test_a_model_drafters_tree_rounds_teach_the_draft_step_per_depth():
 
 
 def test_trees_on_forces_a_tree_every_drafting_round():
-    from edgespec.runtime.policies import FixedLength
+    from edgespec.runtime.policies.draft_length import FixedLength
 
     policy = TreePolicy(force=True, chain=FixedLength(3))
     plan = policy.plan()  # nothing measured yet

@@ -14,7 +14,7 @@ import pytest
 from edgespec.runtime.draft_q import SparseQ, quantize
 from edgespec.runtime.sampling import SamplingParams, probabilities, sample
 from edgespec.runtime.tree import TokenTree
-from edgespec.runtime.tree_accept import accept_tree_sampled
+from edgespec.runtime.verify.tree_accept import accept_tree_sampled
 
 V = 5
 CHI2_CRITICAL_P001_24 = 51.18  # chi-square quantile at p = 0.001, 24 degrees of freedom
@@ -207,9 +207,9 @@ def drafter_row(prefix: tuple[int, ...]) -> np.ndarray:
 
 
 def dynamic_tree_of_a_model(rng: np.random.Generator) -> tuple[TokenTree, list[SparseQ]]:
-    """A model drafter's dynamic tree (runtime/model_tree.py): a spine of two tokens each
+    """A model drafter's dynamic tree (runtime/drafters/model_tree.py): a spine of two tokens each
     drawn from the drafter's q, and its runner-ups at each depth as point-mass leaves."""
-    from edgespec.runtime.model_tree import _tree_proposal, dynamic_tree
+    from edgespec.runtime.drafters.model_tree import _tree_proposal, dynamic_tree
 
     spine, rows_, qs = [], [], []
     for _ in range(2):
@@ -241,7 +241,7 @@ def test_decoding_with_a_models_dynamic_trees_samples_the_targets_marginals(
     import edgespec
     from edgespec.bundle import load_manifest
     from edgespec.export import export_bundle
-    from edgespec.runtime.policies import FixedLength
+    from edgespec.runtime.policies.draft_length import FixedLength
 
     manifest = load_manifest(tiny_vocab_bundle)
     bundle = tmp_path / "tree"

@@ -12,11 +12,11 @@ from conftest import EXIT_LAYER
 
 import edgespec
 from edgespec.bundle import BundleError
-from edgespec.runtime.opener import open_bundle
+from edgespec.runtime.graphs.opener import open_bundle
+from edgespec.runtime.graphs.stack import Stack
+from edgespec.runtime.graphs.tree_verify import tree_feed
 from edgespec.runtime.round import Plan, Proposal
-from edgespec.runtime.stack import Stack
 from edgespec.runtime.tree import TokenTree
-from edgespec.runtime.tree_verify import tree_feed
 
 FAMILIES = ["llama-gqa-tied", "qwen2", "gpt2"]
 
@@ -192,7 +192,7 @@ def static_bundle(checkpoints: dict[str, Path], tmp_path_factory) -> Path:
 
 def test_static_graphs_score_each_node_as_its_root_path(static_bundle):
     """Static graphs take a tree through their own position and mask inputs."""
-    from edgespec.runtime.opener import GraphOptions
+    from edgespec.runtime.graphs.opener import GraphOptions
 
     graphs = open_bundle(static_bundle, GraphOptions(static=True))
     stack = Stack([graphs.open("full")], tree_stages=lambda: [graphs.open_tree("full")])

@@ -65,8 +65,8 @@ def _flags(pairs: tuple[str, ...]) -> dict[str, Any]:
 @_friendly
 def chat(bundle: str, system: str | None, **options: Any) -> None:
     """Chat with BUNDLE in the terminal (needs a bundle exported with a chat template)."""
-    from edgespec.runtime.chat import ChatOptions
-    from edgespec.runtime.chat_template import ChatTemplate
+    from edgespec.runtime.chat.session import ChatOptions
+    from edgespec.runtime.chat.template import ChatTemplate
     from edgespec.runtime.model import Model
 
     reply_keys = ("max_new_tokens", "temperature", "top_p", "top_k", "seed", "stop", "truncation")

@@ -126,7 +126,7 @@ def distill(target: str, out: str, minutes: float, prompts: str | None, new_toke
         f"{record['step_cost']:.2f} target steps"
     )
     from edgespec.bundle import load_manifest
-    from edgespec.runtime.costs import eagle_pays
+    from edgespec.runtime.policies.costs import eagle_pays
 
     measured = record.get("decode_speedup", {})
     speeds = ", ".join(f"{k} {x:.2f}x" for k, x in measured.items())

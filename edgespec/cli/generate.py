@@ -37,7 +37,7 @@ from edgespec.cli.common import (
 @_friendly
 def generate(bundle: str, prompt: str, max_new_tokens: int, **options: Any) -> None:
     """Generate text from BUNDLE."""
-    from edgespec.runtime.grammar import read_schema
+    from edgespec.runtime.grammar.engine import read_schema
     from edgespec.runtime.model import Model
 
     sampling = {k: options.pop(k) for k in ("temperature", "top_p", "top_k", "seed", "ignore_eos")}

@@ -28,7 +28,7 @@ BUILTIN_DIR = Path(__file__).parent / "profiles"
 # listing order of the built-in profiles (others follow by name)
 BUILTIN_ORDER = ["cpu", "cuda", "dml", "coreml", "qnn", "openvino", "openvino-gpu", "openvino-npu"]
 QUANTIZATIONS = ("none", "int8", "int4", "qdq-int8")
-# EnergyModel's fields (runtime/channel_policy.py); checked here so a typo fails at load time.
+# EnergyModel's fields (runtime/policies/channel.py); checked here so a typo fails at load time.
 ENERGY_KEYS = {
     "draft_power_w",
     "joules_per_draft_token",

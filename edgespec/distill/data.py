@@ -91,7 +91,7 @@ def conversation_ids(model: Any, conversation: list[dict[str, str]]) -> list[int
 def score(model: Any, ids: list[int], top_k: int = TOP_K) -> tuple[np.ndarray, ...]:
     """(features float16 [S, F], top ids int32 [S, K], top log-probs float16 [S, K]) of the
     target over `ids`, in one call of its full graph."""
-    from edgespec.runtime.stack import Stack
+    from edgespec.runtime.graphs.stack import Stack
 
     stack = Stack([model.graphs.open("full")], step_width=model.manifest.step_width)
     stack.reset(len(ids))

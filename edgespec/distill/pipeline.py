@@ -300,9 +300,9 @@ def step_cost(out: Path, calls: int = 30) -> float:
     """Median seconds of a one-token head step over a one-token target step, measured here."""
     import numpy as np
 
-    from edgespec.runtime.kv_cache import KVCache
-    from edgespec.runtime.opener import open_bundle
-    from edgespec.runtime.stack import Stack
+    from edgespec.runtime.graphs.kv_cache import KVCache
+    from edgespec.runtime.graphs.opener import open_bundle
+    from edgespec.runtime.graphs.stack import Stack
 
     graphs = open_bundle(out)
     m = graphs.manifest.target

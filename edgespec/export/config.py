@@ -98,7 +98,7 @@ class ExportConfig:
 
     def __post_init__(self) -> None:
         if self.batched_verify is None:
-            from edgespec.runtime.graph import ort_takes_query_seqlens
+            from edgespec.runtime.graphs.session import ort_takes_query_seqlens
 
             self.batched_verify = ort_takes_query_seqlens()
         self.exit_layers = tuple(
@@ -140,7 +140,7 @@ class ExportConfig:
             )
 
     def step_width(self) -> int:
-        """The bundle's `step_width` (runtime/stack.py): 1 where a row's logits do not depend
+        """The bundle's `step_width` (runtime/graphs/stack.py): 1 where a row's logits do not depend
         on its call's width (tests/test_batch_invariance.py), else 2 (even-width calls, whose
         rows agree whatever the width). MatMulNBits with int8 activations (accuracy level >= 2)
         quantizes them per row and block, and with blocks of 32 or 16 (every GGUF block

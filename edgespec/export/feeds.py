@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from edgespec.runtime.graph import ORT_TYPES
+from edgespec.runtime.graphs.session import ORT_TYPES
 
 
 def session_inputs(session: Any) -> dict[str, tuple[list[Any], np.dtype]]:

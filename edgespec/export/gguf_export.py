@@ -249,7 +249,7 @@ def verify_gguf(w: DecoderWeights, full: Path, c: ExportConfig) -> dict[str, flo
     logit scale; otherwise the difference and argmax agreement are recorded."""
     import onnxruntime as ort
 
-    from edgespec.runtime.graph import session_options
+    from edgespec.runtime.graphs.session import session_options
 
     ids = np.random.default_rng(0).integers(0, w.embed.shape[0], size=(1, 8), dtype=np.int64)
     ref = reference_logits(w, ids[0])

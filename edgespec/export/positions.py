@@ -44,7 +44,7 @@ def lone_row_pad(
     come out bitwise the same. So a call of one position (x [B, S, ...], S = 1) runs its
     attention on that row and a copy of it (Pad, mode edge), and keeps the first row; the
     copy's keys and values land one past the call's positions (the cache keeps room for
-    it: runtime/kv_cache.py PAD_ROOM) and are overwritten by the next call. Wider calls
+    it: runtime/graphs/kv_cache.py PAD_ROOM) and are overwritten by the next call. Wider calls
     pad nothing. Returns seqlens_k, total_len and query_seqlens counting the pad, and
     (pads, S [1]) for `attention`."""
     seq = gb.op1("Gather", [gb.op1("Shape", [x]), gb.const(np.array(1))], axis=0)

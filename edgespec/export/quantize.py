@@ -241,7 +241,7 @@ def _array(t: onnx.TensorProto) -> np.ndarray:
 def run_output(model: onnx.ModelProto, feeds: list[dict[str, np.ndarray]], name: str) -> list:
     import onnxruntime as ort
 
-    from edgespec.runtime.graph import session_options
+    from edgespec.runtime.graphs.session import session_options
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "m.onnx"

@@ -64,7 +64,7 @@ def verify_head(hf_model: Any, path: Path, k: int) -> float:
     import onnxruntime as ort
     import torch
 
-    from edgespec.runtime.graph import session_options
+    from edgespec.runtime.graphs.session import session_options
 
     rng = np.random.default_rng(0)
     ids = rng.integers(0, hf_model.config.vocab_size, size=(1, 8), dtype=np.int64)

@@ -15,7 +15,7 @@ no dynamic dimension anywhere.
            new_key.{i}, new_value.{i} [1, kv_heads, W, head_dim]    only the W new positions
 
 Writing, checking and verifying the bundle's static files is static_bundle.py.
-The runtime (edgespec/runtime/static.py) pads shorter calls to W, copies the real new
+The runtime (edgespec/runtime/graphs/static.py) pads shorter calls to W, copies the real new
 positions into its preallocated cache at their offset (W positions, never the cache) and
 prefills long prompts in chunks of W. Attention scores the cache and the new tokens
 separately and softmaxes them together, so the cache is read, never concatenated; GQA

@@ -24,7 +24,7 @@ def verify_export(
     import onnxruntime as ort
     import torch
 
-    from edgespec.runtime.graph import session_options
+    from edgespec.runtime.graphs.session import session_options
 
     rng = np.random.default_rng(0)
     ids = rng.integers(0, info.vocab_size, size=(1, 8), dtype=np.int64)
@@ -49,9 +49,9 @@ def verify_static(hf_model: Any, folder: Path, manifest: Manifest) -> dict[str, 
     chunked prefill is exercised) and compare its logits with transformers'."""
     import torch
 
-    from edgespec.runtime.graph import session_options
-    from edgespec.runtime.stack import Stack
-    from edgespec.runtime.static import StaticGraphSession
+    from edgespec.runtime.graphs.session import session_options
+    from edgespec.runtime.graphs.stack import Stack
+    from edgespec.runtime.graphs.static import StaticGraphSession
 
     assert manifest.static is not None
     info = manifest.target

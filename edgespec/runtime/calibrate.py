@@ -23,10 +23,10 @@ from statistics import median
 
 import numpy as np
 
-from edgespec.runtime.costs import FILE, device_key
 from edgespec.runtime.decode import Budget, decode, decode_rounds
 from edgespec.runtime.model import Model
-from edgespec.runtime.policies import FixedLength
+from edgespec.runtime.policies.costs import FILE, device_key
+from edgespec.runtime.policies.draft_length import FixedLength
 from edgespec.runtime.sampling import SamplingParams
 
 # the instruct prompts acceptance is measured on: a question, a rewrite, a summary (lookup

@@ -13,7 +13,7 @@ from typing import Any
 
 from edgespec.runtime.draft_q import DEFAULT_SUPPORT, DraftSupport
 from edgespec.runtime.errors import InputError
-from edgespec.runtime.link import ANSWER_TIMEOUT
+from edgespec.runtime.split.session import ANSWER_TIMEOUT
 
 
 @dataclass
@@ -44,12 +44,13 @@ class LoadConfig:
     shared_threads: bool = True
     static: bool = False  # the bundle's fixed-shape graphs (NPUs)
     coreml: bool = False  # the bundle's Core ML packages (macOS 15+)
-    # back the weights with 2 MiB pages where the system allows (Linux; runtime/huge_pages.py)
+    # back the weights with 2 MiB pages where the system allows (Linux;
+    # runtime/graphs/huge_pages.py)
     huge_pages: bool = True
     # sampling: model drafters draw from their top-k / top-p ids only (runtime/draft_q.py:
     # lossless; in split mode what a drafted token costs on the uplink)
     draft_support: DraftSupport = DEFAULT_SUPPORT
-    # target calls run a multiple of this many positions (runtime/stack.py); None: the
+    # target calls run a multiple of this many positions (runtime/graphs/stack.py); None: the
     # bundle's (2 where its activations are quantized). 1 there is faster, but modes may then
     # disagree
     step_width: int | None = None

@@ -18,8 +18,8 @@ One round (`speculative_round`), in order:
   6. truncate verifier and drafter caches to the accepted prefix (a length change, in
               `finally`, so a failing round leaves them as they were); drafts made ahead are
               kept only if n = γ and t = d_{γ+1}
-With a grammar (`constraint`, runtime/constraints.py) the drafter and the verifier mask every
-position alike; before step 2 the tokens the grammar alone decides (each the only one it
+With a grammar (`constraint`, runtime/grammar/constraints.py) the drafter and the verifier mask
+every position alike; before step 2 the tokens the grammar alone decides (each the only one it
 allows) are taken as drafts that need no drafter and that acceptance cannot refuse, and a run
 of them that ends the output (the grammar's end-of-sequence) ends it with no verifier call;
 drafts the grammar forbids (a lookup's) are cut before they are submitted.
@@ -38,9 +38,9 @@ from time import perf_counter
 
 import numpy as np
 
-from edgespec.runtime.constraints import Constraint
 from edgespec.runtime.draft_q import SparseQ
-from edgespec.runtime.policies import DraftLengthPolicy
+from edgespec.runtime.grammar.constraints import Constraint
+from edgespec.runtime.policies.draft_length import DraftLengthPolicy
 from edgespec.runtime.round import Drafter, LearnsFromVerify, Plan, Proposal, Verifier
 from edgespec.runtime.sampling import SamplingParams
 from edgespec.runtime.stats import RoundStats, Step

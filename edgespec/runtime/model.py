@@ -17,19 +17,24 @@ import numpy as np
 
 from edgespec.bundle import BundleError, Manifest
 from edgespec.devices import get_profile
-from edgespec.runtime.chat import ChatOptions, ChatReply, ChatSession
+from edgespec.runtime.chat.session import ChatOptions, ChatReply, ChatSession
 from edgespec.runtime.config import LoadConfig
-from edgespec.runtime.costs import best_local, calibration_entry
 from edgespec.runtime.decode import decode
 from edgespec.runtime.errors import InputError
-from edgespec.runtime.grammar import Grammar, Vocabulary, bundle_vocabulary, from_response_format
-from edgespec.runtime.link import Remote
+from edgespec.runtime.grammar.engine import (
+    Grammar,
+    Vocabulary,
+    bundle_vocabulary,
+    from_response_format,
+)
+from edgespec.runtime.graphs.opener import BundleGraphs, GraphOptions, open_bundle
+from edgespec.runtime.graphs.stack import Stack
 from edgespec.runtime.modes import DEFAULT_EAGLE_DRAFTER, DEFAULT_SPEC_DRAFTER
-from edgespec.runtime.opener import BundleGraphs, GraphOptions, open_bundle
+from edgespec.runtime.policies.costs import best_local, calibration_entry
 from edgespec.runtime.registry import MODES, Decoder, build
 from edgespec.runtime.round import Verifier
 from edgespec.runtime.sampling import SamplingParams
-from edgespec.runtime.stack import Stack
+from edgespec.runtime.split.session import Remote
 from edgespec.runtime.stats import GenerationStats, RoundStats
 
 Prompt = str | Sequence[int] | np.ndarray
@@ -201,7 +206,7 @@ class Model:
         verifier: Verifier | None = None,
     ) -> ChatSession:
         """A conversation with caches of its own: each turn prefills only what is new (see
-        `edgespec.runtime.chat`). Needs a bundle with a chat template. `max_context`: a cap
+        `edgespec.runtime.chat.session`). Needs a bundle with a chat template. `max_context`: a cap
         below the model's; `verifier`: one that holds the conversation's target cache
         elsewhere (the server's KV pool)."""
         return ChatSession(

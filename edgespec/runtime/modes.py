@@ -19,10 +19,11 @@ MODES: dict[str, ModeDefaults] = {
     "ar": ModeDefaults("none", "fixed:0", "plain decoding"),
     "spec": ModeDefaults("draft", "auto", "draft model"),
     "self-spec": ModeDefaults("exit", "auto", "early exit"),
-    "eagle": ModeDefaults("eagle", "auto", "feature head (edgespec distill)"),  # runtime/eagle.py
+    # runtime/drafters/eagle.py
+    "eagle": ModeDefaults("eagle", "auto", "feature head (edgespec distill)"),
     "lookup": ModeDefaults("lookup", "auto", "prompt lookup"),
-    "suffix": ModeDefaults("suffix", "auto", "SuffixDecoding"),  # runtime/suffix.py
-    "recycle": ModeDefaults("recycle", "auto", "Token Recycling"),  # runtime/recycling.py
+    "suffix": ModeDefaults("suffix", "auto", "SuffixDecoding"),  # runtime/drafters/suffix.py
+    "recycle": ModeDefaults("recycle", "auto", "Token Recycling"),  # runtime/drafters/recycling.py
     "split": ModeDefaults("", "placement", "draft here, verify on --server"),
 }
 # the drafter a default `spec` runs (a load, the server or a split device choosing for a

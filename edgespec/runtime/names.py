@@ -23,14 +23,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from edgespec.runtime.errors import InputError
-from edgespec.runtime.estimates import PRIORS, Priors
+from edgespec.runtime.policies.estimates import PRIORS, Priors
 
 if TYPE_CHECKING:
     from edgespec.runtime.config import LoadConfig
-    from edgespec.runtime.graph_protocol import Graph
-    from edgespec.runtime.policies import DraftLengthPolicy
+    from edgespec.runtime.graphs.protocol import Graph
+    from edgespec.runtime.graphs.stack import Stack
+    from edgespec.runtime.policies.draft_length import DraftLengthPolicy
     from edgespec.runtime.round import Drafter
-    from edgespec.runtime.stack import Stack
 
 
 class DrafterParts(Protocol):
@@ -56,21 +56,21 @@ class DrafterName:
 
 
 def _none(b: DrafterParts, spec: str, target: Stack | None) -> Drafter:
-    from edgespec.runtime.drafters import NoDrafter
+    from edgespec.runtime.drafters.base import NoDrafter
 
     return NoDrafter()
 
 
 def _draft(b: DrafterParts, spec: str, target: Stack | None) -> Drafter:
-    from edgespec.runtime.drafters import ModelDrafter
-    from edgespec.runtime.stack import Stack
+    from edgespec.runtime.drafters.base import ModelDrafter
+    from edgespec.runtime.graphs.stack import Stack
 
     return ModelDrafter(Stack([b.open("draft")]), b.config.draft_support)
 
 
 def _exit(b: DrafterParts, spec: str, target: Stack | None) -> Drafter:
-    from edgespec.runtime.drafters import EarlyExitDrafter, ModelDrafter
-    from edgespec.runtime.stack import Stack
+    from edgespec.runtime.drafters.base import EarlyExitDrafter, ModelDrafter
+    from edgespec.runtime.graphs.stack import Stack
 
     k = exit_layer(spec, b.exits, "drafter")
     if target is not None and b.config.mode == "self-spec":
@@ -83,28 +83,28 @@ def _exit(b: DrafterParts, spec: str, target: Stack | None) -> Drafter:
 
 
 def _eagle(b: DrafterParts, spec: str, target: Stack | None) -> Drafter:
-    from edgespec.runtime.eagle import EagleDrafter
+    from edgespec.runtime.drafters.eagle import EagleDrafter
 
-    # the feature head (runtime/eagle.py) reads the local target's features
+    # the feature head (runtime/drafters/eagle.py) reads the local target's features
     return EagleDrafter.of(target, b.graphs.manifest, b.open, b.config.draft_support)
 
 
 def _lookup(b: DrafterParts, spec: str, target: Stack | None) -> Drafter:
-    from edgespec.runtime.lookup import LookupDrafter
+    from edgespec.runtime.drafters.lookup import LookupDrafter
 
     return LookupDrafter()
 
 
 def _suffix(b: DrafterParts, spec: str, target: Stack | None) -> Drafter:
-    from edgespec.runtime.suffix import SuffixDrafter, SuffixStore
-    from edgespec.runtime.tree_draft import shared
+    from edgespec.runtime.drafters.suffix import SuffixDrafter, SuffixStore
+    from edgespec.runtime.drafters.tree_draft import shared
 
     return SuffixDrafter(shared(b.graphs, SuffixStore))  # earlier replies: one shared store
 
 
 def _recycle(b: DrafterParts, spec: str, target: Stack | None) -> Drafter:
-    from edgespec.runtime.recycling import RecycleTable, RecyclingDrafter
-    from edgespec.runtime.tree_draft import shared
+    from edgespec.runtime.drafters.recycling import RecycleTable, RecyclingDrafter
+    from edgespec.runtime.drafters.tree_draft import shared
 
     return RecyclingDrafter(shared(b.graphs, RecycleTable))  # the target's top-k: one table
 
@@ -205,51 +205,51 @@ def _bare(name: str, arg: str) -> None:
 
 
 def _fixed(arg: str, c: PolicyContext) -> DraftLengthPolicy:
-    from edgespec.runtime.policies import FixedLength
+    from edgespec.runtime.policies.draft_length import FixedLength
 
     return FixedLength(int(_in_range(int(arg or 4), 0, 64)))
 
 
 def _confidence(arg: str, c: PolicyContext) -> DraftLengthPolicy:
-    from edgespec.runtime.policies import Confidence
+    from edgespec.runtime.policies.draft_length import Confidence
 
     return Confidence(_in_range(float(arg or 0.4), 0, 1))
 
 
 def _acceptance(arg: str, c: PolicyContext) -> DraftLengthPolicy:
-    from edgespec.runtime.estimates import CostModel
-    from edgespec.runtime.policies import Acceptance
+    from edgespec.runtime.policies.draft_length import Acceptance
+    from edgespec.runtime.policies.estimates import CostModel
 
     _bare("acceptance", arg)
     return Acceptance(cost=CostModel(priors=c.priors))
 
 
 def _auto(arg: str, c: PolicyContext) -> DraftLengthPolicy:
-    from edgespec.runtime.estimates import CostModel
-    from edgespec.runtime.policies import Auto
+    from edgespec.runtime.policies.draft_length import Auto
+    from edgespec.runtime.policies.estimates import CostModel
 
     _bare("auto", arg)
     return Auto(cost=CostModel(priors=c.priors))
 
 
 def _dynamic_exit(arg: str, c: PolicyContext) -> DraftLengthPolicy:
-    from edgespec.runtime.policies import DynamicExit
+    from edgespec.runtime.policies.draft_length import DynamicExit
 
     _bare("dynamic-exit", arg)
     return DynamicExit(sorted(c.exits), priors=c.priors)
 
 
 def _channel_aware(arg: str, c: PolicyContext) -> DraftLengthPolicy:
-    from edgespec.runtime.channel_policy import parse_channel_aware
+    from edgespec.runtime.policies.channel import parse_channel_aware
 
     return parse_channel_aware(arg, c.energy_budget, c.device_profile, c.priors)
 
 
 def _placement(arg: str, c: PolicyContext) -> DraftLengthPolicy:
-    from edgespec.runtime.channel_policy import parse_channel_aware
-    from edgespec.runtime.estimates import CostModel
-    from edgespec.runtime.placement import Placement
-    from edgespec.runtime.policies import Auto
+    from edgespec.runtime.policies.channel import parse_channel_aware
+    from edgespec.runtime.policies.draft_length import Auto
+    from edgespec.runtime.policies.estimates import CostModel
+    from edgespec.runtime.policies.placement import Placement
 
     split = parse_channel_aware(arg, c.energy_budget, c.device_profile, c.priors)
     local = Auto(cost=CostModel(priors=c.priors))

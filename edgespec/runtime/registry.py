@@ -24,13 +24,12 @@ from urllib.parse import urlsplit
 
 from edgespec.backbone import hello
 from edgespec.runtime.config import LoadConfig
-from edgespec.runtime.costs import best_local, calibration_entry, seed_from_calibration
-from edgespec.runtime.drafters import Chain, EarlyExitDrafter
+from edgespec.runtime.drafters.base import Chain, EarlyExitDrafter
+from edgespec.runtime.drafters.tree_draft import AsTree
 from edgespec.runtime.errors import InputError, SplitError
-from edgespec.runtime.estimates import PRIORS, AcceptanceModel, CostModel, Priors
-from edgespec.runtime.graph_protocol import Graph
-from edgespec.runtime.link import Remote
-from edgespec.runtime.local import LocalVerifier
+from edgespec.runtime.graphs.opener import BundleGraphs
+from edgespec.runtime.graphs.protocol import Graph
+from edgespec.runtime.graphs.stack import Stack, settle_step_width
 from edgespec.runtime.modes import DEFAULT_SPEC_DRAFTER, MODES
 from edgespec.runtime.names import (
     POLICIES,
@@ -41,14 +40,21 @@ from edgespec.runtime.names import (
     exit_layer,
     is_model_free,
 )
-from edgespec.runtime.opener import BundleGraphs
-from edgespec.runtime.policies import Acceptance, Auto, DraftLengthPolicy, DynamicExit, PerSource
-from edgespec.runtime.remote import FallbackVerifier, RemoteVerifier
+from edgespec.runtime.policies.costs import best_local, calibration_entry, seed_from_calibration
+from edgespec.runtime.policies.draft_length import (
+    Acceptance,
+    Auto,
+    DraftLengthPolicy,
+    DynamicExit,
+    PerSource,
+)
+from edgespec.runtime.policies.estimates import PRIORS, AcceptanceModel, CostModel, Priors
+from edgespec.runtime.policies.split_trees import SplitTrees
+from edgespec.runtime.policies.trees import tree_reasons, with_trees
 from edgespec.runtime.round import Drafter, Verifier
-from edgespec.runtime.split_trees import SplitTrees
-from edgespec.runtime.stack import Stack, settle_step_width
-from edgespec.runtime.tree_draft import AsTree
-from edgespec.runtime.tree_policy import tree_reasons, with_trees
+from edgespec.runtime.split.fallback import FallbackVerifier, RemoteVerifier
+from edgespec.runtime.split.session import Remote
+from edgespec.runtime.verify.local import LocalVerifier
 
 
 @dataclass

@@ -32,9 +32,9 @@ from typing import Literal, Protocol, runtime_checkable
 
 import numpy as np
 
-from edgespec.runtime.constraints import Constraint
 from edgespec.runtime.draft_q import SparseQ
-from edgespec.runtime.graph_protocol import Graph
+from edgespec.runtime.grammar.constraints import Constraint
+from edgespec.runtime.graphs.protocol import Graph
 from edgespec.runtime.sampling import SamplingParams
 from edgespec.runtime.stats import ChannelStats, RoundStats
 from edgespec.runtime.tree import TokenTree

@@ -23,7 +23,7 @@ padding, so they run alone. A row also needs room for the whole padded chunk aft
 length (the kernel's rule), so a round near the end of its row runs alone. Bundles exported
 before graphs took `query_seqlens` run every round alone.
 
-A pool of `step_width` 2 (graphs whose activations are quantized: runtime/stack.py) pads
+A pool of `step_width` 2 (graphs whose activations are quantized: runtime/graphs/stack.py) pads
 every row's ids to an even count with copies of its last id, alone and together alike (the
 copies' keys and values land past the row's length, in the room the pool keeps for them, and
 are overwritten later), so each row's logits are bitwise those of the device's own target
@@ -44,10 +44,10 @@ import logging
 import numpy as np
 
 from edgespec.bundle import FEATURES
-from edgespec.runtime.graph import GraphSession
-from edgespec.runtime.kv_cache import KVPool
-from edgespec.runtime.stack import pad_call, pad_ids, pad_tree, run_stages
-from edgespec.runtime.tree_verify import TreeGraph
+from edgespec.runtime.graphs.kv_cache import KVPool
+from edgespec.runtime.graphs.session import GraphSession
+from edgespec.runtime.graphs.stack import pad_call, pad_ids, pad_tree, run_stages
+from edgespec.runtime.graphs.tree_verify import TreeGraph
 
 DUMMY_TOKEN = 0
 log = logging.getLogger("edgespec.serve")

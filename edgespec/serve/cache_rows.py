@@ -16,9 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from edgespec.runtime.drafters import Chain, ModelDrafter
-from edgespec.runtime.kv_cache import KVPool
-from edgespec.runtime.stack import Stack
+from edgespec.runtime.drafters.base import Chain, ModelDrafter
+from edgespec.runtime.graphs.kv_cache import KVPool
+from edgespec.runtime.graphs.stack import Stack
 from edgespec.serve.pool_verifier import PoolVerifier
 from edgespec.serve.prefix_cache import Hit, Layout, Snapshot
 

@@ -29,14 +29,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from edgespec.runtime.chat import ChatChunk, ChatSession, Prompt
+from edgespec.runtime.chat.session import ChatChunk, ChatSession, Prompt
 from edgespec.runtime.config import LoadConfig
-from edgespec.runtime.costs import best_local, calibration_entry
-from edgespec.runtime.drafters import EarlyExitDrafter
-from edgespec.runtime.eagle import read_features_of
+from edgespec.runtime.drafters.base import EarlyExitDrafter
+from edgespec.runtime.drafters.eagle import read_features_of
+from edgespec.runtime.graphs.opener import BundleGraphs
 from edgespec.runtime.model import Model
 from edgespec.runtime.modes import DEFAULT_EAGLE_DRAFTER, DEFAULT_SPEC_DRAFTER
-from edgespec.runtime.opener import BundleGraphs
+from edgespec.runtime.policies.costs import best_local, calibration_entry
 from edgespec.runtime.registry import MODES
 from edgespec.runtime.round import Verifier
 from edgespec.serve import cache_rows

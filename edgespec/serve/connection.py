@@ -33,8 +33,8 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from edgespec import protocol as P
 from edgespec.backbone import HELLO_PREFIX, BackboneMismatch, parse_hello
 from edgespec.backbone import check as check_backbone
-from edgespec.runtime.constraints import Constraint, GrammarError
-from edgespec.runtime.grammar import Grammar, bundle_vocabulary
+from edgespec.runtime.grammar.constraints import Constraint, GrammarError
+from edgespec.runtime.grammar.engine import Grammar, bundle_vocabulary
 from edgespec.serve.http import sessions_admitted
 from edgespec.serve.pool_verifier import PoolVerifier
 from edgespec.serve.requests import FieldError

@@ -29,9 +29,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from edgespec.runtime.chat import ChatError, ChatReply, Prompt
-from edgespec.runtime.chat_template import ChatTemplateError
-from edgespec.runtime.tool_stream import ToolStream
+from edgespec.runtime.chat.session import ChatError, ChatReply, Prompt
+from edgespec.runtime.chat.template import ChatTemplateError
+from edgespec.runtime.chat.tool_stream import ToolStream
 from edgespec.serve.chat_engine import ChatEngine, Job
 from edgespec.serve.http import BodyError, busy, disconnected, read_body, sessions_admitted
 from edgespec.serve.openai_requests import (

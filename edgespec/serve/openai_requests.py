@@ -5,7 +5,7 @@ numbers, integer counts, known roles, text-only content) or raises `RequestError
 field (`param`) and what is allowed, which the endpoint answers as an OpenAI-shaped 400.
 Fields the API defines but edgespec does not implement are refused when set to anything but
 their neutral value (n > 1, penalties, logprobs), never silently ignored. A response_format is
-compiled here (runtime/grammar.py), so a bad schema is refused before any work.
+compiled here (runtime/grammar/engine.py), so a bad schema is refused before any work.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from edgespec.runtime.chat import ChatOptions
-from edgespec.runtime.chat_template import RENDER_ARGUMENTS
-from edgespec.runtime.constraints import GrammarError
-from edgespec.runtime.grammar import Grammar, from_response_format
+from edgespec.runtime.chat.session import ChatOptions
+from edgespec.runtime.chat.template import RENDER_ARGUMENTS
+from edgespec.runtime.grammar.constraints import GrammarError
+from edgespec.runtime.grammar.engine import Grammar, from_response_format
 from edgespec.serve import requests as R
 
 ROLES = ("system", "developer", "user", "assistant", "tool")

@@ -26,9 +26,9 @@ from time import perf_counter
 import numpy as np
 
 from edgespec.protocol import Result, Verify
-from edgespec.runtime.constraints import Constraint
-from edgespec.runtime.graph import GraphSession
-from edgespec.runtime.kv_cache import KVPool
+from edgespec.runtime.grammar.constraints import Constraint
+from edgespec.runtime.graphs.kv_cache import KVPool
+from edgespec.runtime.graphs.session import GraphSession
 from edgespec.runtime.round import Proposal, Verdict
 from edgespec.runtime.sampling import SamplingParams, next_token
 from edgespec.runtime.stats import RoundStats

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from edgespec.errors import EdgespecError
-from edgespec.runtime import chat_store
+from edgespec.runtime.chat import store as chat_store
 from edgespec.runtime.errors import InputError
 
 log = logging.getLogger("edgespec.serve")

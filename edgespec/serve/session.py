@@ -8,7 +8,7 @@ change) and only the new ids are prefilled; `verify_rounds()` runs the
 rounds of several sessions that arrived together: each is checked, the target scores every
 [last, d_1..d_γ] in shared forwards (`batching.forward_rounds`; a token tree alone:
 `serve.tree_rounds`), each row's drafts are
-accepted with the same rule the device's local verifier uses (`runtime/accept.py`), and
+accepted with the same rule the device's local verifier uses (`runtime/verify/accept.py`), and
 each row is truncated to its accepted prefix in `finally`, so a failing round never leaves a
 cache half-advanced. A bad round fails alone: its error goes to its own session, and if a
 shared forward fails, the rounds are retried one by one so only the culprit fails.
@@ -33,11 +33,11 @@ from edgespec.protocol import (
     Start,
     Verify,
 )
-from edgespec.runtime.accept import accept
-from edgespec.runtime.constraints import Constraint
-from edgespec.runtime.graph import GraphSession
-from edgespec.runtime.kv_cache import KVPool
+from edgespec.runtime.grammar.constraints import Constraint
+from edgespec.runtime.graphs.kv_cache import KVPool
+from edgespec.runtime.graphs.session import GraphSession
 from edgespec.runtime.sampling import SamplingParams, next_token
+from edgespec.runtime.verify.accept import accept
 from edgespec.serve.batching import forward_alone, forward_rounds
 from edgespec.serve.tree_rounds import TreeStages, verify_tree
 

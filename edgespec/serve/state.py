@@ -17,10 +17,10 @@ from starlette.websockets import WebSocket
 from edgespec import protocol as P
 from edgespec.bundle import Manifest
 from edgespec.errors import EdgespecError
-from edgespec.runtime.chat_store import bundle_identity
-from edgespec.runtime.graph import GraphSession
-from edgespec.runtime.kv_cache import KVPool
-from edgespec.runtime.opener import GraphOptions, open_bundle
+from edgespec.runtime.chat.store import bundle_identity
+from edgespec.runtime.graphs.kv_cache import KVPool
+from edgespec.runtime.graphs.opener import GraphOptions, open_bundle
+from edgespec.runtime.graphs.session import GraphSession
 from edgespec.runtime.tokenizer import Tokenizer
 from edgespec.serve.auth import Gate
 from edgespec.serve.cache_rows import layouts
@@ -193,7 +193,7 @@ def load_state(config: ServerConfig) -> State:
         stages[0].kv_dtype,
         target.step_width,  # calls padded as the device's own target pads them (batching)
     )
-    if target.feature_width:  # a feature head drafts from its row's (runtime/eagle.py)
+    if target.feature_width:  # a feature head drafts from its row's (runtime/drafters/eagle.py)
         pool.with_features(target.feature_width)
     stats = BatchStats()
     worker = Worker(

@@ -22,10 +22,10 @@ from time import perf_counter
 from typing import Any
 
 from edgespec.protocol import BAD_REQUEST, ProtocolError, Result, Verify
-from edgespec.runtime.kv_cache import KVPool
+from edgespec.runtime.graphs.kv_cache import KVPool
+from edgespec.runtime.graphs.tree_verify import TreeGraph, tree_feed
 from edgespec.runtime.tree import TokenTree
-from edgespec.runtime.tree_accept import accept_tree
-from edgespec.runtime.tree_verify import TreeGraph, tree_feed
+from edgespec.runtime.verify.tree_accept import accept_tree
 from edgespec.serve.batching import forward_tree_alone, keep_rows
 
 ServerSession = Any  # serve.session.ServerSession (which imports this module)

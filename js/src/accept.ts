@@ -1,4 +1,4 @@
-/** The acceptance rules of speculative decoding (`runtime/accept.py`).
+/** The acceptance rules of speculative decoding (`runtime/verify/accept.py`).
 
 Given drafts d_1..d_γ and the target's logits rows for [last, d_1..d_γ]:
   greedy    the longest prefix the target's argmax agrees with, then its argmax;

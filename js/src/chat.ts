@@ -1,4 +1,4 @@
-/** Chat templates (`runtime/chat_template.py`): the bundle's Hugging Face jinja templates,
+/** Chat templates (`runtime/chat/template.py`): the bundle's Hugging Face jinja templates,
 rendered with `@huggingface/jinja` as transformers renders them. */
 
 import { Template } from "@huggingface/jinja";

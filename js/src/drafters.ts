@@ -1,4 +1,4 @@
-/** Drafters (`runtime/drafters.py`): where proposed tokens come from. Each is told how many.
+/** Drafters (`runtime/drafters/base.py`): where proposed tokens come from. Each is told how many.
 
   NoDrafter          proposes nothing: plain autoregressive decoding
   ModelDrafter       a drafting model on its own KV cache: the bundle's `draft` graph

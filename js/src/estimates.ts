@@ -1,5 +1,5 @@
 /** What a round drafting γ tokens is expected to yield and to cost, learned online
-(`runtime/estimates.py`, ported line for line): the estimators `auto` and `acceptance`
+(`runtime/policies/estimates.py`, ported line for line): the estimators `auto` and `acceptance`
 maximise N(γ) / T(γ) with.
 
   AcceptanceModel   N(γ), expected tokens of a round, from per-position acceptance (counted

@@ -1,5 +1,5 @@
 /** Split decoding that finishes on the device when the link fails (`FallbackVerifier` of
-`runtime/remote.py`, without its reconnects and late rounds): the server verifies while it
+`runtime/split/fallback.py`, without its reconnects and late rounds): the server verifies while it
 answers; once a round's link fails (closed, no answer in time), that round and the rest of the
 generation are verified by the bundle's own `full` graph, which first prefills the sequence
 so far. The next generation starts on the server again. Greedy output is the target's either

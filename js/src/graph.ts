@@ -4,7 +4,7 @@
 cached ones. The cache's buffers are passed both as `past_*` inputs and as preallocated
 `present_*` outputs, so GroupQueryAttention writes the new keys/values in place: a step never
 copies the cache, and rejecting drafts is a length change (`KVCache.truncate`). `Stack` is
-`runtime/stack.py`: the stages of one model (`full`; `draft`; `head@k` then `tail@k`) over one
+`runtime/graphs/stack.py`: the stages of one model (`full`; `draft`; `head@k` then `tail@k`) over one
 cache, with `forward(ids, keep)` -> logits of the last `keep` positions. */
 
 import type * as ortTypes from "onnxruntime-common";

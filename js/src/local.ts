@@ -1,4 +1,4 @@
-/** The local verifier (`runtime/local.py`): the bundle's own target graphs (`full`, or
+/** The local verifier (`runtime/verify/local.py`): the bundle's own target graphs (`full`, or
 `head@k` + `tail@k`). Scores [last, d_1..d_γ] in one forward (or, for drafts an early-exit
 head made, only tail@k over the hidden states it computed), then applies the acceptance rule;
 the decode loop truncates the cache to the accepted prefix through `truncate`. */

@@ -1,4 +1,4 @@
-/** Draft-length policies (`runtime/policies.py`): a policy plans each round (γ, exit layer,
+/** Draft-length policies (`runtime/policies/draft_length.py`): a policy plans each round (γ, exit layer,
 confidence stop) and observes the round's stats. `fixed:N` drafts N every round;
 `confidence:T` drafts up to MAX_DRAFT and stops after a token the drafter drew with top
 probability below T; `acceptance` and `auto` (the default) price every γ with the online

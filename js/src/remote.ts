@@ -1,4 +1,4 @@
-/** Split decoding, the device's side (`runtime/remote_verifier.py`, `runtime/link.py`): the
+/** Split decoding, the device's side (`runtime/split/verifier.py`, `runtime/split/session.py`): the
 target runs on a server (`edgespec serve`), the device drafts and the server verifies, one
 WebSocket (`/v1/session`) per model, one session per generation.
 
