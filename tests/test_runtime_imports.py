@@ -284,6 +284,83 @@ def test_no_import_cycles_among_benchmark_scripts():
     assert not cycles, "import cycles in benchmarks/:\n" + "\n".join(lines)
 
 
+# edgespec/runtime/ by concept: the loop (decode), the round's contracts (round, stats, tree,
+# draft_q, sampling, errors), the name tables (names, modes), config, the registry and the
+# model at the top; a folder per part of a round under it (graphs/, drafters/, policies/,
+# verify/, split/, chat/, grammar/, tokenizer/). Read as one unit each (a folder, or a module
+# at the top), the runtime's imports point one way: no circle between units.
+MAX_FOLDER_MODULES = 15
+RUNTIME = "edgespec.runtime"
+
+
+def _runtime_unit(name: str) -> str:
+    """The unit a runtime module belongs to: its folder under runtime/, or itself."""
+    return ".".join(name.split(".")[:3])
+
+
+def test_no_runtime_folder_holds_more_than_15_modules():
+    runtime = PACKAGE / "runtime"
+    folders = [runtime, *(p for p in runtime.rglob("*") if p.is_dir() and p.name != "__pycache__")]
+    crowded = {
+        str(folder.relative_to(PACKAGE.parent)): n
+        for folder in folders
+        if (n := sum(1 for p in folder.glob("*.py") if p.name != "__init__.py"))
+        > MAX_FOLDER_MODULES
+    }
+    assert not crowded, f"runtime folders over {MAX_FOLDER_MODULES} modules: {crowded}"
+
+
+def _unit_graph(
+    modules: dict[str, Path] = MODULES,
+) -> tuple[dict[str, set[str]], dict[tuple[str, str], str]]:
+    """The runtime's units and their imports of each other; per arrow, one import making it."""
+    graph: dict[str, set[str]] = {}
+    arrows: dict[tuple[str, str], str] = {}
+    for name in modules:
+        if not name.startswith(RUNTIME + "."):
+            continue
+        unit = _runtime_unit(name)
+        graph.setdefault(unit, set())
+        for imported, line in _own_imports(name, modules):
+            other = _runtime_unit(imported)
+            if imported.startswith(RUNTIME + ".") and other != unit:
+                graph[unit].add(other)
+                graph.setdefault(other, set())
+                arrows.setdefault((unit, other), f"{modules[name].name}:{line}")
+    return graph, arrows
+
+
+def test_runtime_folders_import_one_way():
+    graph, arrows = _unit_graph()
+    assert len(graph) > 10, "the runtime's units were not read"
+    lines = []
+    for path, rest in _cycles(graph):
+        lines.append(" -> ".join(path) + (f"  (also: {', '.join(rest)})" if rest else ""))
+        lines += [f"    {a} -> {b}: {arrows[a, b]}" for a, b in zip(path, path[1:], strict=False)]
+    assert not lines, "runtime units import each other both ways:\n" + "\n".join(lines)
+
+
+def test_the_layout_reader_sees_a_folder_and_a_top_module_importing_each_other(tmp_path):
+    runtime = tmp_path / "edgespec" / "runtime"
+    (runtime / "policies").mkdir(parents=True)
+    for name in ("__init__", "policies/__init__"):
+        (runtime / f"{name}.py").write_text("")
+    (runtime / "policies" / "trees.py").write_text("from edgespec.runtime.names import TABLE\n")
+    (runtime / "policies" / "length.py").write_text("X = 1\n")
+    (runtime / "names.py").write_text(
+        "def build():\n    from edgespec.runtime.policies import length\n"
+    )
+    (runtime / "decode.py").write_text("from edgespec.runtime.policies.length import X\n")
+    modules = {_module_name(p, tmp_path): p for p in sorted(tmp_path.rglob("*.py"))}
+    graph, arrows = _unit_graph(modules)
+    # no circle between modules, but one between the policies folder and the name table
+    assert not _cycles({m: {i for i, _ in _own_imports(m, modules)} for m in modules})
+    circle = ["edgespec.runtime.names", "edgespec.runtime.policies", "edgespec.runtime.names"]
+    assert _cycles(graph) == [(circle, [])]
+    assert arrows["edgespec.runtime.policies", "edgespec.runtime.names"] == "trees.py:1"
+    assert graph["edgespec.runtime.decode"] == {"edgespec.runtime.policies"}
+
+
 def test_no_edgespec_module_over_400_lines():
     long = {
         str(p.relative_to(PACKAGE.parent)): n

@@ -9,6 +9,9 @@ mode, become what implements them; conflicting choices are refused here, once.
   verifiers  full | exit:K (head@K then tail@K) on the device; split mode verifies on the
              server (`remote`), falling back to `full` when the link fails
   policies   `names.POLICY_NAMES`, parsed by `make_policy`
+  trees      auto | on | off: `with_trees` makes a drafter and its policy propose token trees
+             (priced by `policies.trees.TreePolicy`); `tree_reasons` says why a bundle or
+             configuration cannot
 
 `build(graphs, config)` turns a `LoadConfig` into a `Decoder`: the (verifier, drafter, policy)
 of one generation loop, naming the local target and split link it holds. Each build has its
@@ -20,12 +23,14 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlsplit
 
 from edgespec.backbone import hello
 from edgespec.runtime.config import LoadConfig
-from edgespec.runtime.drafters.base import Chain, EarlyExitDrafter
-from edgespec.runtime.drafters.tree_draft import AsTree
+from edgespec.runtime.drafters.base import Chain, EarlyExitDrafter, ModelDrafter
+from edgespec.runtime.drafters.model_tree import ModelTrees
+from edgespec.runtime.drafters.tree_draft import AsTree, TreeDrafter
 from edgespec.runtime.errors import InputError, SplitError
 from edgespec.runtime.graphs.opener import BundleGraphs
 from edgespec.runtime.graphs.protocol import Graph
@@ -35,10 +40,14 @@ from edgespec.runtime.names import (
     POLICIES,
     POLICY_NAMES,
     SPLIT_ONLY,
+    SPLIT_TREE_DRAFTERS,
+    TREE_DRAFTERS,
+    TREE_MODES,
     PolicyContext,
     drafter_name,
     exit_layer,
     is_model_free,
+    proposes_trees,
 )
 from edgespec.runtime.policies.costs import best_local, calibration_entry, seed_from_calibration
 from edgespec.runtime.policies.draft_length import (
@@ -50,7 +59,7 @@ from edgespec.runtime.policies.draft_length import (
 )
 from edgespec.runtime.policies.estimates import PRIORS, AcceptanceModel, CostModel, Priors
 from edgespec.runtime.policies.split_trees import SplitTrees
-from edgespec.runtime.policies.trees import tree_reasons, with_trees
+from edgespec.runtime.policies.trees import MAX_DEPTH, TreePolicy
 from edgespec.runtime.round import Drafter, Verifier
 from edgespec.runtime.split.fallback import FallbackVerifier, RemoteVerifier
 from edgespec.runtime.split.session import Remote
@@ -281,3 +290,59 @@ def _split_verifier(b: _Builder, drafter: str) -> FallbackVerifier:
     if c.local_fallback and "full" in m.roles:  # trees to the server: here where it can
         local = LocalVerifier(b.target("full"), trees=bool(m.tree_graphs))
     return FallbackVerifier(remote, local)
+
+
+def with_trees(
+    trees: str, reasons: list[str], drafter: Drafter, policy: Any
+) -> tuple[Drafter, Any]:
+    """`drafter` and `policy` as `trees` (auto | on | off) makes them: the drafter's trees
+    (a model drafter's dynamic trees, `ModelTrees`) through `AsTree` and a `TreePolicy`
+    (`on`: forced every drafting round), unless one of `reasons` (why this bundle or
+    configuration cannot use trees) holds: then `auto` keeps the chain and `on` refuses."""
+    if trees not in TREE_MODES:
+        raise InputError(f"trees={trees!r} is not one of: {', '.join(TREE_MODES)}")
+    if trees == "off":
+        return drafter, policy
+    per_depth = isinstance(drafter, ModelDrafter | EarlyExitDrafter)
+    if per_depth and not reasons:
+        drafter = ModelTrees(drafter)  # type: ignore[arg-type]
+    if not isinstance(drafter, TreeDrafter):
+        reasons = [*reasons, f"drafter {drafter.name!r} proposes no trees ({TREE_DRAFTERS} do)"]
+    if reasons:
+        if trees == "on":
+            raise InputError(f"trees='on' cannot be used here: {reasons[0]}")
+        return drafter, policy
+    priors = policy.cost.priors if hasattr(policy, "cost") else PRIORS
+    tree_policy = TreePolicy(cost=CostModel(priors=priors), chain=policy, per_depth=per_depth)
+    if per_depth:  # no shadow trees (they would cost draft steps): probe trees measure
+        tree_policy.probe_every, tree_policy.shadow_every = 16, 0
+    tree_policy.force = trees == "on"
+    tree_policy.acceptance.priors = priors
+    return AsTree(drafter, max_depth=MAX_DEPTH), tree_policy
+
+
+def tree_reasons(config: LoadConfig, graphs: BundleGraphs, spec: str) -> list[str]:
+    """Why this configuration cannot verify token trees (empty: it can)."""
+    out = []
+    split = config.mode == "split"  # the server's graphs verify: its offer decides, per link
+    if not graphs.manifest.tree_graphs and not split:
+        out.append(
+            f"bundle {graphs.folder} has no tree-verification graphs; re-export it with "
+            "`edgespec export MODEL --out FOLDER --tree-verify`"
+        )
+    if config.coreml and not split:
+        out.append("Core ML packages cannot verify token trees; run the ONNX graphs")
+    planners = ("placement", "channel-aware") if split else ("auto", "acceptance")
+    if config.draft_policy not in (None, *planners):
+        out.append(
+            f"draft policy {config.draft_policy!r} plans chains; drop --draft-policy so the "
+            "tree policy sizes each round"
+        )
+    if not proposes_trees(spec):
+        out.append(f"drafter {spec!r} proposes no trees; use one of {TREE_DRAFTERS}")
+    elif split and not is_model_free(spec):
+        out.append(
+            f"in split mode trees come from {SPLIT_TREE_DRAFTERS}, not drafter {spec!r} "
+            "(a model drafter's dynamic trees verify locally)"
+        )
+    return out

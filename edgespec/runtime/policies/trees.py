@@ -23,8 +23,9 @@ more tokens per second.
                   drafter's tree costs draft steps and its cache, so its side ranks are
                   measured by a small probe tree every `probe_every` rounds instead, where
                   even optimistic side ranks could pay (measurement, not a pick)
-  with_trees      what `trees=auto|on|off` makes of a drafter on a bundle (a model drafter:
-                  its dynamic trees, `runtime/drafters/model_tree.py`, priced per spine step)
+
+What `trees=auto|on|off` makes of a drafter on a bundle is `registry.with_trees`'s to say (a
+model drafter: its dynamic trees, `runtime/drafters/model_tree.py`, priced per spine step).
 
 The expected tokens of a spine-with-leaves tree: a side candidate at depth d is accepted with
 p(d, r) when the spine reached d - 1, and ends the path there; so E = 1 + Σ_d s(d-1)·Σ_r p(d, r)
@@ -38,16 +39,8 @@ import heapq
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from edgespec.runtime.errors import InputError
-from edgespec.runtime.names import (
-    SPLIT_TREE_DRAFTERS,
-    TREE_DRAFTERS,
-    TREE_MODES,
-    is_model_free,
-    proposes_trees,
-)
 from edgespec.runtime.policies.estimates import PRIORS, CostModel, Priors
-from edgespec.runtime.round import Drafter, Plan
+from edgespec.runtime.round import Plan
 from edgespec.runtime.stats import RoundStats
 
 MAX_DEPTH = 8  # the deepest spine priced
@@ -271,63 +264,3 @@ def _memo(cost: Any) -> Any:
 
 def _table() -> list[list[float]]:
     return [[0.0] * MAX_RANK for _ in range(MAX_DEPTH + 1)]
-
-
-def with_trees(
-    trees: str, reasons: list[str], drafter: Drafter, policy: Any
-) -> tuple[Drafter, Any]:
-    """`drafter` and `policy` as `trees` (auto | on | off) makes them: the drafter's trees
-    (a model drafter's dynamic trees, `ModelTrees`) through `AsTree` and a `TreePolicy`
-    (`on`: forced every drafting round), unless one of `reasons` (why this bundle or
-    configuration cannot use trees) holds: then `auto` keeps the chain and `on` refuses."""
-    from edgespec.runtime.drafters.base import EarlyExitDrafter, ModelDrafter
-    from edgespec.runtime.drafters.model_tree import ModelTrees
-    from edgespec.runtime.drafters.tree_draft import AsTree, TreeDrafter
-
-    if trees not in TREE_MODES:
-        raise InputError(f"trees={trees!r} is not one of: {', '.join(TREE_MODES)}")
-    if trees == "off":
-        return drafter, policy
-    per_depth = isinstance(drafter, ModelDrafter | EarlyExitDrafter)
-    if per_depth and not reasons:
-        drafter = ModelTrees(drafter)  # type: ignore[arg-type]
-    if not isinstance(drafter, TreeDrafter):
-        reasons = [*reasons, f"drafter {drafter.name!r} proposes no trees ({TREE_DRAFTERS} do)"]
-    if reasons:
-        if trees == "on":
-            raise InputError(f"trees='on' cannot be used here: {reasons[0]}")
-        return drafter, policy
-    priors = policy.cost.priors if hasattr(policy, "cost") else PRIORS
-    tree_policy = TreePolicy(cost=CostModel(priors=priors), chain=policy, per_depth=per_depth)
-    if per_depth:  # no shadow trees (they would cost draft steps): probe trees measure
-        tree_policy.probe_every, tree_policy.shadow_every = 16, 0
-    tree_policy.force = trees == "on"
-    tree_policy.acceptance.priors = priors
-    return AsTree(drafter, max_depth=MAX_DEPTH), tree_policy
-
-
-def tree_reasons(config: Any, graphs: Any, spec: str) -> list[str]:
-    """Why this configuration cannot verify token trees (empty: it can)."""
-    out = []
-    split = config.mode == "split"  # the server's graphs verify: its offer decides, per link
-    if not graphs.manifest.tree_graphs and not split:
-        out.append(
-            f"bundle {graphs.folder} has no tree-verification graphs; re-export it with "
-            "`edgespec export MODEL --out FOLDER --tree-verify`"
-        )
-    if config.coreml and not split:
-        out.append("Core ML packages cannot verify token trees; run the ONNX graphs")
-    planners = ("placement", "channel-aware") if split else ("auto", "acceptance")
-    if config.draft_policy not in (None, *planners):
-        out.append(
-            f"draft policy {config.draft_policy!r} plans chains; drop --draft-policy so the "
-            "tree policy sizes each round"
-        )
-    if not proposes_trees(spec):
-        out.append(f"drafter {spec!r} proposes no trees; use one of {TREE_DRAFTERS}")
-    elif split and not is_model_free(spec):
-        out.append(
-            f"in split mode trees come from {SPLIT_TREE_DRAFTERS}, not drafter {spec!r} "
-            "(a model drafter's dynamic trees verify locally)"
-        )
-    return out
