@@ -9,7 +9,7 @@ Vocabularies: SmolLM2's real 49,152-id byte-level BPE (tokens and merges read fr
 installable from a package registry; the mask walks the token trie, so its size and shape
 are what count). Each engine follows the tokens of a fixed valid JSON document for each
 schema, timing the mask at every position (as the decode loop asks it: llguidance's bitmask
-unpacked to the bool row `runtime.grammar` hands the verifier; outlines-core's bitmask
+unpacked to the bool row `runtime.grammar.engine` hands the verifier; outlines-core's bitmask
 written into a numpy buffer). Engines: llguidance (the runtime's), outlines-core when
 installed; xgrammar is not measured: it requires torch (and triton), which the runtime must
 not import. Prints one table; the machine's load is printed beside it.

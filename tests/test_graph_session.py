@@ -1,5 +1,5 @@
 """A graph session's narrow calls (decode, draft and verify steps on buffers bound once per
-width, `runtime.graph.Narrow`) return what a call on fresh bindings returns, in arrays of
+width, `runtime.graphs.session.Narrow`) return what a call on fresh bindings returns, in arrays of
 their own."""
 
 from __future__ import annotations

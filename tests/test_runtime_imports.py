@@ -342,23 +342,23 @@ def test_runtime_folders_import_one_way():
 
 def test_the_layout_reader_sees_a_folder_and_a_top_module_importing_each_other(tmp_path):
     runtime = tmp_path / "edgespec" / "runtime"
-    (runtime / "policies").mkdir(parents=True)
-    for name in ("__init__", "policies/__init__"):
+    (runtime / "plans").mkdir(parents=True)
+    for name in ("__init__", "plans/__init__"):
         (runtime / f"{name}.py").write_text("")
-    (runtime / "policies" / "trees.py").write_text("from edgespec.runtime.names import TABLE\n")
-    (runtime / "policies" / "length.py").write_text("X = 1\n")
-    (runtime / "names.py").write_text(
-        "def build():\n    from edgespec.runtime.policies import length\n"
+    (runtime / "plans" / "spans.py").write_text("from edgespec.runtime.table import TABLE\n")
+    (runtime / "plans" / "length.py").write_text("X = 1\n")
+    (runtime / "table.py").write_text(
+        "def build():\n    from edgespec.runtime.plans import length\n"
     )
-    (runtime / "decode.py").write_text("from edgespec.runtime.policies.length import X\n")
+    (runtime / "decode.py").write_text("from edgespec.runtime.plans.length import X\n")
     modules = {_module_name(p, tmp_path): p for p in sorted(tmp_path.rglob("*.py"))}
     graph, arrows = _unit_graph(modules)
-    # no circle between modules, but one between the policies folder and the name table
+    # no circle between modules, but one between the plans folder and the table
     assert not _cycles({m: {i for i, _ in _own_imports(m, modules)} for m in modules})
-    circle = ["edgespec.runtime.names", "edgespec.runtime.policies", "edgespec.runtime.names"]
+    circle = ["edgespec.runtime.plans", "edgespec.runtime.table", "edgespec.runtime.plans"]
     assert _cycles(graph) == [(circle, [])]
-    assert arrows["edgespec.runtime.policies", "edgespec.runtime.names"] == "trees.py:1"
-    assert graph["edgespec.runtime.decode"] == {"edgespec.runtime.policies"}
+    assert arrows["edgespec.runtime.plans", "edgespec.runtime.table"] == "spans.py:1"
+    assert graph["edgespec.runtime.decode"] == {"edgespec.runtime.plans"}
 
 
 def test_no_edgespec_module_over_400_lines():

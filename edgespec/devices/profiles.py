@@ -2,7 +2,7 @@
 
 A profile names the onnxruntime execution providers to try, in order, with their options;
 whether the hardware needs static shapes (NPUs do); the quantization it prefers; and its cost
-model: memory bandwidth (GB/s) and an `energy` table that `runtime.channel_policy.EnergyModel`
+model: memory bandwidth (GB/s) and an `energy` table that `runtime.policies.channel.EnergyModel`
 reads (J per draft token, or drafting power, and the radio's figures).
 
 Built-in profiles ship in `edgespec/devices/profiles/*.json`. Users add or override them

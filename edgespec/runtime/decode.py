@@ -71,7 +71,7 @@ def decode(
     """Yield one Step per round: the prefill's first token, then each round's tokens.
 
     cached: the first `cached` prompt tokens equal the start of the sequence the caches last
-    held (a conversation's earlier turns, see `runtime.chat`): the verifier and the drafter
+    held (a conversation's earlier turns, see `runtime.chat.session`): the verifier and the drafter
     may keep those positions and prefill only the rest. constraint: a grammar every output
     token must follow (started at len(prompt)).
     """

@@ -154,7 +154,7 @@ class Model:
     ) -> Iterator[Chunk]:
         """Yield text pieces as tokens are produced; the last chunk carries finish_reason.
         response_format: an OpenAI-style {"type": "json_object"} or {"type": "json_schema",
-        "json_schema": {"name", "schema"}} (or a `runtime.grammar.Grammar`): every token
+        "json_schema": {"name", "schema"}} (or a `runtime.grammar.engine.Grammar`): every token
         follows it, in every mode (needs the [grammar] extra)."""
         if max_new_tokens < 1:
             raise InputError(f"max_new_tokens must be at least 1, got {max_new_tokens}")

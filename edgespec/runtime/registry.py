@@ -16,7 +16,7 @@ mode, become what implements them; conflicting choices are refused here, once.
 `build(graphs, config)` turns a `LoadConfig` into a `Decoder`: the (verifier, drafter, policy)
 of one generation loop, naming the local target and split link it holds. Each build has its
 own caches, estimates and server connection over the sessions `graphs` opened once: a
-conversation is a second build (`runtime.chat`)."""
+conversation is a second build (`runtime.chat.session`)."""
 
 from __future__ import annotations
 

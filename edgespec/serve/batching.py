@@ -1,6 +1,6 @@
 """Continuous batching of verify rounds: one KV pool for all sessions, shared forwards.
 
-The pool (`runtime.kv_cache.KVPool`) holds, per layer, one buffer [max_sessions, kv_heads,
+The pool (`runtime.graphs.kv_cache.KVPool`) holds, per layer, one buffer [max_sessions, kv_heads,
 capacity, head_dim]; a session owns a slot (a row) and an integer length (the positions valid
 in its row). A contiguous range of rows of a C-order buffer is contiguous memory, so a
 `KVCache` over rows lo..hi (numpy views, OrtValues over them) binds to onnxruntime without a

@@ -22,7 +22,7 @@ from edgespec.runtime.graphs.stack import Stack
 from edgespec.serve.pool_verifier import PoolVerifier
 from edgespec.serve.prefix_cache import Hit, Layout, Snapshot
 
-ChatSession = Any  # runtime.chat.ChatSession with a PoolVerifier (see the module docstring)
+ChatSession = Any  # runtime.chat.session.ChatSession with a PoolVerifier (see the module docstring)
 Arrays = list[tuple[np.ndarray, np.ndarray]]
 
 

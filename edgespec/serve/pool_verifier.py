@@ -54,7 +54,7 @@ class Posted:
 
 @dataclass
 class RowFeatures:
-    """A pool row's features as `runtime.eagle.FeatureSource` (written by the worker)."""
+    """A pool row's features as `runtime.drafters.eagle.FeatureSource` (written by the worker)."""
 
     pool: KVPool
     slot: int

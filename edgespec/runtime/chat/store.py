@@ -28,7 +28,8 @@ from edgespec.runtime.errors import InputError
 from edgespec.runtime.graphs.stack import Stack
 from edgespec.runtime.verify.local import LocalVerifier
 
-# the functions take a runtime.chat.ChatSession (typed Any: chat.py imports this module)
+# the functions take a runtime.chat.session.ChatSession (typed Any: session.py imports this
+# module)
 ChatSession = Any
 
 FORMAT, VERSION = "edgespec-chat-session", 1

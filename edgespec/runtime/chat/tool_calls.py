@@ -15,7 +15,7 @@ them. Formats, by what the template writes:
              ```tool_code``` block of such calls; arguments are Python literals
 A reply that does not parse as calls is content, never an error. A call's `arguments` is the
 text the model wrote for its arguments object (as OpenAI sends it; a JSON string's value when
-the model wrote one), checked to be a JSON object; `runtime.tool_stream` streams the same text
+the model wrote one), checked to be a JSON object; `runtime.chat.tool_stream` streams the same text
 in pieces as it decodes.
 `required_grammar` builds the llguidance grammar (Lark with inline JSON schemas) that makes
 the reply one or more calls of the given tools in the family's format, the arguments valid

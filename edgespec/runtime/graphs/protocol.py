@@ -1,5 +1,5 @@
 """`Graph`: the contract every graph session meets — an onnxruntime `GraphSession`
-(graph.py), the fixed-shape `StaticGraphSession` (static.py) and the Core ML `CoreMLSession`
+(session.py), the fixed-shape `StaticGraphSession` (static.py) and the Core ML `CoreMLSession`
 (coreml.py) — and all that the stacks, the drafters and the decode loop use of one: `run`,
 and the capabilities a KV cache is allocated by (`fixed_capacity`, `holds_kv`, `kv_device`).
 Declared, so that nothing probes a session for what it can do.

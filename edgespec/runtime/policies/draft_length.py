@@ -8,7 +8,7 @@ The decode loop asks `plan()` once per round and tells the drafter; drafters nev
 the policy. `PerSource` prices a chain's members apart (`lookup+draft`). Names such as
 "fixed:4", "confidence:0.4", "acceptance", "auto", "dynamic-exit" are parsed by
 `registry.make_policy`; "channel-aware" (split decoding: RTT, bandwidth and an energy budget
-in the round cost) lives in `channel_policy.py`.
+in the round cost) lives in `channel.py`.
 
 The adaptive ones maximise expected accepted tokens per second, N(γ) / T(γ): N from
 per-position acceptance measured online (drafts are accepted in runs, not independently),

@@ -1,5 +1,5 @@
 """What a round drafting γ tokens is expected to yield and to cost, learned online: the
-estimators the adaptive draft-length policies (`policies.py`) maximise N(γ) / T(γ) with.
+estimators the adaptive draft-length policies (`draft_length.py`) maximise N(γ) / T(γ) with.
 
   AcceptanceModel   N(γ), expected tokens of a round, from per-position acceptance
   CostModel         T(γ), a round's seconds (draft steps + a verify-plus-overhead line), and

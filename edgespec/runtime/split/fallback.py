@@ -1,6 +1,6 @@
 """Verifiers across a network: the split-decoding server, and the fallback to local graphs.
 
-`RemoteVerifier` (`remote_verifier.py`) sends each round to the server (VERIFY with the
+`RemoteVerifier` (`verifier.py`) sends each round to the server (VERIFY with the
 drafts and, when sampling, the sparse distributions they were drawn from) and answers with a
 `Pending` that the decode loop polls while it drafts ahead. The server applies the
 acceptance rule and keeps its own cache in step, so `truncate` has nothing to do here. A

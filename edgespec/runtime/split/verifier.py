@@ -8,7 +8,7 @@ comes (a tree's path against the tree). The server
 applies the acceptance rule and keeps its own cache in step, so `truncate` has nothing to do.
 A START (re)builds the server's session from the committed tokens; with `hold` (a
 conversation) a generation ends with PAUSE and the next prefill resumes the session. The
-fallback to local graphs around it is `runtime.remote.FallbackVerifier`.
+fallback to local graphs around it is `runtime.split.fallback.FallbackVerifier`.
 """
 
 from __future__ import annotations
