@@ -18,7 +18,7 @@ import edgespec
 from edgespec import protocol as P
 from edgespec.runtime.policies.draft_length import DraftLengthPolicy, FixedLength, PerSource
 from edgespec.runtime.registry import build
-from edgespec.runtime.round import Plan
+from edgespec.runtime.round import Plan, Start
 from edgespec.runtime.sampling import SamplingParams
 from edgespec.runtime.stats import RoundStats
 from edgespec.serve.pool_verifier import PoolVerifier
@@ -51,7 +51,7 @@ def decoder(server, drafter: str):
 def stream(rows, new_decoder, stop_ids=frozenset(), most=MOST) -> list[P.Tokens]:
     """Prefill PROMPT into the row, then stream `most` tokens; the TOKENS messages sent."""
     params = SamplingParams()
-    rows.prefill(PROMPT, len(PROMPT) + most + 8, params, np.random.default_rng(0))
+    rows.prefill(Start(PROMPT, len(PROMPT) + most + 8, params, np.random.default_rng(0)))
     sent: list[P.Tokens] = []
     errors: list[Exception] = []
     streams = Streams(1, new_decoder)
@@ -150,7 +150,7 @@ def test_the_package_has_one_decode_loop():
 
 
 def test_a_stream_is_refused_when_the_session_has_no_room_left(server, rows):
-    rows.prefill(PROMPT, len(PROMPT), SamplingParams(), np.random.default_rng(0))  # full
+    rows.prefill(Start(PROMPT, len(PROMPT), SamplingParams(), np.random.default_rng(0)))  # full
     msg = P.Stream(len(rows.session.seq), 4)
     streams = Streams(1, lambda: decoder(server, "draft"))
     with pytest.raises(P.ProtocolError, match="context is full"):

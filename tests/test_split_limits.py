@@ -16,6 +16,7 @@ from websockets.sync.client import connect
 import edgespec
 from edgespec import protocol as P
 from edgespec.runtime.draft_q import DraftSupport
+from edgespec.runtime.round import Start
 
 PROMPT = "def f(x):"
 N = 80  # past the 48-position server below
@@ -170,7 +171,7 @@ def test_a_round_sends_the_drafts_that_fit_and_leaves_the_callers_proposal_whole
     remote = model.verifier.remote  # the RemoteVerifier inside the fallback
     params, rng = SamplingParams(0.0), np.random.default_rng(0)
     ids = model.encode(PROMPT)
-    token, _ = remote.prefill(ids, N, params, rng)
+    token, _ = remote.prefill(Start(ids, N, params, rng))
     seq = [*ids, token]
     room = 48 - len(seq)  # the server's context is 48 positions
     drafts = [int(t) for t in np.arange(room + 10) % 50 + 10]

@@ -27,7 +27,7 @@ import edgespec
 from edgespec import protocol as P
 from edgespec.runtime.drafters.tree_draft import AsTree
 from edgespec.runtime.policies.split_trees import SplitTrees
-from edgespec.runtime.round import Plan
+from edgespec.runtime.round import Plan, Start
 from edgespec.runtime.tree import TokenTree
 
 ARCH = "qwen2"
@@ -307,7 +307,7 @@ def test_a_device_bundle_without_tree_graphs_sends_trees_and_falls_back_on_main_
     local = model.verifier.local
     prompt = ar.encode(TEXT)
     rng = np.random.default_rng(0)
-    first, _ = local.prefill(prompt, 128, SamplingParams(), rng)
+    first, _ = local.prefill(Start(prompt, 128, SamplingParams(), rng))
     a, b = want[1], want[2]
     tree = TokenTree((a + 1, a, b), (-1, -1, 1))  # main path: a + 1 (wrong)
     from edgespec.runtime.round import Proposal

@@ -27,6 +27,7 @@ from edgespec.runtime.decode import Budget, decode, decode_rounds
 from edgespec.runtime.model import Model
 from edgespec.runtime.policies.costs import FILE, device_key
 from edgespec.runtime.policies.draft_length import FixedLength
+from edgespec.runtime.round import Start
 from edgespec.runtime.sampling import SamplingParams
 
 # the instruct prompts acceptance is measured on: a question, a rewrite, a summary (lookup
@@ -98,7 +99,7 @@ def measure_rounds(model, max_length: int, repeats: int) -> dict:
     per_token: list[float] = []
     for g in range(max_length + 1):
         verifier, drafter = model.verifier, model.drafter
-        verifier.prefill(prompt, capacity, params, rng)
+        verifier.prefill(Start(prompt, capacity, params, rng))
         drafter.begin(prompt, capacity)
         # the loop from the motif's next token (lookup always has a continuation), never
         # cut short: every round may draft g

@@ -41,7 +41,7 @@ import numpy as np
 from edgespec.runtime.draft_q import SparseQ
 from edgespec.runtime.grammar.constraints import Constraint
 from edgespec.runtime.policies.draft_length import DraftLengthPolicy
-from edgespec.runtime.round import Drafter, LearnsFromVerify, Plan, Proposal, Verifier
+from edgespec.runtime.round import Drafter, LearnsFromVerify, Plan, Proposal, Start, Verifier
 from edgespec.runtime.sampling import SamplingParams
 from edgespec.runtime.stats import RoundStats, Step
 
@@ -82,7 +82,7 @@ def decode(
     capacity = min(len(prompt) + max_new_tokens, verifier.max_positions)
     try:
         cached = min(cached, len(prompt) - 1)
-        token, stats = verifier.prefill(prompt, capacity, params, rng, cached, constraint)
+        token, stats = verifier.prefill(Start(prompt, capacity, params, rng, cached, constraint))
         drafter.begin(prompt, capacity, cached, constraint)
         budget = Budget(max_new_tokens, stop_ids, capacity)
         first = Step([token], stats)

@@ -13,7 +13,7 @@ what a verifier answers.
   Drafter   begin / source(seq) / propose(seq, plan) / commit: it is told how many tokens
             to propose; `source` names who will propose them (a chain's member), so the
             policy can price each member apart
-  Verifier  prefill / submit -> Pending / truncate: local graphs, a server, or both
+  Verifier  prefill(Start) / submit -> Pending / truncate: local graphs, a server, or both
   Pending   a submitted round: how many of the proposal's drafts it verifies (`sent`: all,
             or a prefix when a server's request limit left the rest out), then the verdict
   Verdict   the verifier's answer: accepted count, the target's next token, and timings
@@ -232,24 +232,29 @@ class Done:
         return self.verdict
 
 
+@dataclass(frozen=True)
+class Start:
+    """What a generation starts from, as a verifier's `prefill` is given it: the prompt, the
+    positions its caches may reach (`capacity`) and how tokens are picked (`params`, `rng`).
+    `cached`: the first `cached` prompt tokens equal the start of the sequence the last
+    generation ran on (a conversation's earlier turns); a verifier may keep those positions
+    and process only the rest (0: start afresh). `constraint`: the grammar this generation's
+    output follows: every row a verifier scores is masked by it."""
+
+    prompt: list[int]
+    capacity: int
+    params: SamplingParams
+    rng: np.random.Generator
+    cached: int = 0
+    constraint: Constraint | None = None
+
+
 class Verifier(Protocol):
     max_positions: int
 
-    def prefill(
-        self,
-        prompt: list[int],
-        capacity: int,
-        params: SamplingParams,
-        rng: np.random.Generator,
-        cached: int = 0,
-        constraint: Constraint | None = None,
-    ) -> tuple[int, RoundStats]:
-        """Start a generation: process the prompt; the next token and the prefill's stats.
-        `cached`: the first `cached` prompt tokens equal the start of the sequence the last
-        generation ran on (a conversation's earlier turns); a verifier may keep those
-        positions and process only the rest (0: start afresh). `constraint`: the grammar
-        this generation's output follows: every row it scores is masked by it (a verifier
-        that cannot apply one refuses it here with an InputError)."""
+    def prefill(self, start: Start) -> tuple[int, RoundStats]:
+        """Start a generation: process the prompt; the next token and the prefill's stats. A
+        verifier that cannot apply `start.constraint` refuses it here with an InputError."""
 
     def max_drafts(self, seq: list[int]) -> int:
         """The most drafts the next round after `seq` can carry (0: verify none now; -1:

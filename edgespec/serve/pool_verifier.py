@@ -26,10 +26,9 @@ from time import perf_counter
 import numpy as np
 
 from edgespec.protocol import Result, Verify
-from edgespec.runtime.grammar.constraints import Constraint
 from edgespec.runtime.graphs.kv_cache import KVPool
 from edgespec.runtime.graphs.session import GraphSession
-from edgespec.runtime.round import Proposal, Verdict
+from edgespec.runtime.round import Proposal, Start, Verdict
 from edgespec.runtime.sampling import SamplingParams, next_token
 from edgespec.runtime.stats import RoundStats
 from edgespec.serve.session import ServerSession, acceptance_rng, fill
@@ -99,22 +98,13 @@ class PoolVerifier:
         assert self.session.slot is not None
         return self.session.slot
 
-    def prefill(
-        self,
-        prompt: list[int],
-        capacity: int,
-        params: SamplingParams,
-        rng: np.random.Generator,
-        cached: int = 0,
-        constraint: Constraint | None = None,
-    ) -> tuple[int, RoundStats]:
-        start = perf_counter()
-        s = self.session
-        s.params, s.capacity, s.rng = params, capacity, acceptance_rng(params.seed)
-        s.constraint = constraint
-        job = (resume, (self.pool, self.stages, s, prompt, cached, self.chunk, self.budget))
+    def prefill(self, start: Start) -> tuple[int, RoundStats]:
+        began, prompt, s = perf_counter(), start.prompt, self.session
+        s.params, s.capacity = start.params, start.capacity
+        s.rng, s.constraint = acceptance_rng(start.params.seed), start.constraint
+        job = (resume, (self.pool, self.stages, s, prompt, start.cached, self.chunk, self.budget))
         kept = self.worker.post("steps", job).result()
-        seconds = perf_counter() - start
+        seconds = perf_counter() - began
         stats = RoundStats(
             "prefill", 1, len(prompt) - kept, seconds, verify_seconds=seconds, cached_tokens=kept
         )

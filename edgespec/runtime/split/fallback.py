@@ -39,14 +39,13 @@ server that went quiet are bounded by that same deadline (at least 1 s).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from time import monotonic, perf_counter
 
 import numpy as np
 
 from edgespec.runtime.errors import LinkError, RoundLate, ServerBusy, ServerLimit, SplitError
-from edgespec.runtime.grammar.constraints import Constraint
-from edgespec.runtime.round import Done, Pending, Proposal, Verdict
+from edgespec.runtime.round import Done, Pending, Proposal, Start, Verdict
 from edgespec.runtime.sampling import SamplingParams
 from edgespec.runtime.split.listen import ServerStream, stream_round
 from edgespec.runtime.split.verifier import InFlight
@@ -214,29 +213,23 @@ class FallbackVerifier:
         return self.next_retry is not None and monotonic() >= self.next_retry
 
     # -- the Verifier protocol ---------------------------------------------------------------
-    def prefill(
-        self,
-        prompt: list[int],
-        capacity: int,
-        params: SamplingParams,
-        rng: np.random.Generator,
-        cached: int = 0,
-        constraint: Constraint | None = None,
-    ) -> tuple[int, RoundStats]:
+    def prefill(self, start: Start) -> tuple[int, RoundStats]:
+        prompt, capacity, constraint = start.prompt, start.capacity, start.constraint
         self.capacity, self.synced, self.next_retry = capacity, -1, None
         self.server_done, self.late, self.behind = False, None, False
         self.stream.reset()
         self.remote.capacity = capacity
         if self.local is not None:  # verifying here after a failure masks alike
             self.local.constraint = constraint
+        afresh = replace(start, cached=0)  # the local graphs hold nothing of an earlier turn
         if self.last_where == "local" and self.local is not None and constraint is None:
             self.behind = True  # the server holds none of this generation yet
             self.remote.started(len(prompt))  # its room, as a START would set it
-            token, stats = self.local.prefill(prompt, capacity, params, rng)
+            token, stats = self.local.prefill(afresh)
             self.synced, stats.verifier = len(prompt), "device"
             return token, stats
         try:
-            return self.remote.prefill(prompt, capacity, params, rng, constraint=constraint)
+            return self.remote.prefill(afresh)
         except ServerLimit as e:
             if self.local is None:
                 raise
@@ -244,7 +237,7 @@ class FallbackVerifier:
         except LinkError as e:
             self._down(e)
         assert self.local is not None
-        token, stats = self.local.prefill(prompt, capacity, params, rng, constraint=constraint)
+        token, stats = self.local.prefill(afresh)
         self.synced = len(prompt)
         return token, stats
 

@@ -20,8 +20,7 @@ import numpy as np
 
 from edgespec import protocol as P
 from edgespec.runtime.errors import LinkError
-from edgespec.runtime.grammar.constraints import Constraint
-from edgespec.runtime.round import Proposal, Verdict
+from edgespec.runtime.round import Proposal, Start, Verdict
 from edgespec.runtime.sampling import SamplingParams
 from edgespec.runtime.split.session import Exchange, Remote
 from edgespec.runtime.stats import ChannelStats, RoundStats
@@ -104,25 +103,18 @@ class RemoteVerifier:
         limit = self.remote.limits.max_context if self.remote.limits else self.capacity
         self.server_capacity = max(min(self.capacity, limit), length + 1)
 
-    def prefill(
-        self,
-        prompt: list[int],
-        capacity: int,
-        params: SamplingParams,
-        rng: np.random.Generator,
-        cached: int = 0,
-        constraint: Constraint | None = None,
-    ) -> tuple[int, RoundStats]:
+    def prefill(self, start: Start) -> tuple[int, RoundStats]:
         # the server masks its verification by the same grammar, sent with every START
-        self.remote.grammar = None if constraint is None else (constraint.grammar, constraint.start)
+        c = start.constraint
+        self.remote.grammar = None if c is None else (c.grammar, c.start)
         # the server's cache is resumed from what the link knows it holds, not `cached`
-        start = perf_counter()
-        self.capacity = capacity
-        self.row_ids = None if params.greedy else self.q_ids
-        x = self.remote.start(prompt, capacity, params, resume=self.hold)
+        began, prompt = perf_counter(), start.prompt
+        self.capacity = start.capacity
+        self.row_ids = None if start.params.greedy else self.q_ids
+        x = self.remote.start(prompt, start.capacity, start.params, resume=self.hold)
         self.started(len(prompt))
         stats = RoundStats(
-            "prefill", 1, len(prompt) - x.kept, perf_counter() - start, cached_tokens=x.kept
+            "prefill", 1, len(prompt) - x.kept, perf_counter() - began, cached_tokens=x.kept
         )
         return x.result.token, _verdict(x).fill(stats)
 

@@ -16,7 +16,7 @@ import numpy as np
 from edgespec.runtime.grammar.constraints import Constraint
 from edgespec.runtime.graphs.stack import Stack
 from edgespec.runtime.graphs.tree_verify import tree_feed
-from edgespec.runtime.round import Done, Proposal, ScoredRows, Verdict
+from edgespec.runtime.round import Done, Proposal, ScoredRows, Start, Verdict
 from edgespec.runtime.sampling import SamplingParams, next_token
 from edgespec.runtime.stats import RoundStats
 from edgespec.runtime.verify.accept import accept
@@ -31,25 +31,17 @@ class LocalVerifier:
         self.max_positions = target.max_positions
         self.constraint: Constraint | None = None
 
-    def prefill(
-        self,
-        prompt: list[int],
-        capacity: int,
-        params: SamplingParams,
-        rng: np.random.Generator,
-        cached: int = 0,
-        constraint: Constraint | None = None,
-    ) -> tuple[int, RoundStats]:
-        start = perf_counter()
-        self.constraint = constraint
+    def prefill(self, start: Start) -> tuple[int, RoundStats]:
+        began = perf_counter()
+        prompt, self.constraint = start.prompt, start.constraint
         # keep the cached prefix (a conversation's earlier turns), at least the last prompt
         # token is processed: its logits start decoding
-        kept = self.target.resume(capacity, min(cached, len(prompt) - 1))
+        kept = self.target.resume(start.capacity, min(start.cached, len(prompt) - 1))
         logits = self.target.forward(np.asarray(prompt[kept:], dtype=np.int64), keep=1)
-        if constraint is not None:
-            logits = constraint.mask_rows(logits, prompt, [])
-        token = next_token(logits[-1], params, rng)
-        seconds = perf_counter() - start
+        if start.constraint is not None:
+            logits = start.constraint.mask_rows(logits, prompt, [])
+        token = next_token(logits[-1], start.params, start.rng)
+        seconds = perf_counter() - began
         stats = RoundStats(
             "prefill", 1, len(prompt) - kept, seconds, verify_seconds=seconds, cached_tokens=kept
         )
