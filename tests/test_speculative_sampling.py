@@ -12,7 +12,7 @@ from speculative_reference import reference_speculative_step
 import edgespec
 from edgespec.runtime.draft_q import DraftSupport, SparseQ, quantize, truncate
 from edgespec.runtime.sampling import SamplingParams, probabilities
-from edgespec.runtime.verify.accept import accept_sampled
+from edgespec.runtime.verify.accept import accept
 
 CHI2_CRITICAL_P001 = {5: 20.52, 7: 24.32, 15: 37.70}  # chi-square quantile at p = 0.001
 
@@ -46,7 +46,7 @@ def test_fast_path_matches_the_reference_step_for_step():
         qs = [random_q(rng, v) for _ in range(g)] if case % 3 else None
         drafts = [qs[i].sample(rng) if qs else int(rng.integers(v)) for i in range(g)]
         seed = int(rng.integers(1 << 30))
-        n, token = accept_sampled(drafts, qs, np.log(p_rows), params, np.random.default_rng(seed))
+        n, token = accept(drafts, qs, np.log(p_rows), params, np.random.default_rng(seed))
         dense = [q.dense(v) for q in qs] if qs else None
         ref = reference_speculative_step(p_rows, dense, drafts, np.random.default_rng(seed))
         assert [*drafts[:n], token] == ref
@@ -77,7 +77,7 @@ def test_sparse_drafts_keep_the_target_distribution():
     first, second = np.zeros(v), np.zeros(v)
     for _ in range(trials):
         tokens = [q.sample(rng) for q in qs]
-        n, token = accept_sampled(tokens, qs, np.log(p_rows), params, rng)
+        n, token = accept(tokens, qs, np.log(p_rows), params, rng)
         out = [*tokens[:n], token]
         first[out[0]] += 1
         if len(out) > 1:  # the rows do not depend on the prefix: p_rows[1] whatever came first
@@ -101,7 +101,7 @@ def test_emitted_tokens_follow_the_target_distribution(deterministic_draft):
             tokens, q = [2, 0, 5], None
         else:
             tokens, q = [q.sample(rng) for q in q_rows], q_rows
-        n, token = accept_sampled(tokens, q, np.log(p_rows), params, rng)
+        n, token = accept(tokens, q, np.log(p_rows), params, rng)
         out = [*tokens[:n], token]
         first[out[0]] += 1
         if len(out) > 1:

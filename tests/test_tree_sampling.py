@@ -14,7 +14,7 @@ import pytest
 from edgespec.runtime.draft_q import SparseQ, quantize
 from edgespec.runtime.sampling import SamplingParams, probabilities, sample
 from edgespec.runtime.tree import TokenTree
-from edgespec.runtime.verify.tree_accept import accept_tree_sampled
+from edgespec.runtime.verify.tree_accept import accept_tree
 
 V = 5
 CHI2_CRITICAL_P001_24 = 51.18  # chi-square quantile at p = 0.001, 24 degrees of freedom
@@ -108,12 +108,12 @@ def biased(tree, q, logits, params, rng) -> tuple[list[int], int]:
 
 
 def test_deterministic_candidates_keep_the_target_distribution():
-    counts = first_two(point_tree, accept_tree_sampled, 20000, seed=0)
+    counts = first_two(point_tree, accept_tree, 20000, seed=0)
     assert chi_square(counts, joint()) < CHI2_CRITICAL_P001_24
 
 
 def test_siblings_sampled_from_q_keep_the_target_distribution():
-    counts = first_two(sampled_tree, accept_tree_sampled, 20000, seed=1)
+    counts = first_two(sampled_tree, accept_tree, 20000, seed=1)
     assert chi_square(counts, joint()) < CHI2_CRITICAL_P001_24
 
 
@@ -225,7 +225,7 @@ def dynamic_tree_of_a_model(rng: np.random.Generator) -> tuple[TokenTree, list[S
 
 
 def test_a_model_drafters_dynamic_trees_keep_the_target_distribution():
-    counts = first_two(dynamic_tree_of_a_model, accept_tree_sampled, 20000, seed=2)
+    counts = first_two(dynamic_tree_of_a_model, accept_tree, 20000, seed=2)
     assert chi_square(counts, joint()) < CHI2_CRITICAL_P001_24
     biased_counts = first_two(dynamic_tree_of_a_model, biased, 20000, seed=2)  # power control
     assert chi_square(biased_counts, joint()) > CHI2_CRITICAL_P001_24

@@ -16,25 +16,18 @@ from edgespec.export.errors import ExportError
 
 BUILTIN_PREFIX = "builtin:"
 VOCAB = 2048
+TINY_LLAMA = dict(
+    model_type="llama",
+    hidden_size=256,
+    intermediate_size=688,
+    num_hidden_layers=6,
+    num_attention_heads=8,
+    num_key_value_heads=2,
+    max_position_embeddings=2048,
+)
 CONFIGS = {
-    "tiny-llama": dict(
-        model_type="llama",
-        hidden_size=256,
-        intermediate_size=688,
-        num_hidden_layers=6,
-        num_attention_heads=8,
-        num_key_value_heads=2,
-        max_position_embeddings=2048,
-    ),
-    "tiny-qwen2": dict(
-        model_type="qwen2",
-        hidden_size=256,
-        intermediate_size=688,
-        num_hidden_layers=6,
-        num_attention_heads=8,
-        num_key_value_heads=2,
-        max_position_embeddings=2048,
-    ),
+    "tiny-llama": TINY_LLAMA,
+    "tiny-qwen2": dict(TINY_LLAMA, model_type="qwen2"),
     "tiny-gpt2": dict(model_type="gpt2", n_embd=256, n_layer=6, n_head=8, n_positions=1024),
 }
 

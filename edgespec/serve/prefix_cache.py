@@ -39,6 +39,7 @@ import numpy as np
 
 from edgespec.errors import EdgespecError
 from edgespec.runtime.chat import store as chat_store
+from edgespec.runtime.chat.session import common_prefix
 from edgespec.runtime.errors import InputError
 
 log = logging.getLogger("edgespec.serve")
@@ -106,14 +107,6 @@ class Counts:
 
 def name_of(tokens: list[int] | tuple[int, ...]) -> str:
     return hashlib.sha256(np.asarray(tokens, np.int64).tobytes()).hexdigest()[:40] + ".npz"
-
-
-def shared(a: tuple[int, ...], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 class PrefixCache:
@@ -211,7 +204,7 @@ class PrefixCache:
             with self.lock:
                 best, length = None, max(better_than, self.min_tokens - 1)
                 for e in self.entries.values():
-                    n = shared(e.tokens, ids)
+                    n = common_prefix(e.tokens, ids)
                     if n > length:
                         best, length = e, n
                 if best is None:
@@ -277,7 +270,7 @@ class PrefixCache:
             return False
         with self.lock:
             for e in self.entries.values():
-                n = shared(e.tokens, tokens)
+                n = common_prefix(e.tokens, tokens)
                 if n == len(tokens) or (n == len(e.tokens) and len(tokens) - n < self.min_tokens):
                     return False
             return True
@@ -288,7 +281,7 @@ class PrefixCache:
             if self.closed:
                 return
             # a queued snapshot of a prefix of these tokens is superseded
-            keep = [s for s in self.queue if shared(tuple(s.tokens), snap.tokens) < len(s.tokens)]
+            keep = [s for s in self.queue if common_prefix(s.tokens, snap.tokens) < len(s.tokens)]
             self.queue = deque(keep)
             while len(self.queue) >= QUEUED and not self.closed:
                 self.lock.wait()
@@ -353,7 +346,7 @@ class PrefixCache:
                 if (
                     e.name != name
                     and len(e.tokens) < len(tokens)
-                    and shared(e.tokens, snap.tokens) == len(e.tokens)
+                    and common_prefix(e.tokens, snap.tokens) == len(e.tokens)
                 ):
                     self._drop(e)
                     self.counts.replaced += 1

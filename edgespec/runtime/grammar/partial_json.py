@@ -78,11 +78,8 @@ def _string(text: str, i: int) -> Node:
 
 def _object(text: str, i: int) -> Node:
     node = Node("object", i, len(text))
-    j = _ws(text, i + 1)
-    if j < len(text) and text[j] == "}":
-        node.end, node.done = j + 1, True
-        return node
-    while j < len(text):
+    j = _next(text, node, i, "}")
+    while j >= 0:
         if text[j] != '"':
             raise ValueError(f"an object key expected at {j}")
         key = _string(text, j)
@@ -96,43 +93,37 @@ def _object(text: str, i: int) -> Node:
         j = _ws(text, j + 1)
         if j >= len(text):
             return node
-        value = read(text, j)
-        node.members[key.value] = value
-        if not value.done:
-            return node
-        j = _ws(text, value.end)
-        if j >= len(text):
-            return node
-        if text[j] == "}":
-            node.end, node.done = j + 1, True
-            return node
-        if text[j] != ",":
-            raise ValueError(f"',' or '}}' expected at {j}")
-        j = _ws(text, j + 1)
+        value = node.members[key.value] = read(text, j)
+        j = _next(text, node, value.end, "}", ",") if value.done else -1
     return node
 
 
 def _array(text: str, i: int) -> Node:
     node = Node("array", i, len(text))
-    j = _ws(text, i + 1)
-    if j < len(text) and text[j] == "]":
-        node.end, node.done = j + 1, True
-        return node
-    while j < len(text):
+    j = _next(text, node, i, "]")
+    while j >= 0:
         value = read(text, j)
         node.items.append(value)
-        if not value.done:
-            return node
-        j = _ws(text, value.end)
-        if j >= len(text):
-            return node
-        if text[j] == "]":
-            node.end, node.done = j + 1, True
-            return node
-        if text[j] != ",":
-            raise ValueError(f"',' or ']' expected at {j}")
-        j = _ws(text, j + 1)
+        j = _next(text, node, value.end, "]", ",") if value.done else -1
     return node
+
+
+def _next(text: str, node: Node, after: int, close: str, comma: str = "") -> int:
+    """Where container `node`'s next member or item starts, past the opening bracket or the
+    value ending at `after` (then a `comma` must part them), or -1: `node` ends here (at
+    `close`: complete; or the text is cut short)."""
+    j = _ws(text, after + (0 if comma else 1))
+    if j >= len(text):
+        return -1
+    if text[j] == close:
+        node.end, node.done = j + 1, True
+        return -1
+    if not comma:
+        return j
+    if text[j] != comma:
+        raise ValueError(f"'{comma}' or '{close}' expected at {j}")
+    j = _ws(text, j + 1)
+    return j if j < len(text) else -1
 
 
 def values(text: str) -> list[Node]:

@@ -13,10 +13,11 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 
-from edgespec.bundle import BundleError, Manifest, load_manifest
+from edgespec.bundle import BundleError, GraphInfo, Manifest, load_manifest
 from edgespec.devices import Profile, get_profile
 from edgespec.runtime.graphs import huge_pages
 from edgespec.runtime.graphs.coreml import open_coreml
@@ -25,6 +26,8 @@ from edgespec.runtime.graphs.session import GraphSession, session_options
 from edgespec.runtime.graphs.static import StaticGraphSession
 from edgespec.runtime.graphs.tree_verify import TreeGraph, TreeGraphSession
 from edgespec.runtime.tokenizer import Tokenizer
+
+S = TypeVar("S", bound=GraphSession)
 
 
 @dataclass
@@ -93,15 +96,7 @@ class BundleGraphs:
                 self.kv_dtype,
                 statics.max_context,
             )
-        graph = m.graph(role)
-        return GraphSession(
-            self.folder,
-            graph,
-            m.model_info(graph),
-            self._providers,
-            self._session_options,
-            self.kv_dtype,
-        )
+        return self._session(GraphSession, m.graph(role))
 
     def open_tree(self, role: str) -> TreeGraph:
         """role -> its tree-verification twin (opened once, as `open` opens a role), or a
@@ -127,14 +122,12 @@ class BundleGraphs:
                 f"bundle {self.folder} has no tree-verification graph for '{role}'; "
                 "re-export it with `edgespec export MODEL --out FOLDER --tree-verify`"
             )
-        return TreeGraphSession(
-            self.folder,
-            graph,
-            m.model_info(graph),
-            self._providers,
-            self._session_options,
-            self.kv_dtype,
-        )
+        return self._session(TreeGraphSession, graph)
+
+    def _session(self, kind: type[S], graph: GraphInfo) -> S:
+        """An onnxruntime session of `kind` over one graph of the manifest."""
+        info = self.manifest.model_info(graph)
+        return kind(self.folder, graph, info, self._providers, self._session_options, self.kv_dtype)
 
     def tokenizer(self) -> Tokenizer:
         return Tokenizer.from_dir(self.folder)

@@ -30,15 +30,17 @@ def accept_greedy(tokens: Sequence[int], logits: np.ndarray) -> tuple[int, int]:
     return n, int(best[n])
 
 
-def accept_sampled(
+def accept(
     tokens: Sequence[int],
     q: Sequence[SparseQ] | None,
     logits: np.ndarray,
     params: SamplingParams,
     rng: np.random.Generator,
 ) -> tuple[int, int]:
-    """Speculative sampling of drafts `tokens` (drawn from the sparse distributions `q`)
-    over target logits rows [γ + 1, V]."""
+    """The rule `params` call for over target logits rows [γ + 1, V]: greedy, or speculative
+    sampling of drafts `tokens` (drawn from the sparse distributions `q`)."""
+    if params.greedy:
+        return accept_greedy(tokens, logits)
     for i, d in enumerate(tokens):
         p = probabilities(logits[i], params)
         q_d = 1.0 if q is None else q[i].prob(d)
@@ -51,16 +53,3 @@ def accept_sampled(
             residual[q[i].ids] = np.maximum(p[q[i].ids] - q[i].probs, 0.0)
         return i, sample(residual, rng)
     return len(tokens), sample(probabilities(logits[-1], params), rng)
-
-
-def accept(
-    tokens: Sequence[int],
-    q: Sequence[SparseQ] | None,
-    logits: np.ndarray,
-    params: SamplingParams,
-    rng: np.random.Generator,
-) -> tuple[int, int]:
-    """The rule `params` call for: greedy or speculative sampling."""
-    if params.greedy:
-        return accept_greedy(tokens, logits)
-    return accept_sampled(tokens, q, logits, params, rng)

@@ -50,13 +50,16 @@ def accept_tree_greedy(tree: TokenTree, logits: np.ndarray) -> tuple[list[int], 
         node = nxt
 
 
-def accept_tree_sampled(
+def accept_tree(
     tree: TokenTree,
     q: Sequence[SparseQ] | None,
     logits: np.ndarray,
     params: SamplingParams,
     rng: np.random.Generator,
 ) -> tuple[list[int], int]:
+    """The rule `params` call for: greedy, or multi-candidate speculative sampling."""
+    if params.greedy:
+        return accept_tree_greedy(tree, logits)
     children = _children(tree)
     node, path = -1, []
     while True:
@@ -78,16 +81,3 @@ def accept_tree_sampled(
             r /= total
         else:
             return path, sample(r, rng)
-
-
-def accept_tree(
-    tree: TokenTree,
-    q: Sequence[SparseQ] | None,
-    logits: np.ndarray,
-    params: SamplingParams,
-    rng: np.random.Generator,
-) -> tuple[list[int], int]:
-    """The rule `params` call for: greedy or multi-candidate speculative sampling."""
-    if params.greedy:
-        return accept_tree_greedy(tree, logits)
-    return accept_tree_sampled(tree, q, logits, params, rng)
