@@ -16,9 +16,9 @@ from split_server import serve_in_process
 
 import edgespec
 from edgespec import protocol as P
-from edgespec.runtime.policies.draft_length import DraftLengthPolicy, FixedLength, PerSource
+from edgespec.runtime.policies.draft_length import FixedLength, PerSource
 from edgespec.runtime.registry import build
-from edgespec.runtime.round import Plan, Start
+from edgespec.runtime.round import DraftLengthPolicy, Plan, Start
 from edgespec.runtime.sampling import SamplingParams
 from edgespec.runtime.stats import RoundStats
 from edgespec.serve.pool_verifier import PoolVerifier

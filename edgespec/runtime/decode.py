@@ -40,8 +40,15 @@ import numpy as np
 
 from edgespec.runtime.draft_q import SparseQ
 from edgespec.runtime.grammar.constraints import Constraint
-from edgespec.runtime.policies.draft_length import DraftLengthPolicy
-from edgespec.runtime.round import Drafter, LearnsFromVerify, Plan, Proposal, Start, Verifier
+from edgespec.runtime.round import (
+    Drafter,
+    DraftLengthPolicy,
+    LearnsFromVerify,
+    Plan,
+    Proposal,
+    Start,
+    Verifier,
+)
 from edgespec.runtime.sampling import SamplingParams
 from edgespec.runtime.stats import RoundStats, Step
 

@@ -50,17 +50,11 @@ from edgespec.runtime.names import (
     proposes_trees,
 )
 from edgespec.runtime.policies.costs import best_local, calibration_entry, seed_from_calibration
-from edgespec.runtime.policies.draft_length import (
-    Acceptance,
-    Auto,
-    DraftLengthPolicy,
-    DynamicExit,
-    PerSource,
-)
+from edgespec.runtime.policies.draft_length import Acceptance, Auto, DynamicExit, PerSource
 from edgespec.runtime.policies.estimates import PRIORS, AcceptanceModel, CostModel, Priors
 from edgespec.runtime.policies.split_trees import SplitTrees
 from edgespec.runtime.policies.trees import MAX_DEPTH, TreePolicy
-from edgespec.runtime.round import Drafter, Verifier
+from edgespec.runtime.round import Drafter, DraftLengthPolicy, Verifier
 from edgespec.runtime.split.fallback import FallbackVerifier, RemoteVerifier
 from edgespec.runtime.split.session import Remote
 from edgespec.runtime.verify.local import LocalVerifier

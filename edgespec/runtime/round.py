@@ -10,6 +10,7 @@ what a verifier answers.
             states an early-exit head computed, for a verifier that runs only `tail@k`;
             `tree` a token tree (`Proposal.of_tree`) whose main path (first children) is
             `tokens`: a verifier that verifies trees scores every node, any other the path
+  DraftLengthPolicy  plan(source) -> Plan / observe(stats): how many tokens a round drafts
   Drafter   begin / source(seq) / propose(seq, plan) / commit: it is told how many tokens
             to propose; `source` names who will propose them (a chain's member), so the
             policy can price each member apart
@@ -66,6 +67,22 @@ class Plan:
         return Plan(
             n, self.exit_layer, self.min_confidence, self.where, self.tree_depth, self.shadow
         )
+
+
+class DraftLengthPolicy(Protocol):
+    """How many tokens to draft each round (`policies/`): `plan` this round for the drafter
+    `source` names, `observe` the finished round."""
+
+    max_length: int
+
+    def plan(self, source: str | None = None) -> Plan: ...
+
+    def observe(self, stats: RoundStats) -> None: ...
+
+    def channel_estimates(self) -> tuple[float | None, float | None]:
+        """(round trip in seconds, uplink in bytes/s) as learned so far; (None, None) when
+        the policy does not model the channel (local decoding)."""
+        ...
 
 
 @dataclass

@@ -16,14 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from edgespec.bundle import Manifest
-from edgespec.runtime.policies.draft_length import (
-    Acceptance,
-    Auto,
-    DraftLengthPolicy,
-    DynamicExit,
-    PerSource,
-)
+from edgespec.runtime.policies.draft_length import Acceptance, Auto, DynamicExit, PerSource
 from edgespec.runtime.policies.estimates import PRIORS, AcceptanceModel, CostModel, Priors
+from edgespec.runtime.round import DraftLengthPolicy
 
 FILE = "calibration.json"
 

@@ -18,27 +18,13 @@ T(γ) = γ·t_draft + the verify-plus-overhead line of recent rounds; see `estim
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
 
 from edgespec.runtime.policies.estimates import MAX_DRAFT, PRIORS, CostModel, Priors
-from edgespec.runtime.round import Plan
+from edgespec.runtime.round import DraftLengthPolicy, Plan
 from edgespec.runtime.stats import RoundStats
 
 # (round trip s, uplink bytes/s) of a policy that does not model a channel
 NO_CHANNEL: tuple[float | None, float | None] = (None, None)
-
-
-class DraftLengthPolicy(Protocol):
-    max_length: int
-
-    def plan(self, source: str | None = None) -> Plan: ...
-
-    def observe(self, stats: RoundStats) -> None: ...
-
-    def channel_estimates(self) -> tuple[float | None, float | None]:
-        """(round trip in seconds, uplink in bytes/s) as learned so far; NO_CHANNEL when the
-        policy does not model the channel (local decoding)."""
-        ...
 
 
 @dataclass
