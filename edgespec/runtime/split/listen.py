@@ -37,7 +37,7 @@ from edgespec.runtime.split.websocket import Arrival
 from edgespec.runtime.stats import ChannelStats
 
 
-class ServerBusy(SplitError):
+class StreamsFull(SplitError):
     """The server streams no more sessions now ("verify only"): draft on the device."""
 
 
@@ -106,7 +106,7 @@ class ServerStream:
             if isinstance(msg, P.Error):
                 self.reset()
                 if msg.code == P.BUSY:
-                    raise ServerBusy(f"server: {msg.text}")
+                    raise StreamsFull(f"server: {msg.text}")
                 self.remote.drop()
                 raise LinkError(f"server: {msg.text}")
             if not isinstance(msg, P.Tokens) or msg.length != self.length + len(msg.ids):
@@ -176,7 +176,7 @@ class StreamRound:
             if not stream.active:  # its STREAM could not be sent: the link is gone
                 raise LinkError("the stream could not start")
             ids, channel = stream.read(self.proposal.where != "stream", lambda: f.follow(self.seq))
-        except ServerBusy:
+        except StreamsFull:
             out = f.split_round(self.seq, self.proposal, self.params, self.rng)
             out.server_busy = True
             return out
