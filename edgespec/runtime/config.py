@@ -22,7 +22,7 @@ class SplitConfig:
     token: str | None = None  # its bearer token
     timeout: float = ANSWER_TIMEOUT  # seconds to wait for one answer
     # seconds after which an unanswered round is verified here while its answer is still
-    # awaited; None: adaptive (4x the EWMA round trip, at least 0.5 s: `link.Remote`); at
+    # awaited; None: adaptive (4x the EWMA round trip, at least 0.5 s: `split.session.Remote`); at
     # `timeout` or more: never early (only a failed link or a timeout moves rounds here)
     late_after: float | None = None
     energy_budget: float | None = None  # joules per generated token, for channel-aware
@@ -40,7 +40,7 @@ class LoadConfig:
     exit_layer: int | None = None  # self-spec: the exit to draft from (default: deepest)
     device: str = "cpu"  # a device profile (`edgespec devices`) or "auto"
     threads: int | None = None  # intra-op threads (default: one per core)
-    # run on onnxruntime's process-wide thread pool (see `graph.session_options`)
+    # run on onnxruntime's process-wide thread pool (see `graphs.session.session_options`)
     shared_threads: bool = True
     static: bool = False  # the bundle's fixed-shape graphs (NPUs)
     coreml: bool = False  # the bundle's Core ML packages (macOS 15+)

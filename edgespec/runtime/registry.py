@@ -85,7 +85,7 @@ def make_policy(
 ) -> DraftLengthPolicy:
     """Parse "fixed:4", "confidence:0.4", "acceptance", "auto", "dynamic-exit" or
     "channel-aware[:J]" (split decoding; J: energy budget per token, also `energy_budget`;
-    `device_profile` may carry its energy model, see `channel_policy.EnergyModel`);
+    `device_profile` may carry its energy model, see `policies.channel.EnergyModel`);
     `priors`: the cost model's constants (benchmarks pass variants)."""
     name, _, arg = spec.partition(":")
     entry = POLICY_NAMES.get(name)

@@ -1,6 +1,6 @@
 """The server's prefix cache on disk (`edgespec serve B --cache-dir DIR --cache-bytes N`).
 
-Takes a folder, a byte budget, the bundle's identity (`chat_store.bundle_identity`) and the
+Takes a folder, a byte budget, the bundle's identity (`chat.store.bundle_identity`) and the
 KV layout of each cache a conversation owns (the target's pool row, a draft model's cache).
 A file holds the first positions of those caches for one token prefix, in chat_store's
 format (arrays + JSON meta, written to a temporary file, flushed, renamed over its name), and

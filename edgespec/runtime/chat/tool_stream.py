@@ -5,7 +5,7 @@
 call), ("call", ToolCall) when a call's name is complete (its id and name; arguments ""),
 then ("arguments", (index, piece)) as its arguments' text decodes. For the JSON formats
 (hermes, mistral, phi4) the pieces are the arguments object's text as the model writes it,
-so they add up to the `arguments` that `tools.parse` reads from the whole reply; Llama 3's
+so they add up to the `arguments` that `tool_calls.parse` reads from the whole reply; Llama 3's
 and the pythonic replies are calls only if the whole reply is, so their calls come at the
 end, each with its arguments in one piece. A reply that turns out not to be calls is
 content, except that calls already announced stay announced (the text after them is

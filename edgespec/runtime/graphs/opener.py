@@ -3,7 +3,7 @@
 `open_bundle(folder, ...)` validates the manifest and returns `BundleGraphs`: the manifest,
 the folder, and `open(role)` -> a graph session of that role on the chosen device profile
 and threads — an onnxruntime `GraphSession`, a `StaticGraphSession` (fixed shapes, NPUs) or
-a `CoreMLSession`, all `graph_protocol.Graph`s. Each role is opened once per
+a `CoreMLSession`, all `protocol.Graph`s. Each role is opened once per
 `BundleGraphs`: whoever asks for it again gets the same session (the server's split verifier
 and its OpenAI engine hold one copy of the target's weights, not two).
 """

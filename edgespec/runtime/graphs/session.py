@@ -6,7 +6,7 @@ the cache's buffers are bound as both past and present, so onnxruntime writes th
 keys/values in place. Sessions of one model share one `KVCache` (buffers keyed by global
 layer index): head@k and tail@k, or several exits, each bind the layers they own.
 
-`GraphSession` is one of the three `graph_protocol.Graph`s (with `StaticGraphSession` and
+`GraphSession` is one of the three `protocol.Graph`s (with `StaticGraphSession` and
 `CoreMLSession`).
 """
 

@@ -4,7 +4,7 @@ In split mode a round's verify cost is the server's (a forward it runs for every
 plus the round trip, and over a mobile link the round trip dominates: extra candidates ride
 along almost free. `SplitTrees` wraps split mode's draft-length policy (`placement`, or
 `channel-aware`). A round it places on the server ("split"), while the server offers trees
-(`Remote.tree_nodes`, learned at START), becomes the tree `tree_policy.best_shapes` prices
+(`Remote.tree_nodes`, learned at START), becomes the tree `trees.best_shapes` prices
 best, when it promises `margin` more tokens per second than the best chain: the drafter's
 acceptance per depth and rank measured online (`RankAcceptance`), and the cost of a round
 of N nodes taken as the split policy's own measured round time at width N

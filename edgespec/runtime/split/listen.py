@@ -129,7 +129,7 @@ class ServerStream:
 
 
 class StreamHost(Protocol):
-    """What a stream round needs of the split verifier (`remote.FallbackVerifier`)."""
+    """What a stream round needs of the split verifier (`fallback.FallbackVerifier`)."""
 
     stream: ServerStream
     capacity: int
