@@ -151,7 +151,7 @@ def test_against_a_server_that_announces_no_limits_the_refusal_ends_in_local_rou
     monkeypatch.setattr(P, "TREES", "edgespec.nor-this-one")  # (the trees offer implies them)
     model = split(bundle, small_server.url)
     out = model.generate(PROMPT, max_new_tokens=N, ignore_eos=True)
-    assert model.verifier.remote.remote.limits is None
+    assert model.verifier.server.session.limits is None
     assert out.tokens == ar_tokens.tokens
     assert out.stats.remote_rounds > 0 and out.stats.local_rounds > 0
 
@@ -168,7 +168,7 @@ def test_a_round_sends_the_drafts_that_fit_and_leaves_the_callers_proposal_whole
     from edgespec.runtime.sampling import SamplingParams
 
     model = split(bundle, small_server.url)
-    remote = model.verifier.remote  # the RemoteVerifier inside the fallback
+    remote = model.verifier.server  # the RemoteVerifier inside the fallback
     params, rng = SamplingParams(0.0), np.random.default_rng(0)
     ids = model.encode(PROMPT)
     token, _ = remote.prefill(Start(ids, N, params, rng))

@@ -73,7 +73,7 @@ class Decoder:
     @property
     def remote(self) -> Remote | None:
         """Split mode: the server session (its timeouts and retries may be tuned)."""
-        return self.split.remote if self.split is not None else None
+        return self.split.session if self.split is not None else None
 
 
 def make_policy(
@@ -209,9 +209,9 @@ def _build(graphs: BundleGraphs, config: LoadConfig) -> Decoder:
         drafter = with_trees(c.trees, tree_reasons(c, graphs, spec), b.drafter(spec, None), 0)[0]
         fallback = _split_verifier(b, spec)
         if isinstance(drafter, AsTree):  # trees where the server offers them
-            policy = SplitTrees(policy, lambda: fallback.remote.remote.tree_nodes)
+            policy = SplitTrees(policy, lambda: fallback.server.session.tree_nodes)
         local = fallback.local.target if fallback.local is not None else None
-        return Decoder(fallback, drafter, per_source(policy, drafter), local, fallback.remote)
+        return Decoder(fallback, drafter, per_source(policy, drafter), local, fallback.server)
     if c.mode == "self-spec":
         exit_drafter = next((p for p in spec.split("+") if p.startswith("exit:")), None)
         if exit_drafter is None:

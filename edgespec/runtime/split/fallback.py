@@ -80,8 +80,8 @@ class _Guarded:
 
     def result(self) -> Verdict:
         f = self.fallback
-        late = f.remote.remote.late_after() if f.local is not None else None
-        if late is not None and late >= f.remote.remote.timeout:
+        late = f.server.session.late_after() if f.local is not None else None
+        if late is not None and late >= f.server.session.timeout:
             late = None  # late only at the timeout: a failed round, reconnected first
         try:
             return self.pending.result(late)
@@ -102,13 +102,13 @@ class FallbackVerifier:
 
     def __init__(
         self,
-        remote: RemoteVerifier,
+        server: RemoteVerifier,
         local: LocalVerifier | None,
         retry_after: float = 2.0,  # seconds of local decoding before trying the server again
         max_retry_after: float = 60.0,
     ) -> None:
-        self.remote, self.local = remote, local
-        self.max_positions = remote.max_positions
+        self.server, self.local = server, local
+        self.max_positions = server.max_positions
         self.first_retry = self.retry_after = retry_after
         self.max_retry_after = max_retry_after
         self.next_retry: float | None = None  # when to try the server again; None: it is up
@@ -119,7 +119,7 @@ class FallbackVerifier:
         self.server_done = False  # the server can go no further: the rest is local
         self.late: InFlight | None = None  # a round verified here, its answer still awaited
         self.late_drafts: list[int] = []
-        self.stream = ServerStream(remote.remote)  # the server decoding on its own
+        self.stream = ServerStream(server.session)  # the server decoding on its own
         self.behind = False  # rounds placed here while the server was up: it lacks them
         self.last_where = "split"  # where the last round was placed (the next prefill goes
         # there too: a device that decodes here also prefills here, with no round trip)
@@ -144,8 +144,8 @@ class FallbackVerifier:
         no local graphs, the generation ends: `max_drafts` answers -1)."""
         self.server_done, self.late, self.next_retry = True, None, None
         self.last_error = str(error) if error else "the server's context is full"
-        self.remote.close()
-        self.remote.remote.drop()
+        self.server.close()
+        self.server.session.drop()
 
     def went_late(self, pending: InFlight) -> None:
         self.late, self.late_drafts = pending, list(pending.proposal.tokens)
@@ -156,15 +156,15 @@ class FallbackVerifier:
         rebuilt from the committed tokens (a resync); past the timeout it is down."""
         pending = self.late
         assert pending is not None
-        remote = pending.remote
+        session = pending.session
         try:
-            sent = remote.pending[0] if remote.pending else 0.0
-            if not remote.answered() and perf_counter() - sent <= remote.timeout:
+            sent = session.pending[0] if session.pending else 0.0
+            if not session.answered() and perf_counter() - sent <= session.timeout:
                 return  # still awaited
             verdict = pending.result()
         except (LinkError, SplitError) as e:
             self.late = None
-            remote.drop()
+            session.drop()
             self._down(e)
             return
         self.late = None
@@ -173,7 +173,7 @@ class FallbackVerifier:
         if seq[pending.base :] == answer:
             self.next_retry, self.retry_after = None, self.first_retry
         else:  # e.g. sampled differently here, or more committed since: rebuild
-            remote.drop()
+            session.drop()
             self.next_retry = monotonic()
 
     def _reconnect(
@@ -181,7 +181,7 @@ class FallbackVerifier:
     ) -> Verdict | None:
         """A new server session holding seq; its verdict is the next token (None: failed)."""
         try:
-            verdict = self.remote.resync(seq, params, attempts, wait)
+            verdict = self.server.resync(seq, params, attempts, wait)
         except ServerLimit as e:
             self.give_up(e)
             if self.local is None:
@@ -205,8 +205,8 @@ class FallbackVerifier:
         """The round's link failed: reconnect at once (the link's full retries; the round's
         drafts are void), or verify the round here."""
         self.last_error = str(error)
-        self.remote.remote.drop()
-        verdict = self._reconnect(seq, params, self.remote.remote.retries + 1)
+        self.server.session.drop()
+        verdict = self._reconnect(seq, params, self.server.session.retries + 1)
         return verdict or self.local_round(seq, proposal, params, rng)
 
     def _retry_due(self) -> bool:
@@ -218,18 +218,18 @@ class FallbackVerifier:
         self.capacity, self.synced, self.next_retry = capacity, -1, None
         self.server_done, self.late, self.behind = False, None, False
         self.stream.reset()
-        self.remote.capacity = capacity
+        self.server.capacity = capacity
         if self.local is not None:  # verifying here after a failure masks alike
             self.local.constraint = constraint
         afresh = replace(start, cached=0)  # the local graphs hold nothing of an earlier turn
         if self.last_where == "local" and self.local is not None and constraint is None:
             self.behind = True  # the server holds none of this generation yet
-            self.remote.started(len(prompt))  # its room, as a START would set it
+            self.server.started(len(prompt))  # its room, as a START would set it
             token, stats = self.local.prefill(afresh)
             self.synced, stats.verifier = len(prompt), "device"
             return token, stats
         try:
-            return self.remote.prefill(afresh)
+            return self.server.prefill(afresh)
         except ServerLimit as e:
             if self.local is None:
                 raise
@@ -248,7 +248,7 @@ class FallbackVerifier:
             if self._retry_due():
                 return 0  # a resync round: the server's START answer is the next token
             if self.next_retry is None:
-                room = self.remote.max_drafts(seq)
+                room = self.server.max_drafts(seq)
                 if room >= 0:
                     return room
                 self.give_up(None)  # the server's context is full
@@ -273,7 +273,7 @@ class FallbackVerifier:
         if self.behind and self._server_up():  # back from local rounds: send what it lacks
             self.behind = False
             try:
-                return Done(self.remote.resync(seq, params, 1, resume=True), g)
+                return Done(self.server.resync(seq, params, 1, resume=True), g)
             except (LinkError, ServerLimit) as e:
                 return Done(self.recover(e, seq, proposal, params, rng), g)
         # a grammar's forced tokens (or any drafts) go in a VERIFY: the server's own stream
@@ -282,14 +282,14 @@ class FallbackVerifier:
             return stream_round(self, seq, proposal, params, rng)
         if self.next_retry is None:
             try:
-                pending = self.remote.submit(seq, proposal, params, rng)
+                pending = self.server.submit(seq, proposal, params, rng)
             except LinkError as e:
                 return Done(self.recover(e, seq, proposal, params, rng), g)
             return _Guarded(pending, self, seq, params, rng)
         if self._retry_due() and not proposal.tokens:
             # a probe while decoding locally: one attempt, bounded by the device's own
             # deadline, so a stalled server costs the device little per probe
-            wait = max(1.0, self.remote.remote.late_after())
+            wait = max(1.0, self.server.session.late_after())
             verdict = self._reconnect(seq, params, 1, wait)
             if verdict is not None:
                 return Done(verdict, g)
@@ -300,12 +300,12 @@ class FallbackVerifier:
     ) -> Verdict:
         """The round as a VERIFY, answered now (a stream the server refused)."""
         try:
-            return self.remote.submit(seq, proposal, params, rng).result()
+            return self.server.submit(seq, proposal, params, rng).result()
         except LinkError as e:
             return self.recover(e, seq, proposal, params, rng)
 
     def drop_link(self) -> None:
-        self.remote.remote.drop()
+        self.server.session.drop()
 
     def _server_up(self) -> bool:
         return not self.server_done and self.late is None and self.next_retry is None
@@ -346,7 +346,7 @@ class FallbackVerifier:
     def close(self) -> None:
         if self.stream.active:  # tokens still come: END stops it, the link is not reused
             self.stream.reset()
-            self.remote.remote.end()
-            self.remote.remote.drop()
-        if self.remote.connected:
-            self.remote.close()
+            self.server.session.end()
+            self.server.session.drop()
+        if self.server.connected:
+            self.server.close()

@@ -42,10 +42,10 @@ class StreamsFull(SplitError):
 
 
 class ServerStream:
-    """One stream on `remote`'s link: open (STREAM), read (TOKENS), stop (STOP)."""
+    """One stream on `session`'s link: open (STREAM), read (TOKENS), stop (STOP)."""
 
-    def __init__(self, remote: Remote) -> None:
-        self.remote = remote
+    def __init__(self, session: Remote) -> None:
+        self.session = session
         self.active = False  # STREAM sent, its FINAL TOKENS not read yet
         self.stopping = False  # STOP sent
         self.length = 0
@@ -54,7 +54,7 @@ class ServerStream:
         self.shed = False  # the last FINAL TOKENS: the server got busy and handed it back
 
     def open(self, base: int, most: int) -> None:
-        r = self.remote
+        r = self.session
         if r.link is None:
             raise LinkError("no link to stream on")
         r.round += 1
@@ -63,8 +63,8 @@ class ServerStream:
         self.shed = False
 
     def stop(self) -> None:
-        if self.active and not self.stopping and self.remote.link is not None:
-            _, up = self.remote.link.send(P.Stop())
+        if self.active and not self.stopping and self.session.link is not None:
+            _, up = self.session.link.send(P.Stop())
             self.bytes_up += up
             self.stopping = True
 
@@ -74,17 +74,17 @@ class ServerStream:
 
     def ready(self) -> bool:
         """Whether a message waits (never blocks)."""
-        if self.early is None and self.remote.link is not None:
-            self.early = self.remote.link.poll(0)
+        if self.early is None and self.session.link is not None:
+            self.early = self.session.link.poll(0)
         return self.early is not None
 
     def _next(self, wait: float) -> Arrival:
         arrival, self.early = self.early, None
-        link = self.remote.link
+        link = self.session.link
         if arrival is None and link is not None:
             arrival = link.poll(wait)
         if arrival is None:
-            self.remote.drop()
+            self.session.drop()
             self.reset()
             raise LinkError(f"the stream sent nothing for {wait:g}s")
         return arrival
@@ -101,21 +101,21 @@ class ServerStream:
                 pass
             if ids and not until_final and not self.ready():
                 break
-            arrival = self._next(self.remote.timeout)
+            arrival = self._next(self.session.timeout)
             msg = arrival.message
             if isinstance(msg, P.Error):
                 self.reset()
                 if msg.code == P.BUSY:
                     raise StreamsFull(f"server: {msg.text}")
-                self.remote.drop()
+                self.session.drop()
                 raise LinkError(f"server: {msg.text}")
             if not isinstance(msg, P.Tokens) or msg.length != self.length + len(msg.ids):
-                self.remote.drop()
+                self.session.drop()
                 self.reset()
                 raise LinkError(f"the server's stream does not follow the session: {msg!r}")
             self.length = msg.length
-            held = self.remote.held
-            self.remote.held = [*held, *msg.ids] if held is not None else None
+            held = self.session.held
+            self.session.held = [*held, *msg.ids] if held is not None else None
             ids += msg.ids
             down += arrival.size
             server += msg.server_seconds

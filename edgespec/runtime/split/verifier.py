@@ -43,7 +43,7 @@ def _verdict(x: Exchange, resync: bool = False) -> Verdict:
 class InFlight:
     """A VERIFY sent to the server; its answer is checked against the round."""
 
-    remote: Remote
+    session: Remote
     base: int
     proposal: Proposal  # the drafts sent: the caller's, or the prefix that fit the server
     tree: TokenTree | None = None  # the token tree sent (its nodes), if one was
@@ -53,11 +53,11 @@ class InFlight:
         return len(self.proposal.tokens)
 
     def done(self) -> bool:
-        return self.remote.answered()
+        return self.session.answered()
 
     def result(self, late: float | None = None) -> Verdict:
         """The verdict; RoundLate after `late` seconds (the round stays in flight)."""
-        x = self.remote.receive(late=late)
+        x = self.session.receive(late=late)
         r, tree = x.result, self.tree
         kept = _root_path(tree, r.path) if tree is not None and r.path is not None else None
         if tree is None:
@@ -65,7 +65,7 @@ class InFlight:
         else:
             fits = kept is not None and len(kept) == r.accepted
         if not fits or r.length != self.base + r.accepted + 1:
-            self.remote.drop()
+            self.session.drop()
             raise LinkError(f"the server's answer does not fit the round: {x.result}")
         verdict = _verdict(x)
         verdict.tree_path = kept
@@ -85,10 +85,10 @@ def _root_path(tree: TokenTree, nodes: list[int]) -> list[int] | None:
 class RemoteVerifier:
     """The target on a server (`edgespec serve`), one session per generation."""
 
-    def __init__(self, remote: Remote, max_positions: int, q_ids: int | None = None) -> None:
+    def __init__(self, session: Remote, max_positions: int, q_ids: int | None = None) -> None:
         """q_ids: the most ids a drafted token's q holds (its drafter's support), None when
         the drafter sends no q (prompt lookup)."""
-        self.remote, self.max_positions = remote, max_positions
+        self.session, self.max_positions = session, max_positions
         self.capacity = 0
         self.q_ids = q_ids
         self.row_ids: int | None = None  # q_ids while the generation samples, else None
@@ -97,21 +97,21 @@ class RemoteVerifier:
 
     @property
     def connected(self) -> bool:
-        return self.remote.link is not None
+        return self.session.link is not None
 
     def started(self, length: int) -> None:
-        limit = self.remote.limits.max_context if self.remote.limits else self.capacity
+        limit = self.session.limits.max_context if self.session.limits else self.capacity
         self.server_capacity = max(min(self.capacity, limit), length + 1)
 
     def prefill(self, start: Start) -> tuple[int, RoundStats]:
         # the server masks its verification by the same grammar, sent with every START
         c = start.constraint
-        self.remote.grammar = None if c is None else (c.grammar, c.start)
+        self.session.grammar = None if c is None else (c.grammar, c.start)
         # the server's cache is resumed from what the link knows it holds, not `cached`
         began, prompt = perf_counter(), start.prompt
         self.capacity = start.capacity
         self.row_ids = None if start.params.greedy else self.q_ids
-        x = self.remote.start(prompt, start.capacity, start.params, resume=self.hold)
+        x = self.session.start(prompt, start.capacity, start.params, resume=self.hold)
         self.started(len(prompt))
         stats = RoundStats(
             "prefill", 1, len(prompt) - x.kept, perf_counter() - began, cached_tokens=x.kept
@@ -129,7 +129,7 @@ class RemoteVerifier:
         """Reconnect and rebuild the server session from the committed sequence; its answer
         is the token after it (a round of γ = 0). `resume`: keep what the session holds of
         seq (after local rounds, with the link still up: only the new tokens are sent)."""
-        x = self.remote.start(seq, self.capacity, params, attempts, wait, resume=resume)
+        x = self.session.start(seq, self.capacity, params, attempts, wait, resume=resume)
         self.started(len(seq))
         return _verdict(x, resync=True)
 
@@ -137,9 +137,9 @@ class RemoteVerifier:
         """Drafts the server's session can take after seq (-1: it can go no further), as many
         as a VERIFY within the server's request size carries (its q rows at their largest)."""
         room = max(self.server_capacity - len(seq), -1)
-        if self.remote.max_request is None or room <= 0:
+        if self.session.max_request is None or room <= 0:
             return room
-        return min(room, P.max_drafts(self.remote.max_request, self.row_ids))
+        return min(room, P.max_drafts(self.session.max_request, self.row_ids))
 
     def submit(
         self, seq: list[int], proposal: Proposal, params: SamplingParams, rng: np.random.Generator
@@ -147,30 +147,30 @@ class RemoteVerifier:
         tree = self._tree(seq, proposal)
         if tree is not None:  # every node, with its parent; the server answers a PATH
             q = proposal.tree_q if proposal.kind == "sampled" else None
-            self.remote.send(P.Verify(len(seq), list(tree.tokens), q, list(tree.parents)))
-            return InFlight(self.remote, len(seq), proposal, tree)
+            self.session.send(P.Verify(len(seq), list(tree.tokens), q, list(tree.parents)))
+            return InFlight(self.session, len(seq), proposal, tree)
         q = proposal.q if proposal.kind == "sampled" and proposal.tokens else None
         msg = P.Verify(len(seq), proposal.tokens, q)
-        if self.remote.limits is not None:  # within the session's room and the request size
+        if self.session.limits is not None:  # within the session's room and the request size
             most = max(self.server_capacity - len(seq), 0)
-            msg = P.fit(msg, self.remote.limits.max_request_bytes, most)
+            msg = P.fit(msg, self.session.limits.max_request_bytes, most)
         sent = replace(proposal, tree=None, tree_q=None)  # its main path, as a chain
         if len(msg.drafts) < len(proposal.tokens):  # the decode loop recommits its drafter
             sent = replace(sent, tokens=list(msg.drafts), q=msg.q)
-        self.remote.send(msg)
-        return InFlight(self.remote, len(seq), sent)
+        self.session.send(msg)
+        return InFlight(self.session, len(seq), sent)
 
     def _tree(self, seq: list[int], proposal: Proposal) -> TokenTree | None:
         """The proposal's tree if it goes to the server whole: the server offered trees at
         least this large, the session has room for every node and the VERIFY fits its
         request size (else the main path goes, as a chain)."""
         tree = proposal.tree
-        if tree is None or tree.is_chain or len(tree) > self.remote.tree_nodes:
+        if tree is None or tree.is_chain or len(tree) > self.session.tree_nodes:
             return None
         room = self.server_capacity - len(seq)
         q = proposal.tree_q if proposal.kind == "sampled" else None
         size = P.verify_size(len(tree), [len(x.ids) for x in q] if q else None, tree=True)
-        limit = self.remote.max_request
+        limit = self.session.max_request
         return tree if len(tree) <= room and (limit is None or size <= limit) else None
 
     def truncate(self, length: int) -> None:
@@ -178,6 +178,6 @@ class RemoteVerifier:
 
     def close(self) -> None:
         if self.hold:
-            self.remote.pause()
+            self.session.pause()
         else:
-            self.remote.end()
+            self.session.end()
