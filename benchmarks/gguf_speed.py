@@ -2,9 +2,10 @@
 
 Takes GGUF files (`--files`: paths, or llama.cpp type names such as Q4_0, Q8_0, Q4_K_M,
 made by `llama-quantize` from the demo's Q4_1 file's F16 conversion; default the demo's
-file) and the llama.cpp build of `setup_llamacpp.sh` (`--llamacpp-venv`). Each file is exported once as a user would
-(`edgespec export FILE --out CACHE/NAME`: its blocks kept) into `--cache`. Per file and
-thread count, in alternating turns (`--repeats`, so load drifts hit both engines):
+file) and the llama.cpp build of `setup_llamacpp.sh` (`--llamacpp-venv`). Each file is
+exported once as a user would (`edgespec export FILE --out CACHE/NAME`: its blocks kept) into
+`--cache`. Per file and thread count, in alternating turns (`--repeats`, so load drifts hit
+both engines):
 
 * llama.cpp: `llama-bench -m FILE -t T -n N -p 0` (decode from an empty context) and
   `-p P -n 0` (prefill), its mean tokens/s;
