@@ -93,6 +93,7 @@ def test_matmulnbits_of_held_blocks_computes_the_float_product(kind, tmp_path):
         ("Q4_0", "Q4_1", "Q6_K"),
         ("Q3_K", "Q4_K", "Q5_K"),
         ("Q2_K", "Q8_0"),
+        ("Q4_0", "Q4_1", "Q3_K"),  # all 4-bit: held around zero point 8, no zero-point input
     ],
 )
 def test_fused_parts_of_different_types_are_one_matrix_of_the_same_values(kinds, tmp_path):
