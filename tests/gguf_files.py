@@ -59,10 +59,17 @@ def _permute(w: np.ndarray, heads: int) -> np.ndarray:
 
 
 def write_gguf(
-    path: Path, family: str, qtype: str = "F32", seed: int = 0, vocab_kind: str = "gpt2"
+    path: Path,
+    family: str,
+    qtype: str = "F32",
+    seed: int = 0,
+    vocab_kind: str = "gpt2",
+    mix: dict[str, str] | None = None,
 ) -> dict:
-    """Write a tiny `family` GGUF with its matrices as `qtype`; return the transformers-layout
-    weights as the file holds them (dequantized), by HF-style name."""
+    """Write a tiny `family` GGUF with its matrices as `qtype` (`mix`: another type for the
+    tensors whose name holds a key, e.g. {"attn_v": "Q8_0"}, as llama-quantize's mixes give
+    some tensors more bits); return the transformers-layout weights as the file holds them
+    (dequantized), by HF-style name."""
     import gguf
     from gguf.quants import dequantize, quantize
 
@@ -113,9 +120,11 @@ def write_gguf(
         w.add_eos_token_id(2)
     w.add_chat_template(TEMPLATE)
     hf: dict[str, np.ndarray] = {}
-    kind = getattr(gguf.GGMLQuantizationType, qtype)
+    default = qtype
 
     def matrix(name: str, hf_name: str, rows: int, cols: int, permute: int = 0) -> None:
+        qtype = next((t for key, t in (mix or {}).items() if key in name), default)
+        kind = getattr(gguf.GGMLQuantizationType, qtype)
         m = (rng.standard_normal((rows, cols)) * 0.2).astype(np.float32)
         data = _permute(m, permute) if permute and family in PERMUTED else m
         if qtype == "F32":

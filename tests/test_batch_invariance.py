@@ -9,11 +9,12 @@ one-position call than for wider ones, so a graph runs a one-position call's att
 positions (`lone_row_pad`). Checked here bit for bit, per block format: one MatMulNBits layer of
 every held GGUF block format gives a row the same bits inside calls of 2..16 rows, and, where
 the machine's one-row kernel rounds as the wide one (AVX-512; on AVX2 4-bit blocks of 32 do
-not), alone too; whole models (GGUF imports of Q4_0, Q4_1, Q8_0 and F16 blocks, `--quantize
-int8` exports) through the runtime's own stack after a prompt in the cache, at the step width
-the runtime settled on for this machine (`stack.settle_step_width`: 1 exactly where a lone row
-agrees). With blocks over 32 onnxruntime's one-row MatMulNBits kernel rounds otherwise
-everywhere: such bundles keep `step_width` 2.
+not), alone too; whole models (GGUF imports of Q4_0, Q4_1, Q8_0 and F16 blocks and of a file
+of mixed types, `--quantize int8` exports) through the runtime's own stack after a prompt in
+the cache, at the step width the runtime settled on for this machine
+(`stack.settle_step_width`: 1 exactly where a lone row agrees). With blocks over 32
+onnxruntime's one-row MatMulNBits kernel rounds otherwise everywhere: such bundles keep
+`step_width` 2.
 """
 
 from __future__ import annotations
@@ -29,7 +30,9 @@ gguf = pytest.importorskip("gguf")
 
 WIDTHS = range(2, 17)
 LAYER_FORMATS = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
-MODEL_FORMATS = ("Q4_0", "Q4_1", "Q8_0", "F16")
+MODEL_FORMATS = ("Q4_0", "Q4_1", "Q8_0", "F16", "mixed")
+# "mixed": Q5_0 with v, k and up of other types (fused into 8-bit blocks, as a Q4_K_M file's)
+MIXED = {"attn_v": "Q8_0", "attn_k": "Q4_0", "ffn_up": "Q4_1"}
 
 
 def _layer_session(kind: str, tmp_path, threads: int):
@@ -104,7 +107,9 @@ def gguf_bundle(request, tmp_path_factory):
     from tests.gguf_files import write_gguf
 
     root = tmp_path_factory.mktemp(f"inv-{request.param}")
-    write_gguf(root / "m.gguf", "llama", request.param)
+    mixed = request.param == "mixed"
+    write_gguf(root / "m.gguf", "llama", "Q5_0" if mixed else request.param,
+               mix=MIXED if mixed else None)  # fmt: skip
     export_bundle(root / "m.gguf", root / "b")
     return request.param, root / "b"
 
@@ -114,7 +119,7 @@ def test_one_token_steps_give_a_verify_rounds_rows_bit_for_bit(gguf_bundle, thre
     """At the width the runtime settled on: 1 (no padded one-token steps) exactly where this
     machine's kernels give a lone row of the file's blocks a wide call's bits."""
     kind, folder = gguf_bundle
-    agrees = kind == "F16" or _lone_row_agrees(kind, tmp_path)
+    agrees = kind == "F16" or _lone_row_agrees("Q5_0" if kind == "mixed" else kind, tmp_path)
     assert _steps_and_rounds(folder, threads) == (1 if agrees else 2)
 
 

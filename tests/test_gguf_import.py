@@ -86,6 +86,72 @@ def test_matmulnbits_of_held_blocks_computes_the_float_product(kind, tmp_path):
     assert np.array_equal(e[0], w.T[iv[0]])
 
 
+@pytest.mark.parametrize(
+    "kinds",
+    [
+        ("Q5_0", "Q5_0", "Q8_0"),
+        ("Q4_0", "Q4_1", "Q6_K"),
+        ("Q3_K", "Q4_K", "Q5_K"),
+        ("Q2_K", "Q8_0"),
+        ("Q4_0", "Q4_1", "Q3_K"),  # all 4-bit: held around zero point 8, no zero-point input
+    ],
+)
+def test_fused_parts_of_different_types_are_one_matrix_of_the_same_values(kinds, tmp_path):
+    """q|k|v or gate|up of mixed types (llama-quantize's Q4_K_M gives v Q8_0 or Q6_K beside
+    Q5_0 q and k) are one MatMulNBits in a common layout, never a float32 matrix, and its
+    product is the parts' float product; no 4-bit zero points (onnxruntime #29853)."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto
+
+    from edgespec.export.builder import GraphBuilder, WeightStore
+    from edgespec.export.gguf_blocks import concat_columns
+    from edgespec.runtime.graph import session_options
+
+    rng = np.random.default_rng(5)
+    k = 512
+    parts = [pack(_raw_blocks(kind, 16 * (i + 1), k, rng), kind, k) for i, kind in enumerate(kinds)]
+    joined = concat_columns(parts)
+    assert joined is not None
+    want = np.concatenate([p.dequantize() for p in parts], 1)
+    assert np.array_equal(joined.dequantize(), want)  # bit-exact
+    store = WeightStore(tmp_path / "w.bin")
+    gb = GraphBuilder(store=store, dtype=np.dtype(np.float32), accuracy_level=0)
+    x = gb.add_input("x", TensorProto.FLOAT, [1, "s", k])
+    gb.add_output(gb.linear(x, "lin", joined), "y", TensorProto.FLOAT, [1, "s", want.shape[1]])
+    store.close()
+    model = gb.model("t")
+    nbits = [n for n in model.graph.node if n.op_type == "MatMulNBits"]
+    assert len(nbits) == 1 and not any(n.op_type == "MatMul" and "weight" in "".join(n.input)
+                                       for n in model.graph.node)  # fmt: skip
+    bits = next(a.i for a in nbits[0].attribute if a.name == "bits")
+    assert bits == 8 or len(nbits[0].input) < 4
+    onnx.save(model, str(tmp_path / "m.onnx"))
+    sess = ort.InferenceSession(
+        str(tmp_path / "m.onnx"), session_options(None), ["CPUExecutionProvider"]
+    )
+    xv = rng.standard_normal((1, 3, k)).astype(np.float32)
+    ref = xv[0].astype(np.float64) @ want
+    y = sess.run(None, {"x": xv})[0]
+    assert np.abs(y[0] - ref).max() <= 1e-4 * max(1.0, np.abs(ref).max())
+
+
+def test_a_file_of_mixed_types_keeps_every_fused_matrix_in_blocks(tmp_path):
+    from edgespec.export.gguf_blocks import PackedMatrix
+
+    path = tmp_path / "m.gguf"
+    mix = {"attn_v": "Q8_0", "ffn_up": "Q4_1", "attn_k": "Q4_0"}
+    hf = write_gguf(path, "llama", "Q5_0", mix=mix)
+    model = read_gguf(path)
+    for i, lw in enumerate(model.weights.layers):
+        assert isinstance(lw.qkv_w, PackedMatrix) and isinstance(lw.up_w, PackedMatrix)
+        want = _hf_matrix(hf, i, "llama")
+        assert np.array_equal(np.asarray(lw.qkv_w), want["qkv"])
+        assert np.array_equal(np.asarray(lw.up_w), want["up"])
+    m = export_bundle(path, tmp_path / "b", accuracy_level=0)
+    assert m.extra["export_check"]["argmax_agreement"] == 1.0
+
+
 def _hf_matrix(hf: dict, i: int, family: str) -> dict[str, np.ndarray]:
     h = f"layers.{i}."
     if family == "phi3":

@@ -162,9 +162,12 @@ class PackedMatrix:
 
 
 def concat_columns(parts: list[PackedMatrix]) -> PackedMatrix | None:
-    """q|k|v or gate|up side by side, when every part has the same layout; else None."""
-    if len({p.layout() for p in parts}) != 1 or any(p.transposed for p in parts):
+    """q|k|v or gate|up side by side in one layout (`common_layout`: the same values, bit
+    for bit); None for a transposed part or blocks that do not nest."""
+    if any(p.transposed for p in parts) or any(p.block % min(q.block for q in parts)
+                                                 for p in parts):  # fmt: skip
         return None
+    parts = common_layout(parts)
 
     def cat(field: str) -> np.ndarray | None:
         arrays = [getattr(p, field) for p in parts]
@@ -178,6 +181,38 @@ def concat_columns(parts: list[PackedMatrix]) -> PackedMatrix | None:
         minima=cat("minima"),
         source="+".join(sorted({p.source for p in parts})),
     )
+
+
+def common_layout(parts: list[PackedMatrix]) -> list[PackedMatrix]:
+    """Parts of one fused matrix (a file's q, k and v, or gate and up, may be of different
+    types: llama.cpp's Q4_K_M gives v and down more bits, and falls back to Q5_0 / Q8_0 where
+    a row is no whole 256-weight super-block) in one layout, each weight's value unchanged:
+    the widest levels (4-bit levels q with zero point z are 8-bit levels q with zero point
+    z), the smallest block (a block of 32 is two of 16, each with its scale, zero point and
+    minimum), explicit zero points where any part or width differs (the default 2^(bits-1)
+    spelt out), zero minima where any part has minima. Otherwise the fused matrix would be
+    held as float32: 4 bytes a weight against at most 1.25."""
+    if len({p.layout() for p in parts}) == 1:
+        return parts
+    bits = max(p.bits for p in parts)
+    block = min(p.block for p in parts)
+    explicit = len({p.bits for p in parts}) > 1 or any(p.zero_points is not None for p in parts)
+    minima = any(p.minima is not None for p in parts)
+    out = []
+    for p in parts:
+        levels, per = p.levels(), p.block // block
+        zp = p.zero_points
+        if explicit and zp is None:
+            zp = np.full(p.scales.shape, 1 << (p.bits - 1), np.uint8)
+        mins = p.minima if p.minima is not None or not minima else np.zeros_like(p.scales)
+        n = levels.shape[0]
+        levels = levels.reshape(n, -1, block)
+        packed = levels if bits == 8 else _pack4(levels)
+        scales, zp, mins = (None if a is None else np.repeat(a, per, axis=1)
+                            for a in (p.scales, zp, mins))  # fmt: skip
+        out.append(replace(p, bits=bits, block=block, packed=np.ascontiguousarray(packed),
+                           scales=scales, zero_points=zp, minima=mins))  # fmt: skip
+    return out
 
 
 def from_float(w: np.ndarray, f: WeightFormat) -> PackedMatrix | None:

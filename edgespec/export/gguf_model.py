@@ -152,8 +152,8 @@ class _Reader:
 
 
 def _columns(parts: list[Any]) -> Any:
-    """q|k|v or gate|up: one packed matrix, or floats when any part is float or the blocks
-    differ (the parts' exact values as float32: nothing rounds)."""
+    """q|k|v or gate|up: one packed matrix in the parts' common layout (`common_layout`), or
+    floats when any part is float (the parts' exact values as float32: nothing rounds)."""
     if all(isinstance(p, PackedMatrix) for p in parts):
         joined = concat_columns(parts)
         if joined is not None:
