@@ -107,8 +107,8 @@ def edgespec_profile(bundle: Path, steps: int, cached: int = 100) -> dict[str, l
     import numpy as np
 
     from edgespec.bundle import load_manifest
-    from edgespec.runtime.graph import GraphSession, session_options
-    from edgespec.runtime.kv_cache import KVCache
+    from edgespec.runtime.graphs.kv_cache import KVCache
+    from edgespec.runtime.graphs.session import GraphSession, session_options
 
     manifest = load_manifest(bundle)
     graph = manifest.graph("full")

@@ -106,7 +106,7 @@ def test_fused_parts_of_different_types_are_one_matrix_of_the_same_values(kinds,
 
     from edgespec.export.builder import GraphBuilder, WeightStore
     from edgespec.export.gguf_blocks import concat_columns
-    from edgespec.runtime.graph import session_options
+    from edgespec.runtime.graphs.session import session_options
 
     rng = np.random.default_rng(5)
     k = 512
