@@ -1,11 +1,14 @@
 // Logits of a default bundle's full.onnx opened as the package opens it (its attention's
 // query_seqlens dropped, src/onnx_edit.ts) and of the same model exported with
 // --no-batched-verify, call by call (tests/test_js_default_bundle.py):
-// node check_default_graph.mjs DEFAULT_BUNDLE PLAIN_BUNDLE prints {inputs, equal: [per call]}.
+// node check_default_graph.mjs DEFAULT_BUNDLE PLAIN_BUNDLE PROMPT N prints {inputs, equal: [per
+// call], bytesTokens}: bytesTokens, an `ar` generation of N tokens over the default bundle read as
+// bytes only (no paths: the route of the browser and React Native, weights as external data).
 import { readFileSync } from "node:fs";
 import ort from "onnxruntime-node";
 import { withoutBatchedAttention } from "./dist/onnx_edit.js";
-const [dir, plain] = process.argv.slice(2);
+import { folderFiles, loadModel } from "./dist/node.js";
+const [dir, plain, prompt, n] = process.argv.slice(2);
 const graph = (d) => JSON.parse(readFileSync(`${d}/manifest.json`)).graphs.find((g) => g.role === "full");
 const bytes = withoutBatchedAttention(new Uint8Array(readFileSync(`${dir}/full.onnx`)), "full.onnx");
 const folder = { extra: { session: { model_external_initializers_file_folder_path: dir } } };
@@ -35,4 +38,7 @@ for (const ids of [[5, 9, 33, 100, 7, 8], [12], [40, 41, 42], [3]]) {
   equal.push(logits[0].length === logits[1].length && logits[0].every((x, j) => x === logits[1][j]));
   past = total;
 }
-console.log(JSON.stringify({ inputs: edited.inputNames.includes("query_seqlens"), equal }));
+const { path: _, ...bytesOnly } = folderFiles(dir);
+const model = await loadModel(bytesOnly, ort, { mode: "ar" });
+const { tokens: bytesTokens } = await model.generate(prompt, { maxNewTokens: Number(n), ignoreEos: true });
+console.log(JSON.stringify({ inputs: edited.inputNames.includes("query_seqlens"), equal, bytesTokens }));

@@ -51,14 +51,21 @@ def bundle(tmp_path_factory) -> Path:
 
 
 def test_the_edited_graph_gives_the_plain_graphs_logits_bitwise(bundle):
+    from edgespec.runtime.model import Model
+
+    plain = bundle.parent / "plain"
     run = subprocess.run(
-        [NODE, str(JS / "check_default_graph.mjs"), str(bundle), str(bundle.parent / "plain")],
+        [NODE, str(JS / "check_default_graph.mjs"), str(bundle), str(plain), PROMPT, str(NEW)],
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert run.returncode == 0, run.stderr
-    assert json.loads(run.stdout) == {"inputs": True, "equal": [True] * 4}
+    got = json.loads(run.stdout)
+    assert (got["inputs"], got["equal"]) == (True, [True] * 4)
+    # read as bytes only (the browser's and React Native's route): Python's output too
+    want = Model.load(bundle, mode="ar").generate(PROMPT, max_new_tokens=NEW, ignore_eos=True)
+    assert got["bytesTokens"] == want.tokens
 
 
 def test_the_default_bundles_graphs_take_query_seqlens(bundle):
