@@ -97,17 +97,26 @@ export class ThreadedModel {
     const { onProgress, ...rest } = options;
     const worker = new Worker(new URL("./worker.js", import.meta.url));
     const loaded = new Promise<void>((resolve, reject) => {
+      const done = () => {
+        worker.off("message", onMessage);
+        worker.off("error", reject);
+        worker.off("exit", onExit);
+      };
       const onMessage = (r: Reply) => {
         if (r.type === "progress") onProgress?.(r.message);
         else if (r.type === "loaded" || r.type === "error") {
-          worker.off("message", onMessage);
-          worker.off("error", reject);
+          done();
           if (r.type === "loaded") resolve();
           else reject(revive(r.error));
         }
       };
+      const onExit = (code: number) => {
+        done();
+        reject(new EdgespecError(`the model's worker thread exited (code ${code}) while loading ${dir}`));
+      };
       worker.on("message", onMessage);
       worker.on("error", reject);
+      worker.on("exit", onExit);
     });
     worker.postMessage({ type: "load", dir, options: rest });
     try {
