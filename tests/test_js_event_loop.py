@@ -7,8 +7,8 @@ generation with a long prefill (4,000 prompt ids on a tiny model with a 4,096 co
 graph call that takes a while on any CPU), first with the model on the app's thread, then in a
 worker. The checks count ticks, never time: a blocked loop runs timers at most once per loop
 iteration, and each graph call is one iteration (the `setImmediate`), so it gets at most one
-tick per call (chunk, in `ar`) plus the iterations around the generation; the worker gets a tick per 10 ms
-of the whole generation. Then an AbortSignal fired by a timer during the prefill: the stream
+tick per call (chunk, in `ar`) plus the iterations around the generation; the worker gets a
+tick per 10 ms of the whole generation. Then an AbortSignal fired by a timer during the prefill: the stream
 ends with AbortError before any chunk is read, the worker finished no round but the one in
 flight, and the model generates as before.
 """
