@@ -8,9 +8,9 @@ graph call that takes a while on any CPU), first with the model on the app's thr
 worker. The checks count ticks, never time: a blocked loop runs timers at most once per loop
 iteration, and each graph call is one iteration (the `setImmediate`), so it gets at most one
 tick per call (chunk, in `ar`) plus the iterations around the generation; the worker gets a
-tick per 10 ms of the whole generation. Then an AbortSignal fired by a timer during the prefill: the stream
-ends with AbortError before any chunk is read, the worker finished no round but the one in
-flight, and the model generates as before.
+tick per 10 ms of the whole generation. Then an AbortSignal fired by a timer during the prefill:
+the stream ends with AbortError before any chunk is read, the worker finished no round but the
+one in flight, and the model generates as before.
 """
 
 from __future__ import annotations
