@@ -88,10 +88,14 @@ interface BoundCall {
   seqlens: Int32Array;
   total: Int32Array;
   keep: BigInt64Array;
+  query: Int32Array;
 }
 
 export class GraphSession {
   readonly takesHidden: boolean;
+  /** The graph reads `query_seqlens` (a default export's; its attention no longer takes it,
+   * `onnx_edit.ts`): fed the call's width. */
+  readonly takesQuery: boolean;
   readonly outputNames: string[];
   private call: BoundCall | null = null;
   private pending = false;
@@ -104,17 +108,12 @@ export class GraphSession {
     readonly kvOutputs: KVOutputs = "bound",
   ) {
     this.takesHidden = graph.inputs.some((t) => t.name === "hidden");
+    this.takesQuery = graph.inputs.some((t) => t.name === "query_seqlens");
     this.outputNames = graph.outputs.map((t) => t.name).filter((n) => !n.startsWith("present_"));
   }
 
   static async open(ort: Ort, source: string | Uint8Array, graph: GraphInfo, model: ModelInfo,
     options: ortTypes.InferenceSession.SessionOptions, kvOutputs: KVOutputs = "bound"): Promise<GraphSession> {
-    if (graph.inputs.some((t) => t.name === "query_seqlens")) {
-      throw new BundleError(
-        `${graph.file} takes query_seqlens (batched verify rounds), which onnxruntime's JavaScript ` +
-          "packages (1.30) do not load yet: re-export the bundle with `edgespec export ... --no-batched-verify`",
-      );
-    }
     const kv = graph.inputs.find((t) => t.name.startsWith("past_key."));
     if (kv && kv.dtype !== "float32") {
       throw new BundleError(
@@ -144,13 +143,14 @@ export class GraphSession {
     const bound = this.kvOutputs === "bound", exact = this.kvOutputs === "concatenated";
     if (total > cache.capacity) throw new RangeError(`KV cache full: ${total} positions > capacity ${cache.capacity}`);
     // (a second call while one is pending gets feeds of its own: the kept ones are shared)
-    if (bound && !this.pending) return this.runBound(cache, total, this.newPositions(input, s), keep);
+    if (bound && !this.pending) return this.runBound(cache, total, this.newPositions(input, s), keep, s);
     const feeds: Record<string, Tensor> = {
       seqlens_k: new ort.Tensor("int32", Int32Array.of(total - 1), [1]),
       total_seq_len: new ort.Tensor("int32", Int32Array.of(total), []),
       // onnxruntime-web's WebGPU kernels refuse empty tensors: a row no one reads, not none
       num_logits_to_keep: new ort.Tensor("int64", BigInt64Array.of(BigInt(exact && keep === 0 ? 1 : keep)), []),
     };
+    if (this.takesQuery) feeds.query_seqlens = new ort.Tensor("int32", Int32Array.of(s), [1]);
     if (this.takesHidden) {
       feeds.hidden = new ort.Tensor("float32", input.hidden!, [1, s, this.model.hidden_size]);
     } else {
@@ -209,7 +209,7 @@ export class GraphSession {
   /** A "bound" call: the cache's buffers are both past and preallocated present, written in
    * place. The feeds and fetches are built once per cache and reused (building ~40 named
    * entries per call cost a small graph's step more than a tenth of its time). */
-  private async runBound(cache: KVCache, total: number, [name, tensor]: [string, Tensor], keep: number): Promise<Outputs> {
+  private async runBound(cache: KVCache, total: number, [name, tensor]: [string, Tensor], keep: number, s: number): Promise<Outputs> {
     let c = this.call;
     if (!c || c.cache !== cache || c.buffers !== cache.buffers) {
       const ort = this.ort;
@@ -219,6 +219,8 @@ export class GraphSession {
         total_seq_len: new ort.Tensor("int32", totalLen, []),
         num_logits_to_keep: new ort.Tensor("int64", keeps, []),
       };
+      const query = new Int32Array(1);
+      if (this.takesQuery) feeds.query_seqlens = new ort.Tensor("int32", query, [1]);
       const fetches: Record<string, Tensor | null> = {};
       for (const n of this.outputNames) fetches[n] = null;
       for (const i of this.graph.kv_layers) {
@@ -228,11 +230,12 @@ export class GraphSession {
           fetches[`present_${kind}.${i}`] = buffer; // the same memory, written in place
         }
       }
-      c = this.call = { cache, buffers: cache.buffers, feeds, fetches, seqlens, total: totalLen, keep: keeps };
+      c = this.call = { cache, buffers: cache.buffers, feeds, fetches, seqlens, total: totalLen, keep: keeps, query };
     }
     c.seqlens[0] = total - 1;
     c.total[0] = total;
     c.keep[0] = BigInt(keep);
+    c.query[0] = s;
     c.feeds[name] = tensor;
     this.pending = true;
     try {

@@ -31,6 +31,7 @@ import { GenerationStats, type Drafter, type RoundStats, type Verifier } from ".
 import { Tokenizer } from "./tokenizer.js";
 import { RemoteVerifier, type SplitOptions } from "./remote.js";
 import { DEFAULT_SUPPORT } from "./draftq.js";
+import { withoutBatchedAttention } from "./onnx_edit.js";
 
 export const MODES = ["ar", "spec", "self-spec", "lookup", "split"] as const;
 export type Mode = (typeof MODES)[number];
@@ -129,14 +130,26 @@ export async function loadModel(files: BundleFiles, ort: Ort, options: LoadOptio
     const g = findGraph(manifest, role);
     progress(`opening ${g.file}`);
     const kv = options.kvOutputs ?? "bound";
-    if (files.path) return GraphSession.open(ort, files.path(g.file), g, modelInfo(manifest, g), sessionOptions, kv);
+    // a default export's attention takes query_seqlens, which onnxruntime's JavaScript
+    // packages do not load: the graph is opened from bytes without it (onnx_edit.ts)
+    const batched = g.inputs.some((t) => t.name === "query_seqlens");
+    const graphBytes = async () => {
+      const bytes = await files.readBytes(g.file);
+      return batched ? withoutBatchedAttention(bytes, g.file) : bytes;
+    };
+    if (files.path) {
+      if (!batched) return GraphSession.open(ort, files.path(g.file), g, modelInfo(manifest, g), sessionOptions, kv);
+      // onnxruntime-node reads the weights file itself from the bundle's folder
+      const extra = (sessionOptions.extra ?? {}) as Record<string, Record<string, unknown>>;
+      const session = { ...extra.session, model_external_initializers_file_folder_path: files.path(".") };
+      return GraphSession.open(ort, await graphBytes(), g, modelInfo(manifest, g), { ...sessionOptions, extra: { ...extra, session } }, kv);
+    }
     if (!weights) {
       progress(`reading ${manifest.weights_file}`);
       weights = files.readBytes(manifest.weights_file);
     }
     const external = { externalData: [{ path: manifest.weights_file, data: await weights }] };
-    const bytes = await files.readBytes(g.file);
-    return GraphSession.open(ort, bytes, g, modelInfo(manifest, g), { ...sessionOptions, ...external }, kv);
+    return GraphSession.open(ort, await graphBytes(), g, modelInfo(manifest, g), { ...sessionOptions, ...external }, kv);
   };
   let target: Stack, drafter: Drafter;
   if (mode === "self-spec") {

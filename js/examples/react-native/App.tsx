@@ -1,6 +1,6 @@
 /** An app screen running edgespec on the phone through onnxruntime-react-native: pick a mode,
-type a prompt, watch the tokens stream, see tokens per second. The bundle (exported with
-`edgespec export ... --no-batched-verify`) lies in a folder on the device (`BUNDLE_DIR`).
+type a prompt, watch the tokens stream, see tokens per second. The bundle (a default
+`edgespec export`, or one made with `--no-batched-verify`) lies in a folder on the device (`BUNDLE_DIR`).
 Type-checked and bundled by tests/test_js_react_native.py; not run on a phone here. */
 
 import { useRef, useState } from "react";

@@ -13,11 +13,11 @@ const option = (name, fallback) => {
 };
 const bundle = option("bundle", null);
 if (!bundle) {
-  console.error("usage: node examples/web/serve.mjs --bundle BUNDLE_DIR [--port 8000] (a bundle made by `edgespec export ... --no-batched-verify`)");
+  console.error("usage: node examples/web/serve.mjs --bundle BUNDLE_DIR [--port 8000] (a bundle made by `edgespec export`)");
   process.exit(2);
 }
 if (!(await fs.stat(join(bundle, "manifest.json")).catch(() => null))) {
-  console.error(`${bundle} is not an edgespec bundle (no manifest.json): make one with \`edgespec export MODEL --out DIR --no-batched-verify\``);
+  console.error(`${bundle} is not an edgespec bundle (no manifest.json): make one with \`edgespec export MODEL --out DIR\``);
   process.exit(2);
 }
 const roots = { "/bundle/": resolve(bundle), "/": dirname(fileURLToPath(import.meta.url)) };
