@@ -32,7 +32,7 @@ from edgespec.runtime.draft_q import (
     from_logits,
 )
 from edgespec.runtime.grammar.constraints import Constraint
-from edgespec.runtime.graphs.protocol import Graph
+from edgespec.runtime.graphs.protocol import Feed, Graph
 from edgespec.runtime.graphs.stack import Stack, pad_call
 from edgespec.runtime.round import (
     Drafter,
@@ -284,7 +284,7 @@ class EarlyExitDrafter:
             nonlocal past
             pad, width, wanted = pad_call(len(ids), keep, step)
             feed = np.asarray([[*ids, *ids[-1:] * pad]], np.int64)
-            out = head.run(cache, past, input_ids=feed, keep=width)
+            out = head.run(cache, past, Feed(input_ids=feed, keep=width))
             hidden.append(out["hidden"][0][: len(ids)])
             past += len(ids)
             if not keep:

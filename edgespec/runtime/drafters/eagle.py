@@ -35,7 +35,7 @@ from edgespec.runtime.drafters.base import Chain, _allowed, _proposal, draft_tok
 from edgespec.runtime.errors import InputError
 from edgespec.runtime.grammar.constraints import Constraint
 from edgespec.runtime.graphs.kv_cache import KVCache
-from edgespec.runtime.graphs.protocol import Graph
+from edgespec.runtime.graphs.protocol import Feed, Graph
 from edgespec.runtime.round import Plan, Proposal, empty_proposal
 from edgespec.runtime.sampling import SamplingParams
 
@@ -140,8 +140,7 @@ class EagleDrafter:
         out = self.head.run(
             self.cache,
             self.cache.length,
-            input_ids=np.asarray([ids], np.int64),
-            keep=keep,
+            Feed(input_ids=np.asarray([ids], np.int64), keep=keep),
             extra={"features": features[None], "state": state[None]},
         )
         self.cache.length += len(ids)
