@@ -108,6 +108,7 @@ def edgespec_profile(bundle: Path, steps: int, cached: int = 100) -> dict[str, l
 
     from edgespec.bundle import load_manifest
     from edgespec.runtime.graphs.kv_cache import KVCache
+    from edgespec.runtime.graphs.protocol import Feed
     from edgespec.runtime.graphs.session import GraphSession, session_options
 
     manifest = load_manifest(bundle)
@@ -120,9 +121,9 @@ def edgespec_profile(bundle: Path, steps: int, cached: int = 100) -> dict[str, l
     cache = KVCache.allocate(graph.kv_layers, model.num_kv_heads, model.head_dim,
                              cached + steps + 8, np.dtype(np.float32))  # fmt: skip
     ids = np.random.default_rng(0).integers(100, model.vocab_size, cached + steps)
-    session.run(cache, 0, input_ids=ids[None, :cached], keep=1)
+    session.run(cache, 0, Feed(input_ids=ids[None, :cached], keep=1))
     for i in range(cached, cached + steps):
-        session.run(cache, i, input_ids=ids[None, i : i + 1], keep=1)
+        session.run(cache, i, Feed(input_ids=ids[None, i : i + 1], keep=1))
     events = json.loads(Path(session.session.end_profiling()).read_text())
     runs = [e for e in events if e.get("cat") == "Session" and e["name"] == "model_run"]
     first_step = sorted(e["ts"] for e in runs)[1]  # the prefill is the first run

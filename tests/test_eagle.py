@@ -13,6 +13,7 @@ from test_speculative_sampling import CHI2_CRITICAL_P001, chi_square
 import edgespec
 from edgespec.bundle import BundleError, load_manifest, save_manifest
 from edgespec.runtime.errors import InputError
+from edgespec.runtime.graphs.protocol import Feed
 from edgespec.runtime.sampling import SamplingParams, probabilities
 
 LAYERS = [1, 2, 4]
@@ -133,7 +134,7 @@ def test_eagle_graph_computes_what_the_torch_head_computes(checkpoints, eagle_bu
 
     def run(at: int, n: int, features, state):
         cache.length = at
-        return sess.run(cache, at, input_ids=ids[None, at + 1 : at + 1 + n], keep=n,
+        return sess.run(cache, at, Feed(input_ids=ids[None, at + 1 : at + 1 + n], keep=n),
                         extra={"features": features, "state": state})  # fmt: skip
 
     one = run(0, 19, feats[None, :19], zeros(19, hd))
@@ -180,7 +181,7 @@ def fresh_drafts(bundle: Path, seq: list[int], gamma: int) -> list[int]:
     full.forward(np.asarray(seq[:-1]), keep=1)
     n = len(seq) - 1
     cache = KVCache.allocate([0], m.num_kv_heads, m.head_dim, n + gamma + 1, np.float32)
-    out = head.run(cache, 0, input_ids=np.asarray([seq[1:]]), keep=1,
+    out = head.run(cache, 0, Feed(input_ids=np.asarray([seq[1:]]), keep=1),
                    extra={"features": full.features[None, :n],
                           "state": np.zeros((1, n, m.hidden_size), np.float32)})  # fmt: skip
     drafts = [int(out["logits"][0, -1].argmax())]
@@ -190,8 +191,7 @@ def fresh_drafts(bundle: Path, seq: list[int], gamma: int) -> list[int]:
         out = head.run(
             cache,
             n + i,
-            input_ids=np.asarray([[drafts[-1]]]),
-            keep=1,
+            Feed(input_ids=np.asarray([[drafts[-1]]]), keep=1),
             extra={"features": np.zeros((1, 1, width), np.float32), "state": state},
         )
         drafts.append(int(out["logits"][0, -1].argmax()))

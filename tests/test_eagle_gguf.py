@@ -17,6 +17,7 @@ from click.testing import CliRunner
 
 import edgespec
 from edgespec.bundle import load_manifest
+from edgespec.runtime.graphs.protocol import Feed
 
 pytest.importorskip("gguf")
 
@@ -154,8 +155,7 @@ def test_imported_head_graph_computes_llama_cpps_head(imported, name):
     out = sess.run(
         cache,
         0,
-        input_ids=ids[None, 1:],
-        keep=n,
+        Feed(input_ids=ids[None, 1:], keep=n),
         extra={"features": feats[None], "state": np.zeros((1, n, hd), np.float32)},
     )
     np.testing.assert_allclose(out["next_state"][0], states, rtol=1e-4, atol=1e-4)
@@ -163,7 +163,7 @@ def test_imported_head_graph_computes_llama_cpps_head(imported, name):
     # a drafted position: the token drafted and the state of the position before
     cache.length = n
     drafted = int(np.argmax(want[-1]))
-    step = sess.run(cache, n, input_ids=np.array([[drafted]]), keep=1,
+    step = sess.run(cache, n, Feed(input_ids=np.array([[drafted]]), keep=1),
                     extra={"features": np.zeros((1, 1, feats.shape[1]), np.float32),
                            "state": out["next_state"][:, -1:]})  # fmt: skip
     states2, want2 = reference(t, embed, lm_head, [*ids[1:], drafted],
@@ -373,7 +373,7 @@ def test_llama_cpps_own_conversion_of_a_hugging_face_head_imports_as_that_head(
     states, want = reference(t, embed, embed.T, ids[1:], g, rope=rope_halves)
     cache = KVCache.allocate([0], 2, HEAD_DIM, 40, np.float32)
     zeros = np.zeros((1, n, hidden), np.float32)
-    out = sess.run(cache, 0, input_ids=ids[None, 1:], keep=n,
+    out = sess.run(cache, 0, Feed(input_ids=ids[None, 1:], keep=n),
                    extra={"features": feats[None], "state": zeros})  # fmt: skip
     np.testing.assert_allclose(out["next_state"][0], states, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(out["logits"][0], want, rtol=1e-4, atol=1e-4)

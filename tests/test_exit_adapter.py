@@ -12,6 +12,7 @@ import pytest
 import edgespec
 from edgespec.bundle import load_manifest
 from edgespec.runtime.graphs.kv_cache import KVCache
+from edgespec.runtime.graphs.protocol import Feed
 from edgespec.runtime.graphs.session import GraphSession, session_options
 
 EXITS = [1, 2]
@@ -53,7 +54,7 @@ def _head(bundle: Path, k: int, ids: np.ndarray) -> dict[str, np.ndarray]:
     )
     t = m.target
     cache = KVCache.allocate(graph.kv_layers, t.num_kv_heads, t.head_dim, 64, np.float32)
-    return session.run(cache, 0, input_ids=ids[None], keep=len(ids))
+    return session.run(cache, 0, Feed(input_ids=ids[None], keep=len(ids)))
 
 
 @pytest.mark.parametrize("arch", ["llama-gqa-tied", "gpt2"])

@@ -9,6 +9,7 @@ from conftest import ARCHS, EXIT_LAYER
 
 import edgespec
 from edgespec.bundle import load_manifest
+from edgespec.runtime.graphs.protocol import Feed
 
 
 def hf_logits(hf, ids: np.ndarray) -> np.ndarray:
@@ -40,7 +41,7 @@ def test_head_exit_logits_equal_norm_and_lm_head_of_layer_k(arch, bundles, hf_mo
     head = model.target.stages[0]
     ids = np.random.default_rng(4).integers(0, 2048, 7)
     model.target.reset(16)
-    out = head.run(model.target.cache, 0, input_ids=ids[None], keep=7)
+    out = head.run(model.target.cache, 0, Feed(input_ids=ids[None], keep=7))
     hf = hf_models[arch]
     with torch.no_grad():
         states = hf(torch.from_numpy(ids)[None], output_hidden_states=True).hidden_states

@@ -22,6 +22,7 @@ from test_quantize import fake_quantized
 
 import edgespec
 from edgespec.export import ExportError, export_bundle
+from edgespec.runtime.graphs.protocol import Feed
 
 N_NEW = 40
 MODES = [
@@ -102,7 +103,7 @@ def test_exit_logits_are_the_familys_own_head_at_layer_k(family, family_bundles,
     head = model.target.stages[0]
     ids = np.random.default_rng(4).integers(0, 2048, 30)
     model.target.reset(32)
-    out = head.run(model.target.cache, 0, input_ids=ids[None], keep=30)
+    out = head.run(model.target.cache, 0, Feed(input_ids=ids[None], keep=30))
     hf = family_hf[family]
     with torch.no_grad():
         states = hf(torch.from_numpy(ids)[None], output_hidden_states=True).hidden_states

@@ -166,10 +166,10 @@ def test_self_spec_counts_the_head_step_on_the_last_draft_as_verifying(spec_bund
     head = model.drafter.heads[model.drafter.exit_layer]
     run = head.run
 
-    def slow_tail_input(*args, keep, **kwargs):  # the tail-input call keeps no logits
-        if keep == 0:
+    def slow_tail_input(cache, past, feed, *rest):  # the tail-input call keeps no logits
+        if feed.keep == 0:
             time.sleep(0.05)
-        return run(*args, keep=keep, **kwargs)
+        return run(cache, past, feed, *rest)
 
     head.run = slow_tail_input
     chunks = list(model.stream(repetitive_prompt(3), max_new_tokens=9, ignore_eos=True))

@@ -45,6 +45,7 @@ import numpy as np
 
 from edgespec.bundle import FEATURES
 from edgespec.runtime.graphs.kv_cache import KVPool
+from edgespec.runtime.graphs.protocol import Feed
 from edgespec.runtime.graphs.session import GraphSession
 from edgespec.runtime.graphs.stack import pad_call, pad_ids, pad_tree, run_stages
 from edgespec.runtime.graphs.tree_verify import TreeGraph
@@ -125,7 +126,7 @@ def forward_alone(
     feed = pad_ids(ids, pad)
 
     def call(stage: GraphSession, x: dict, last: bool) -> dict:
-        return stage.run(view, past, keep=rows if last else 0, **x)
+        return stage.run(view, past, Feed(**x, keep=rows if last else 0))
 
     out = run_stages(stages, feed[None, :], call)
     if FEATURES in out:
@@ -179,7 +180,7 @@ def forward_tree_alone(
     ids, positions, mask = pad_tree(ids, positions, mask, pad)
 
     def call(stage: TreeGraph, x: dict, last: bool) -> dict:
-        return stage.run_tree(view, past, positions, mask, keep=rows if last else 0, **x)
+        return stage.run_tree(view, past, Feed(**x, keep=rows if last else 0), positions, mask)
 
     out = run_stages(stages, ids[None, :], call)
     pool.lengths[slot] += n

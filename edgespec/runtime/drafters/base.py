@@ -32,7 +32,7 @@ from edgespec.runtime.draft_q import (
     from_logits,
 )
 from edgespec.runtime.grammar.constraints import Constraint
-from edgespec.runtime.graphs.protocol import Graph
+from edgespec.runtime.graphs.protocol import Feed, Graph
 from edgespec.runtime.graphs.stack import Stack, pad_call
 from edgespec.runtime.round import (
     Drafter,
@@ -148,15 +148,13 @@ class NoDrafter:
         pass
 
 
-class ModelDrafter:
-    """A drafting model with its own cache: the `draft` graph, or head@k alone."""
+class OwnCache:
+    """A drafter with a cache of its own that drafts every round (`source`: its name) under
+    the generation's grammar: `begin` keeps the grammar and has `resume_cache` keep what the
+    prompt shares with the last sequence (`cached` positions) and make room for `capacity`."""
 
-    drafts_ahead = True
-    name = "draft"
-
-    def __init__(self, model: Stack, support: DraftSupport = DEFAULT_SUPPORT) -> None:
-        self.model, self.support = model, support
-        self.constraint: Constraint | None = None
+    name: str
+    constraint: Constraint | None = None
 
     def source(self, seq: list[int]) -> str | None:
         return self.name
@@ -169,6 +167,23 @@ class ModelDrafter:
         constraint: Constraint | None = None,
     ) -> None:
         self.constraint = constraint
+        self.resume_cache(prompt, capacity, cached)
+
+    def resume_cache(self, prompt: list[int], capacity: int, cached: int) -> None:
+        raise NotImplementedError
+
+
+class ModelDrafter(OwnCache):
+    """A drafting model with its own cache: the `draft` graph, or head@k alone."""
+
+    drafts_ahead = True
+    name = "draft"
+
+    def __init__(self, model: Stack, support: DraftSupport = DEFAULT_SUPPORT) -> None:
+        self.model, self.support = model, support
+        self.constraint: Constraint | None = None
+
+    def resume_cache(self, prompt: list[int], capacity: int, cached: int) -> None:
         # the cache holds a prefix of the last sequence: keep what the prompt shares with it
         kept = self.model.resume(min(capacity, self.model.max_positions), cached)
         if kept < len(prompt):
@@ -284,7 +299,7 @@ class EarlyExitDrafter:
             nonlocal past
             pad, width, wanted = pad_call(len(ids), keep, step)
             feed = np.asarray([[*ids, *ids[-1:] * pad]], np.int64)
-            out = head.run(cache, past, input_ids=feed, keep=width)
+            out = head.run(cache, past, Feed(input_ids=feed, keep=width))
             hidden.append(out["hidden"][0][: len(ids)])
             past += len(ids)
             if not keep:

@@ -31,11 +31,11 @@ import numpy as np
 
 from edgespec.bundle import Manifest
 from edgespec.runtime.draft_q import DEFAULT_SUPPORT, DraftSupport
-from edgespec.runtime.drafters.base import Chain, _allowed, _proposal, draft_tokens
+from edgespec.runtime.drafters.base import Chain, OwnCache, _allowed, _proposal, draft_tokens
 from edgespec.runtime.errors import InputError
 from edgespec.runtime.grammar.constraints import Constraint
 from edgespec.runtime.graphs.kv_cache import KVCache
-from edgespec.runtime.graphs.protocol import Graph
+from edgespec.runtime.graphs.protocol import Feed, Graph
 from edgespec.runtime.round import Plan, Proposal, empty_proposal
 from edgespec.runtime.sampling import SamplingParams
 
@@ -71,7 +71,7 @@ def read_features_of(drafter: Any, verifier: Any) -> None:
             d.target = verifier.feature_source()
 
 
-class EagleDrafter:
+class EagleDrafter(OwnCache):
     """Drafts with the eagle graph from the target's features (module doc)."""
 
     drafts_ahead = False  # it reads the target's features of verified positions
@@ -107,17 +107,7 @@ class EagleDrafter:
         manifest.graph("eagle")  # a BundleError naming the fix if there is none
         return cls(target, open_graph("eagle"), support)
 
-    def source(self, seq: list[int]) -> str | None:
-        return self.name
-
-    def begin(
-        self,
-        prompt: list[int],
-        capacity: int,
-        cached: int = 0,
-        constraint: Constraint | None = None,
-    ) -> None:
-        self.constraint = constraint
+    def resume_cache(self, prompt: list[int], capacity: int, cached: int) -> None:
         # position p needs token p + 1: the cached prefix keeps positions below cached - 1
         self.exact = min(self.exact, max(cached - 1, 0))
         room = capacity + 1
@@ -140,8 +130,7 @@ class EagleDrafter:
         out = self.head.run(
             self.cache,
             self.cache.length,
-            input_ids=np.asarray([ids], np.int64),
-            keep=keep,
+            Feed(input_ids=np.asarray([ids], np.int64), keep=keep),
             extra={"features": features[None], "state": state[None]},
         )
         self.cache.length += len(ids)

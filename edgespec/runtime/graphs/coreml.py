@@ -1,7 +1,7 @@
 """The bundle's Core ML packages driven like its ONNX graphs — macOS 15+ only, UNTESTED there.
 
 Takes a `CoreMLPackage` (from `manifest.coreml`) and offers the same
-`run(cache, past, input_ids=|hidden=, keep=)` as `GraphSession`, so `Target`, the drafters
+`run(cache, past, Feed)` as `GraphSession`, so `Target`, the drafters
 and the decode loop use it unchanged. The KV cache lives in the package's Core ML states
 (`holds_kv`: the `KVCache` the loop passes keeps only the length): each call of up to W
 positions writes its keys/values at `write_offset = past` and attends cache slots
@@ -25,6 +25,7 @@ import numpy as np
 
 from edgespec.bundle import BundleError, CoreMLPackage, CoreMLVariants, ModelInfo
 from edgespec.runtime.graphs.kv_cache import Device, KVCache
+from edgespec.runtime.graphs.protocol import Feed
 
 MASKED = -30000.0  # must match edgespec.export.static.MASKED
 Predict = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
@@ -49,26 +50,14 @@ class CoreMLSession:
         self._row = np.arange(w)[:, None]
         self._mask = np.zeros((1, 1, w, slots), np.float32)
 
-    def run(
-        self,
-        cache: KVCache,
-        past: int,
-        *,
-        input_ids: np.ndarray | None = None,
-        hidden: np.ndarray | None = None,
-        keep: int = 1,
-    ) -> dict[str, np.ndarray]:
+    def run(self, cache: KVCache, past: int, feed: Feed) -> dict[str, np.ndarray]:
         """Process S new positions after `past`; logits of the last `keep`, hidden of all."""
-        given = input_ids if input_ids is not None else hidden
-        assert given is not None, "pass input_ids or hidden"
-        new = given[0]
+        new, keep = feed.new[0], feed.keep
         s, w = len(new), self.width
         if past + s > self.fixed_capacity:
             raise ValueError(
                 f"Core ML context full: {past + s} positions > max context {self.fixed_capacity}"
             )
-        if not 0 <= keep <= s:
-            raise ValueError(f"keep={keep} must be between 0 and the {s} new positions")
         parts: dict[str, list[np.ndarray]] = {name: [] for name in self.output_names}
         for start in range(0, s, w):
             n = min(w, s - start)

@@ -21,6 +21,7 @@ import onnxruntime as ort
 
 from edgespec.bundle import BundleError, GraphInfo, ModelInfo
 from edgespec.runtime.graphs.kv_cache import Device, KVCache
+from edgespec.runtime.graphs.protocol import Feed
 
 # providers whose attention kernels run on the accelerator's memory: a session whose first
 # provider is one of these keeps its KV cache there (onnxruntime's device type)
@@ -152,26 +153,22 @@ class GraphSession:
         self,
         cache: KVCache,
         past: int,
-        *,
-        input_ids: np.ndarray | None = None,
-        hidden: np.ndarray | None = None,
-        keep: int = 1,
+        feed: Feed | None = None,
         extra: dict[str, np.ndarray] | None = None,
+        **fields: Any,
     ) -> dict[str, np.ndarray]:
-        """Process S new positions ([1, S] ids, or [1, S, H] hidden states) after `past`
-        cached ones, writing their keys/values into `cache` in place; return the outputs
-        (logits for the last `keep` positions). The caller owns the cache length. `extra`:
-        further inputs of the graph by name (the eagle graph's features and state)."""
+        """Process the S new positions `feed` holds after `past` cached ones, writing their
+        keys/values into `cache` in place; return the outputs (logits for the last `keep`
+        positions). The caller owns the cache length. `extra`: further inputs of the graph by
+        name (the eagle graph's features and state). `fields` (input_ids= or hidden=, keep=):
+        the feed's fields, for the callers that build no `Feed` (distill's step pricing)."""
+        if feed is None:
+            feed = Feed(**fields)
         with self._lock:
-            new = input_ids if input_ids is not None else hidden
-            assert new is not None
+            new, keep = feed.new, feed.keep
             total = past + new.shape[1]
             if total > cache.capacity:
                 raise ValueError(f"KV cache full: {total} positions > capacity {cache.capacity}")
-            if not 0 <= keep <= new.shape[1]:
-                raise ValueError(
-                    f"keep={keep} must be between 0 and the {new.shape[1]} new positions"
-                )
             io = self._io
             self._seqlens[0], self._total[()], self._keep[()] = total - 1, total, keep
             self._query[0] = new.shape[1]
@@ -185,9 +182,9 @@ class GraphSession:
             if narrow is not None:
                 narrow.unbind()  # the binding below replaces its input and outputs
             if self.takes_hidden:
-                io.bind_cpu_input("hidden", np.ascontiguousarray(hidden, dtype=self.kv_dtype))
+                io.bind_cpu_input("hidden", np.ascontiguousarray(feed.hidden, dtype=self.kv_dtype))
             else:
-                io.bind_cpu_input("input_ids", np.ascontiguousarray(input_ids, dtype=np.int64))
+                io.bind_cpu_input("input_ids", np.ascontiguousarray(feed.input_ids, dtype=np.int64))
             for name, array in (extra or {}).items():
                 io.bind_cpu_input(name, np.ascontiguousarray(array, dtype=np.float32))
             if self._rebind:

@@ -36,7 +36,7 @@ import numpy as np
 
 from edgespec.bundle import FEATURES
 from edgespec.runtime.graphs.kv_cache import KVCache, room
-from edgespec.runtime.graphs.protocol import Graph
+from edgespec.runtime.graphs.protocol import Feed, Graph
 from edgespec.runtime.graphs.tree_verify import TreeGraph
 
 G = TypeVar("G", bound=Graph)
@@ -171,7 +171,7 @@ class Stack:
         feed = pad_ids(ids, pad)
 
         def call(stage: Graph, x: dict, last: bool) -> dict:
-            return stage.run(cache, cache.length, keep=rows if last else 0, **x)
+            return stage.run(cache, cache.length, Feed(**x, keep=rows if last else 0))
 
         out = run_stages(self.stages, feed[None, :], call)
         if self.feature_width:
@@ -193,7 +193,7 @@ class Stack:
 
         def call(stage: TreeGraph, x: dict, last: bool) -> dict:
             k = rows if last else 0
-            return stage.run_tree(cache, cache.length, positions, mask, keep=k, **x)
+            return stage.run_tree(cache, cache.length, Feed(**x, keep=k), positions, mask)
 
         out = run_stages(tree, ids[None, :], call)
         cache.length += n
@@ -217,7 +217,7 @@ class Stack:
         assert self.cache is not None
         pad, rows, wanted = pad_call(hidden.shape[0], keep, self.step_width)
         feed = np.concatenate([hidden, hidden[-1:].repeat(pad, axis=0)]) if pad else hidden
-        out = tail.run(self.cache, self.cache.length, hidden=feed[None], keep=rows)
+        out = tail.run(self.cache, self.cache.length, Feed(hidden=feed[None], keep=rows))
         self.cache.length += hidden.shape[0]
         return out["logits"][0][wanted]
 

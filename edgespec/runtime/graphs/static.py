@@ -1,7 +1,7 @@
 """Fixed-shape graphs (the bundle's static variants) driven like the dynamic ones.
 
 Takes a role's static graphs (from `manifest.static`, one per verify width W) and offers
-the same `run(cache, past, input_ids=|hidden=, keep=)` as `GraphSession`, so `Target`, the
+the same `run(cache, past, Feed)` as `GraphSession`, so `Target`, the
 drafters and the decode loop use it unchanged. A call of S new positions runs in chunks:
 each chunk goes to the narrowest graph that takes the rest at once, else the widest (so
 with widths 1 and 8 a decode step runs W = 1, a verification or prefill W = 8, and a long
@@ -25,6 +25,7 @@ import onnxruntime as ort
 
 from edgespec.bundle import BundleError, GraphInfo, ModelInfo, static_width
 from edgespec.runtime.graphs.kv_cache import Device, KVCache
+from edgespec.runtime.graphs.protocol import Feed
 from edgespec.runtime.graphs.session import check_io, copies_on_bind
 
 MASKED = -30000.0  # must match edgespec.export.static.MASKED (exp() of it is 0 in fp32)
@@ -56,21 +57,11 @@ class StaticGraphSession:
         self.takes_hidden = self.calls[-1].takes_hidden
         self.output_names = self.calls[-1].output_names
 
-    def run(
-        self,
-        cache: KVCache,
-        past: int,
-        *,
-        input_ids: np.ndarray | None = None,
-        hidden: np.ndarray | None = None,
-        keep: int = 1,
-    ) -> dict[str, np.ndarray]:
-        """Process S new positions ([1, S] ids, or [1, S, H] hidden states) after `past`
-        cached ones, writing their keys/values into `cache`; return the outputs (logits for
-        the last `keep` positions, hidden states for all S). The caller owns the length."""
-        given = input_ids if input_ids is not None else hidden
-        assert given is not None, "pass input_ids or hidden"
-        new = given[0]
+    def run(self, cache: KVCache, past: int, feed: Feed) -> dict[str, np.ndarray]:
+        """Process the S new positions `feed` holds after `past` cached ones, writing their
+        keys/values into `cache`; return the outputs (logits for the last `keep` positions,
+        hidden states for all S). The caller owns the length."""
+        new, keep = feed.new[0], feed.keep
         s = len(new)
         if cache.capacity != self.fixed_capacity:
             raise ValueError(
@@ -81,8 +72,6 @@ class StaticGraphSession:
             raise ValueError(
                 f"static context full: {past + s} positions > max context {self.fixed_capacity}"
             )
-        if not 0 <= keep <= s:
-            raise ValueError(f"keep={keep} must be between 0 and the {s} new positions")
         parts: dict[str, list[np.ndarray]] = {name: [] for name in self.output_names}
         start = 0
         while start < s:
@@ -107,22 +96,12 @@ class StaticGraphSession:
         }
 
     def run_tree(
-        self,
-        cache: KVCache,
-        past: int,
-        positions: np.ndarray,
-        mask: np.ndarray,
-        *,
-        input_ids: np.ndarray | None = None,
-        hidden: np.ndarray | None = None,
-        keep: int = 1,
+        self, cache: KVCache, past: int, feed: Feed, positions: np.ndarray, mask: np.ndarray
     ) -> dict[str, np.ndarray]:
         """`run` for a token tree (`tree_verify.tree_feed`): S new positions at `positions`,
         each seeing the cache and the new positions `mask` [S, S] allows, in one call of the
         narrowest graph that takes them all (the graphs' own position and mask inputs)."""
-        given = input_ids if input_ids is not None else hidden
-        assert given is not None, "pass input_ids or hidden"
-        s = given.shape[1]
+        s, keep = feed.width, feed.keep
         call = next((c for c in self.calls if c.width >= s), None)
         if call is None:
             raise ValueError(
@@ -132,7 +111,7 @@ class StaticGraphSession:
             )
         if cache.capacity != self.fixed_capacity or past + s > self.fixed_capacity:
             raise ValueError(f"static context full: {past + s} > {self.fixed_capacity}")
-        outputs = call(cache, past, given[0], (positions, mask))
+        outputs = call(cache, past, feed.new[0], (positions, mask))
         return {
             name: outputs[name][:, (0 if name == "hidden" else s - keep) : s].copy()
             for name in self.output_names

@@ -20,6 +20,7 @@ from typing import Protocol
 import numpy as np
 
 from edgespec.runtime.graphs.kv_cache import KVCache
+from edgespec.runtime.graphs.protocol import Feed
 from edgespec.runtime.graphs.session import GraphSession
 from edgespec.runtime.tree import TokenTree
 
@@ -41,15 +42,7 @@ class TreeGraph(Protocol):
     (fixed-shape graphs take positions and a mask anyway)."""
 
     def run_tree(
-        self,
-        cache: KVCache,
-        past: int,
-        positions: np.ndarray,
-        mask: np.ndarray,
-        *,
-        input_ids: np.ndarray | None = None,
-        hidden: np.ndarray | None = None,
-        keep: int = 1,
+        self, cache: KVCache, past: int, feed: Feed, positions: np.ndarray, mask: np.ndarray
     ) -> dict[str, np.ndarray]:
         """`Graph.run` for S new positions at `positions` [S] that see the cache and the new
         positions `mask` [S, S] allows (row i: those position i sees)."""
@@ -68,17 +61,9 @@ class TreeGraphSession(GraphSession):
         self._fed: tuple[np.ndarray, np.ndarray] | None = None  # alive until the run
 
     def run_tree(
-        self,
-        cache: KVCache,
-        past: int,
-        positions: np.ndarray,
-        mask: np.ndarray,
-        *,
-        input_ids: np.ndarray | None = None,
-        hidden: np.ndarray | None = None,
-        keep: int = 1,
+        self, cache: KVCache, past: int, feed: Feed, positions: np.ndarray, mask: np.ndarray
     ) -> dict[str, np.ndarray]:
-        s = (input_ids if input_ids is not None else hidden).shape[1]  # type: ignore[union-attr]
+        s = feed.width
         if positions.shape != (s,) or mask.shape != (s, s):
             raise ValueError(
                 f"a tree of {s} positions needs {s} positions and an {s}x{s} mask, got "
@@ -91,4 +76,4 @@ class TreeGraphSession(GraphSession):
             )
             self._io.bind_cpu_input("position_ids", self._fed[0])
             self._io.bind_cpu_input("tree_mask", self._fed[1])
-            return self.run(cache, past, input_ids=input_ids, hidden=hidden, keep=keep)
+            return self.run(cache, past, feed)

@@ -47,7 +47,7 @@ import numpy as np
 from edgespec.runtime.errors import LinkError, RoundLate, ServerBusy, ServerLimit, SplitError
 from edgespec.runtime.round import Done, Pending, Proposal, Start, Verdict
 from edgespec.runtime.sampling import SamplingParams
-from edgespec.runtime.split.listen import ServerStream, stream_round
+from edgespec.runtime.split.listen import ServerStream, StreamsFull
 from edgespec.runtime.split.verifier import InFlight
 from edgespec.runtime.split.verifier import RemoteVerifier as RemoteVerifier
 from edgespec.runtime.stats import RoundStats
@@ -95,6 +95,45 @@ class _Guarded:
             return f.local_round(self.seq, self.proposal, self.params, self.rng)
         except LinkError as e:
             return f.recover(e, self.seq, self.proposal, self.params, self.rng)
+
+
+@dataclass
+class StreamRound:
+    """A round placed on the server's stream (or one that takes decoding back from it)."""
+
+    fallback: FallbackVerifier
+    seq: list[int]
+    proposal: Proposal
+    params: SamplingParams
+    rng: np.random.Generator
+
+    @property
+    def sent(self) -> int:
+        return len(self.proposal.tokens)  # void if the server streamed: the verdict says 0
+
+    def done(self) -> bool:
+        stream = self.fallback.stream
+        return not stream.active or stream.ready()
+
+    def result(self) -> Verdict:
+        f, stream = self.fallback, self.fallback.stream
+        try:
+            if not stream.active:  # its STREAM could not be sent: the link is gone
+                raise LinkError("the stream could not start")
+            ids, channel = stream.read(self.proposal.where != "stream", lambda: f.follow(self.seq))
+        except StreamsFull:  # the round as a VERIFY, answered now
+            try:
+                out = f.server.submit(self.seq, self.proposal, self.params, self.rng).result()
+            except LinkError as e:
+                out = f.recover(e, self.seq, self.proposal, self.params, self.rng)
+            out.server_busy = True
+            return out
+        except LinkError as e:
+            return f.recover(e, self.seq, self.proposal, self.params, self.rng)
+        return Verdict(
+            0, ids[-1], channel.server_seconds, "stream", channel=channel,
+            streamed=tuple(ids[:-1]), server_busy=stream.shed,
+        )  # fmt: skip
 
 
 class FallbackVerifier:
@@ -262,7 +301,7 @@ class FallbackVerifier:
         g = len(proposal.tokens)
         self.last_where = proposal.where
         if self.stream.active:  # this round reads it (and stops it if placed elsewhere)
-            return stream_round(self, seq, proposal, params, rng)
+            return self.stream_round(seq, proposal, params, rng)
         elsewhere = self.server_done or self.late is not None or proposal.where == "local"
         if elsewhere and self.local is not None:
             placed = self._server_up()  # decoded here by choice, not for want of a server
@@ -279,7 +318,7 @@ class FallbackVerifier:
         # a grammar's forced tokens (or any drafts) go in a VERIFY: the server's own stream
         # would not know them
         if proposal.where == "stream" and not proposal.tokens and self._server_up():
-            return stream_round(self, seq, proposal, params, rng)
+            return self.stream_round(seq, proposal, params, rng)
         if self.next_retry is None:
             try:
                 pending = self.server.submit(seq, proposal, params, rng)
@@ -295,17 +334,20 @@ class FallbackVerifier:
                 return Done(verdict, g)
         return Done(self.local_round(seq, proposal, params, rng), g)
 
-    def split_round(
+    def stream_round(
         self, seq: list[int], proposal: Proposal, params: SamplingParams, rng: np.random.Generator
-    ) -> Verdict:
-        """The round as a VERIFY, answered now (a stream the server refused)."""
+    ) -> StreamRound:
+        """Start (or stop) the stream as the round's placement asks; the round reads it."""
+        stream = self.stream
         try:
-            return self.server.submit(seq, proposal, params, rng).result()
-        except LinkError as e:
-            return self.recover(e, seq, proposal, params, rng)
-
-    def drop_link(self) -> None:
-        self.server.session.drop()
+            if not stream.active:
+                stream.open(len(seq), max(1, self.capacity - len(seq)))
+            elif proposal.where != "stream":
+                stream.stop()
+        except LinkError:
+            stream.reset()
+            self.server.session.drop()  # the round's result recovers (reconnect, or local)
+        return StreamRound(self, seq, proposal, params, rng)
 
     def _server_up(self) -> bool:
         return not self.server_done and self.late is None and self.next_retry is None

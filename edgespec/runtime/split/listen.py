@@ -22,16 +22,10 @@ loop's `seq` catches up with it as each round's verdict is committed.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from time import perf_counter
-from typing import Protocol
-
-import numpy as np
 
 from edgespec import protocol as P
 from edgespec.runtime.errors import LinkError, SplitError
-from edgespec.runtime.round import Proposal, Verdict
-from edgespec.runtime.sampling import SamplingParams
 from edgespec.runtime.split.session import Remote
 from edgespec.runtime.split.websocket import Arrival
 from edgespec.runtime.stats import ChannelStats
@@ -126,83 +120,3 @@ class ServerStream:
         wall = perf_counter() - start
         up, self.bytes_up = self.bytes_up, 0
         return ids, ChannelStats(max(0.0, wall - server), server, up, down)
-
-
-class StreamHost(Protocol):
-    """What a stream round needs of the split verifier (`fallback.FallbackVerifier`)."""
-
-    stream: ServerStream
-    capacity: int
-
-    def follow(self, seq: list[int]) -> bool: ...
-
-    def recover(
-        self,
-        error: Exception,
-        seq: list[int],
-        proposal: Proposal,
-        params: SamplingParams,
-        rng: np.random.Generator,
-    ) -> Verdict: ...
-
-    def split_round(
-        self, seq: list[int], proposal: Proposal, params: SamplingParams, rng: np.random.Generator
-    ) -> Verdict: ...
-
-    def drop_link(self) -> None: ...
-
-
-@dataclass
-class StreamRound:
-    """A round placed on the server's stream (or one that takes decoding back from it)."""
-
-    fallback: StreamHost
-    seq: list[int]
-    proposal: Proposal
-    params: SamplingParams
-    rng: np.random.Generator
-
-    @property
-    def sent(self) -> int:
-        return len(self.proposal.tokens)  # void if the server streamed: the verdict says 0
-
-    def done(self) -> bool:
-        stream = self.fallback.stream
-        return not stream.active or stream.ready()
-
-    def result(self) -> Verdict:
-        f, stream = self.fallback, self.fallback.stream
-        try:
-            if not stream.active:  # its STREAM could not be sent: the link is gone
-                raise LinkError("the stream could not start")
-            ids, channel = stream.read(self.proposal.where != "stream", lambda: f.follow(self.seq))
-        except StreamsFull:
-            out = f.split_round(self.seq, self.proposal, self.params, self.rng)
-            out.server_busy = True
-            return out
-        except LinkError as e:
-            return f.recover(e, self.seq, self.proposal, self.params, self.rng)
-        return Verdict(
-            0, ids[-1], channel.server_seconds, "stream", channel=channel,
-            streamed=tuple(ids[:-1]), server_busy=stream.shed,
-        )  # fmt: skip
-
-
-def stream_round(
-    f: StreamHost,
-    seq: list[int],
-    proposal: Proposal,
-    params: SamplingParams,
-    rng: np.random.Generator,
-) -> StreamRound:
-    """Start (or stop) the stream as the round's placement asks; the round reads it."""
-    stream = f.stream
-    try:
-        if not stream.active:
-            stream.open(len(seq), max(1, f.capacity - len(seq)))
-        elif proposal.where != "stream":
-            stream.stop()
-    except LinkError:
-        stream.reset()
-        f.drop_link()  # the round's result recovers (reconnect, or local)
-    return StreamRound(f, seq, proposal, params, rng)
