@@ -73,9 +73,11 @@ def test_distill_cli_writes_a_head_that_decodes_as_ar(gguf_file, tmp_path):
 
 
 def test_an_interrupted_distill_resumes_where_it_stopped(gguf_file, tmp_path):
-    """Ctrl-C in training keeps the replies and the checkpoint (and writes the head so far);
-    the same call again trains on from the checkpoint without generating the replies again."""
+    """Ctrl-C in training keeps the replies, the text read and the checkpoint (and writes the
+    head so far); the same call again trains on from the checkpoint without generating the
+    replies or reading the text again, with the same draft vocabulary."""
     from edgespec.distill.pipeline import DistillConfig, distill
+    from edgespec.distill.train import TrainConfig
 
     out = tmp_path / "b"
     seen: list = []
@@ -87,21 +89,28 @@ def test_an_interrupted_distill_resumes_where_it_stopped(gguf_file, tmp_path):
 
     prompts = prompts_file(tmp_path)
     config = DistillConfig(minutes=0.5, prompts=prompts, new_tokens=24, reply_share=0.2,
+                           text_share=0.1, train=TrainConfig(draft_vocab=40),
                            on_progress=stop_at_step_3)  # fmt: skip
     with pytest.raises(KeyboardInterrupt):
         distill(gguf_file, out, config)
     assert (out / "distill" / "checkpoint.pt").exists()
     assert "eagle" in load_manifest(out).roles  # the head so far, usable
     replies = sorted(p.name for p in (out / "distill" / "replies").glob("*.npz"))
-    spent = json.loads((out / "distill" / "state.json").read_text())["seconds"]
-    assert replies and spent > 0
+    state = json.loads((out / "distill" / "state.json").read_text())
+    spent = state["seconds"]
+    texts = sorted(p.name for p in (out / "distill" / "text").glob("*.npz"))
+    assert replies and texts and spent > 0 and len(state["draft_ids"]) == 40
 
     after: list = []
     config.on_progress = after.append
     config.minutes = spent / 60 + 0.05
     record = distill(gguf_file, out, config)
     assert sorted(p.name for p in (out / "distill" / "replies").glob("*.npz")) == replies
-    assert not [p for p in after if p.phase in ("export", "replies")]  # nothing redone
+    assert sorted(p.name for p in (out / "distill" / "text").glob("*.npz")) == texts
+    assert not [p for p in after if p.phase in ("export", "replies", "text")]  # nothing redone
+    again = json.loads((out / "distill" / "state.json").read_text())
+    assert again["draft_ids"] == state["draft_ids"] and record["draft_vocab"] == 40
+    assert 0 < record["coverage"] <= 1 and record["text_tokens"] > 0
     assert record["steps"] > 3  # from the checkpoint's step on
     first_train = next(p for p in after if p.phase == "train")
     assert first_train.steps == 4
@@ -165,3 +174,25 @@ def test_a_bundle_exported_with_its_features_is_distilled_into_a_copy(gguf_file,
             "--prompts", prompts_file(tmp_path, 6))  # fmt: skip
     assert r.exit_code == 0, r.output
     assert "eagle" in load_manifest(out).roles and "eagle" not in load_manifest(featured).roles
+
+
+def test_the_draft_vocabulary_is_the_targets_most_frequent_next_tokens():
+    """The N ids the target most often ranks first (ties by id, ascending), fewer where fewer
+    ever come first; coverage is the share of reply tokens among them."""
+    from edgespec.distill.data import Sample
+    from edgespec.distill.train import coverage, draft_vocabulary
+
+    def sample(first: list[int], ids: list[int], start: int) -> Sample:
+        top = np.zeros((len(first), 2), np.int32)
+        top[:, 0], top[:, 1] = first, 99
+        z = np.zeros((len(first), 4), np.float16)
+        return Sample(0, np.asarray(ids, np.int32), start, z, top, z[:, :2])
+
+    a = sample([7, 7, 3, 5, 3, 7], [1, 2, 7, 7, 3, 9], 2)
+    b = sample([5, 2, 7, 1], [4, 5, 5, 2], 1)
+    # counts: 7 x4, 3 x2, 5 x2, 2 x1, 1 x1: the top three are 7, then 3 and 5 (ids tie-break)
+    assert draft_vocabulary([a, b], 3).tolist() == [3, 5, 7]
+    assert draft_vocabulary([a, b], 4).tolist() == [1, 3, 5, 7]
+    assert draft_vocabulary([a, b], 100).tolist() == [1, 2, 3, 5, 7]  # 99 never ranks first
+    # reply tokens: 7 7 3 9 | 5 5 2 -> in {3, 5, 7}: 5 of 7
+    assert coverage([a, b], np.array([3, 5, 7])) == round(5 / 7, 4)
