@@ -37,7 +37,7 @@ from typing import Any
 from edgespec.bundle import MANIFEST, load_manifest, save_manifest
 from edgespec.distill import data
 from edgespec.distill.measure import decode_speedup
-from edgespec.distill.prompts import fitting_prompts, teacher_texts
+from edgespec.distill.prompts import by_kind, fitting_prompts, prompt_kind, teacher_texts
 from edgespec.export.errors import ExportError
 
 STATE = "distill"  # the folder in the bundle holding replies, checkpoint and state
@@ -95,7 +95,7 @@ def distill(target: str | os.PathLike, out: str | os.PathLike, config: DistillCo
     conversations = (
         data.read_prompts(c.prompts)
         if c.prompts is not None
-        else [[{"role": "user", "content": p}] for p in fitting_prompts()]
+        else [[{"role": "user", "content": p}] for p in by_kind(fitting_prompts())]
     )
     state_dir = out / STATE
     state = _state(state_dir)
@@ -204,6 +204,13 @@ def distill(target: str | os.PathLike, out: str | os.PathLike, config: DistillCo
                             record.get("held_out", {}).get("accepted"),
                             text_tokens=counts["text"]))  # fmt: skip
         record["held_out"] = trainer.evaluate(tokens=None, full_vocab=True)
+        kinds: dict[str, list[data.Sample]] = {}
+        for s in held:
+            last = conversations[s.index][-1]["content"] if s.index < len(conversations) else ""
+            kinds.setdefault(prompt_kind(last), []).append(s)
+        record["held_out_by_kind"] = {
+            k: trainer.evaluate(tokens=None, full_vocab=True, samples=v) for k, v in kinds.items()
+        }
     finally:
         save()
         report(Progress("write", elapsed(), budget, counts["samples"], counts["tokens"],

@@ -268,6 +268,32 @@ def licence_texts(n: int, folder: Path = Path("/usr/share/common-licenses")) -> 
     return out[:n]
 
 
+KINDS = ("question", "code", "summary")
+
+
+def prompt_kind(text: str) -> str:
+    """Which workload a built-in prompt stands for: "summary" (summarise or simplify a text),
+    "code" (write, rewrite, comment or explain code) or "question" (explain, tips, facts)."""
+    head = text.split("\n", 1)[0]
+    if head.startswith(("Summarise", "Rewrite this text")):
+        return "summary"
+    if "\n" in text or "Python" in head or " code" in head:
+        return "code"
+    return "question"
+
+
+def by_kind(prompts: list[str]) -> list[str]:
+    """`prompts` interleaved by `prompt_kind` (a question, a code prompt, a summary, ...; each
+    kind in its order), so that a budget that ends anywhere has replies of every kind."""
+    kinds: dict[str, list[str]] = {k: [] for k in KINDS}
+    for p in prompts:
+        kinds[prompt_kind(p)].append(p)
+    out: list[str] = []
+    for i in range(max(map(len, kinds.values()), default=0)):
+        out += [k[i] for k in kinds.values() if i < len(k)]
+    return out
+
+
 def _paragraph_chunks(text: str, chars: int) -> list[str]:
     """`text` in chunks of whole paragraphs up to about `chars` characters."""
     out, cur = [], ""

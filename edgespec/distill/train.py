@@ -165,13 +165,15 @@ class Trainer:
 
     # -- held-out acceptance --------------------------------------------------------------
     @torch.no_grad()
-    def evaluate(self, tokens: int | None = None, full_vocab: bool = False) -> dict:
+    def evaluate(
+        self, tokens: int | None = None, full_vocab: bool = False, samples: list | None = None
+    ) -> dict:
         """{"accepted": mean greedy drafts kept per round at GAMMA, "tokens_per_round":
         {γ: 1 + mean kept at γ} for γ = 1..GAMMA, "rounds": how many were scored} over the
-        held-out replies (the first `tokens` positions; None: all)."""
+        held-out replies (the first `tokens` positions; None: all; `samples`: these instead)."""
         budget = tokens if tokens is not None else self.c.eval_tokens
         kept: list[int] = []
-        for s in self.held:
+        for s in self.held if samples is None else samples:
             if budget is not None and budget <= 0:
                 break
             n = len(s.ids) if budget is None else min(len(s.ids), s.start + budget)
