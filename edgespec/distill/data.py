@@ -118,15 +118,19 @@ def generate(
     deadline: float,
     new_tokens: int = 192,
     on_sample: Callable[[Sample], None] | None = None,
+    at_least: int = 2,
 ) -> None:
-    """Replies to the conversations not yet in `folder`, until time.monotonic() > deadline."""
+    """Replies to the conversations not yet in `folder`, until time.monotonic() > deadline
+    once `folder` holds at least `at_least` (a head needs some replies to train on, however
+    loaded the machine)."""
     folder.mkdir(parents=True, exist_ok=True)
     done = {int(p.stem) for p in folder.glob("*.npz")}
     context = model.manifest.target.max_position_embeddings
+    have = len(done)
     for index, conversation in enumerate(conversations):
         if index in done:
             continue
-        if time.monotonic() > deadline:
+        if time.monotonic() > deadline and have >= at_least:
             return
         prompt = conversation_ids(model, conversation)
         budget = min(new_tokens, context - len(prompt) - 1)
@@ -138,6 +142,7 @@ def generate(
         sample = Sample(index, np.asarray(ids, np.int32), len(prompt), features, top_ids,
                         top_logp)  # fmt: skip
         save(sample, folder)
+        have += 1
         if on_sample is not None:
             on_sample(sample)
 
@@ -149,17 +154,20 @@ def teacher_force(
     deadline: float,
     max_tokens: int = 256,
     on_sample: Callable[[Sample], None] | None = None,
+    at_least: int = 1,
 ) -> None:
     """Scores of the (prompt, reply text) pairs not yet in `folder` (the reply cut to
-    `max_tokens` and closed with the end-of-turn token), until time.monotonic() > deadline."""
+    `max_tokens` and closed with the end-of-turn token), until time.monotonic() > deadline
+    once `folder` holds at least `at_least`."""
     folder.mkdir(parents=True, exist_ok=True)
     done = {int(p.stem) for p in folder.glob("*.npz")}
     context = model.manifest.target.max_position_embeddings
     eos = list(model.manifest.eos_token_ids[:1])
+    have = len(done)
     for index, (prompt_text, reply_text) in enumerate(pairs):
         if index in done:
             continue
-        if time.monotonic() > deadline:
+        if time.monotonic() > deadline and have >= at_least:
             return
         prompt = conversation_ids(model, [{"role": "user", "content": prompt_text}])
         reply = model.tokenizer.encode(reply_text, add_special_tokens=False)[:max_tokens] + eos
@@ -170,6 +178,7 @@ def teacher_force(
         sample = Sample(index, np.asarray(ids, np.int32), len(prompt), features, top_ids,
                         top_logp)  # fmt: skip
         save(sample, folder)
+        have += 1
         if on_sample is not None:
             on_sample(sample)
 

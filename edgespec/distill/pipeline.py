@@ -147,7 +147,7 @@ def distill(target: str | os.PathLike, out: str | os.PathLike, config: DistillCo
         state.update(seconds=elapsed(), text_tokens=counts["text"])
         _save_state(state_dir, state)
 
-    if c.text_share > 0 and time.monotonic() < text_end:
+    if c.text_share > 0:  # at least one text (none again when resumed past its share)
         try:
             data.teacher_force(model, teacher_texts(), texts, text_end, c.new_tokens, on_text)
         finally:
@@ -190,7 +190,8 @@ def distill(target: str | os.PathLike, out: str | os.PathLike, config: DistillCo
         _save_state(state_dir, state)
 
     try:
-        while elapsed() < budget or trainer.steps == 0:  # at least one step: a trained head
+        first = trainer.steps
+        while elapsed() < budget or trainer.steps == first:  # at least one step a run
             losses.append(trainer.step(elapsed() / budget))
             now = time.monotonic()
             if now - last_eval > c.eval_seconds:
