@@ -195,7 +195,7 @@ def distill(target: str | os.PathLike, out: str | os.PathLike, config: DistillCo
             losses.append(trainer.step(elapsed() / budget))
             now = time.monotonic()
             if now - last_eval > c.eval_seconds:
-                record["held_out"] = trainer.evaluate()
+                record["held_out"] = trainer.evaluate(tc.eval_tokens)
                 last_eval = now
             if now - last_save > c.checkpoint_seconds:
                 save()

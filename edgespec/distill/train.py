@@ -171,7 +171,7 @@ class Trainer:
         """{"accepted": mean greedy drafts kept per round at GAMMA, "tokens_per_round":
         {γ: 1 + mean kept at γ} for γ = 1..GAMMA, "rounds": how many were scored} over the
         held-out replies (the first `tokens` positions; None: all; `samples`: these instead)."""
-        budget = tokens if tokens is not None else self.c.eval_tokens
+        budget = tokens
         kept: list[int] = []
         for s in self.held if samples is None else samples:
             if budget is not None and budget <= 0:
