@@ -60,7 +60,7 @@ def main() -> None:
         copy = Path(tmp) / "b"
         shutil.copytree(a.bundle, copy, ignore=shutil.ignore_patterns(STATE))
         for n in a.sizes:
-            ids = draft_vocabulary(train, n) if 0 < n < vocab else None
+            ids = draft_vocabulary(train, n, vocab) if 0 < n < vocab else None
             cover = 1.0 if ids is None else coverage(held, ids)
             head = HeadWeights.from_arrays(
                 {k: arrays[k] for k in (

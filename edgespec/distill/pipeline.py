@@ -61,8 +61,11 @@ class Progress:
 class DistillConfig:
     minutes: float = 10.0  # the whole budget: replies and training, over every run
     prompts: Path | None = None  # a JSONL file (data.read_prompts); None: the built-in set
-    reply_share: float = 0.4  # at most this share of the budget goes to generating replies
-    text_share: float = 0.12  # and at most this share to the target reading text
+    # at most these shares of the budget go to generating replies and to reading text; the
+    # rest trains (on SmolLM2, 2 loaded cores: held-out acceptance still rose at 30 minutes'
+    # 476th step, over 19k tokens of replies and 12k of text)
+    reply_share: float = 0.35
+    text_share: float = 0.1
     new_tokens: int = 192  # reply length cap
     feature_layers: tuple[int, ...] | None = None  # None: a low, a middle and the last layer
     threads: int | None = None
@@ -170,7 +173,7 @@ def distill(target: str | os.PathLike, out: str | os.PathLike, config: DistillCo
     # the draft vocabulary: chosen once, from the replies there when training first starts
     if "draft_ids" not in state or not ckpt.exists():
         vocab = weights.embed.shape[0]
-        ids = (draft_vocabulary(train_set + text, tc.draft_vocab)
+        ids = (draft_vocabulary(train_set + text, tc.draft_vocab, vocab)
                if 0 < tc.draft_vocab < vocab else None)  # fmt: skip
         state["draft_ids"] = None if ids is None else [int(i) for i in ids]
     draft_ids = None if state["draft_ids"] is None else np.asarray(state["draft_ids"], np.int64)
