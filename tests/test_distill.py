@@ -48,6 +48,8 @@ def test_distill_cli_writes_a_head_that_decodes_as_ar(gguf_file, tmp_path):
     record = m.extra["eagle"]
     assert record["steps"] > 0 and record["samples"] >= 2 and record["step_cost"] > 0
     assert set(record["held_out"]["tokens_per_round"]) == {"1", "2", "3", "4"}
+    by_kind = record["held_out_by_kind"]  # the prompts file's are all questions
+    assert list(by_kind) == ["question"] and by_kind["question"] == record["held_out"]
     # decoding measured with and without the head, and the default is what it favours
     assert set(record["decode_speedup"]) == {"lookup", "eagle", "lookup+eagle"}
     assert all(x > 0 for x in record["decode_speedup"].values())
@@ -73,9 +75,11 @@ def test_distill_cli_writes_a_head_that_decodes_as_ar(gguf_file, tmp_path):
 
 
 def test_an_interrupted_distill_resumes_where_it_stopped(gguf_file, tmp_path):
-    """Ctrl-C in training keeps the replies and the checkpoint (and writes the head so far);
-    the same call again trains on from the checkpoint without generating the replies again."""
+    """Ctrl-C in training keeps the replies, the text read and the checkpoint (and writes the
+    head so far); the same call again trains on from the checkpoint without generating the
+    replies or reading the text again, with the same draft vocabulary."""
     from edgespec.distill.pipeline import DistillConfig, distill
+    from edgespec.distill.train import TrainConfig
 
     out = tmp_path / "b"
     seen: list = []
@@ -86,22 +90,32 @@ def test_an_interrupted_distill_resumes_where_it_stopped(gguf_file, tmp_path):
             raise KeyboardInterrupt
 
     prompts = prompts_file(tmp_path)
-    config = DistillConfig(minutes=0.5, prompts=prompts, new_tokens=24, reply_share=0.2,
+    # no share for replies (the two every distill makes), 9 s of text, training until step 3:
+    # the same on a loaded machine
+    config = DistillConfig(minutes=5, prompts=prompts, new_tokens=24, reply_share=0.0,
+                           text_share=0.03, train=TrainConfig(draft_vocab=40),
                            on_progress=stop_at_step_3)  # fmt: skip
     with pytest.raises(KeyboardInterrupt):
         distill(gguf_file, out, config)
     assert (out / "distill" / "checkpoint.pt").exists()
     assert "eagle" in load_manifest(out).roles  # the head so far, usable
     replies = sorted(p.name for p in (out / "distill" / "replies").glob("*.npz"))
-    spent = json.loads((out / "distill" / "state.json").read_text())["seconds"]
-    assert replies and spent > 0
+    state = json.loads((out / "distill" / "state.json").read_text())
+    spent = state["seconds"]
+    texts = sorted(p.name for p in (out / "distill" / "text").glob("*.npz"))
+    assert len(replies) == 2 and texts and spent > 0 and len(state["draft_ids"]) == 40
 
     after: list = []
     config.on_progress = after.append
     config.minutes = spent / 60 + 0.05
     record = distill(gguf_file, out, config)
     assert sorted(p.name for p in (out / "distill" / "replies").glob("*.npz")) == replies
-    assert not [p for p in after if p.phase in ("export", "replies")]  # nothing redone
+    assert sorted(p.name for p in (out / "distill" / "text").glob("*.npz")) == texts
+    assert not [p for p in after if p.phase in ("export", "replies", "text")]  # nothing redone
+    again = json.loads((out / "distill" / "state.json").read_text())
+    assert again["draft_ids"] == state["draft_ids"]  # chosen once
+    assert record["draft_vocab"] == len(state["draft_ids"])
+    assert 0 < record["coverage"] <= 1 and record["text_tokens"] > 0
     assert record["steps"] > 3  # from the checkpoint's step on
     first_train = next(p for p in after if p.phase == "train")
     assert first_train.steps == 4
@@ -165,3 +179,43 @@ def test_a_bundle_exported_with_its_features_is_distilled_into_a_copy(gguf_file,
             "--prompts", prompts_file(tmp_path, 6))  # fmt: skip
     assert r.exit_code == 0, r.output
     assert "eagle" in load_manifest(out).roles and "eagle" not in load_manifest(featured).roles
+
+
+def test_the_draft_vocabulary_is_the_targets_most_frequent_next_tokens():
+    """N ids: those the target most often ranks first, then most often in its top k, then the
+    lowest (ties by id), ascending; coverage is the share of reply tokens among them."""
+    from edgespec.distill.data import Sample
+    from edgespec.distill.train import coverage, draft_vocabulary
+
+    def sample(first: list[int], ids: list[int], start: int) -> Sample:
+        top = np.zeros((len(first), 2), np.int32)
+        top[:, 0], top[:, 1] = first, 99
+        z = np.zeros((len(first), 4), np.float16)
+        return Sample(0, np.asarray(ids, np.int32), start, z, top, z[:, :2])
+
+    a = sample([7, 7, 3, 5, 3, 7], [1, 2, 7, 7, 3, 9], 2)
+    b = sample([5, 2, 7, 1], [4, 5, 5, 2], 1)
+    # first: 7 x4, 3 x2, 5 x2, 2 x1, 1 x1; in the top k besides: 99 x10; never: the rest
+    assert draft_vocabulary([a, b], 3, 100).tolist() == [3, 5, 7]  # 3 before 5: the lower id
+    assert draft_vocabulary([a, b], 4, 100).tolist() == [1, 3, 5, 7]
+    assert draft_vocabulary([a, b], 6, 100).tolist() == [1, 2, 3, 5, 7, 99]
+    assert draft_vocabulary([a, b], 8, 100).tolist() == [0, 1, 2, 3, 4, 5, 7, 99]
+    assert len(draft_vocabulary([a, b], 500, 100)) == 100
+    # reply tokens: 7 7 3 9 | 5 5 2 -> in {3, 5, 7}: 5 of 7
+    assert coverage([a, b], np.array([3, 5, 7])) == round(5 / 7, 4)
+
+
+def test_the_built_in_prompts_alternate_kinds_so_any_budget_has_each():
+    from edgespec.distill.data import held_out
+    from edgespec.distill.prompts import KINDS, by_kind, fitting_prompts, prompt_kind
+
+    assert prompt_kind("Summarise this text in two sentences:\n\nThe town...") == "summary"
+    assert prompt_kind("Add comments to this code:\n\ndef f(x):\n    return x") == "code"
+    assert prompt_kind("Write a Python function that reverses a string.") == "code"
+    assert prompt_kind("Explain tides to a ten-year-old.") == "question"
+    prompts = by_kind(fitting_prompts())
+    assert sorted(prompts) == sorted(fitting_prompts())
+    first = [prompt_kind(p) for p in prompts[:30]]
+    assert all(first.count(k) == 10 for k in KINDS)
+    held = [prompt_kind(p) for i, p in enumerate(prompts[:60]) if held_out(i)]
+    assert set(held) == set(KINDS)

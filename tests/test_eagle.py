@@ -19,8 +19,11 @@ from edgespec.runtime.sampling import SamplingParams, probabilities
 LAYERS = [1, 2, 4]
 
 
-def add_head(bundle: Path, weights, layers: list[int], seed: int = 0, copying=False) -> None:
-    """A random (untrained) head written into `bundle` as distill writes a trained one.
+def add_head(
+    bundle: Path, weights, layers: list[int], seed: int = 0, copying=False, draft_ids=None
+) -> None:
+    """A random (untrained) head written into `bundle` as distill writes a trained one
+    (`draft_ids`: with that draft vocabulary, rows of the target's LM head).
     `copying`: one that mostly proposes the token it was fed (the target's logits there),
     its attention scaled down but not off: on a random target, whose greedy output repeats
     tokens now and then, some rounds keep all drafts, some a few, some none."""
@@ -35,6 +38,7 @@ def add_head(bundle: Path, weights, layers: list[int], seed: int = 0, copying=Fa
     else:
         head.fuse += rng.normal(0, 0.1, head.fuse.shape).astype(np.float32)
         head.proj += rng.normal(0, 0.1, head.proj.shape).astype(np.float32)
+    head.draft_ids = draft_ids
     graph = write_head(bundle, weights, head)
     m = load_manifest(bundle)
     m.graphs = [g for g in m.graphs if g.role != "eagle"] + [graph]
@@ -292,3 +296,80 @@ def test_split_mode_refuses_the_head_it_has_no_features_for(eagle_bundles):
     with pytest.raises(InputError, match="split mode draft with the bundle's draft model"):
         edgespec.load(eagle_bundles["qwen2"], mode="split", drafter="eagle",
                       server="ws://127.0.0.1:9")  # fmt: skip
+
+
+def test_a_draft_vocabulary_scores_its_ids_on_their_target_ids_and_decodes_as_ar(
+    checkpoints, tmp_path
+):
+    """A head with a draft vocabulary (a distilled head's: rows of the target's LM head)
+    computes the torch head's logits at the draft ids' target ids and -inf at every other id;
+    the target verifies, so greedy output stays ar's, and drafts are still kept."""
+    torch = pytest.importorskip("torch")
+    from edgespec.distill.head import FeatureHead
+    from edgespec.export import export_bundle
+    from edgespec.export.eagle import initial_head
+    from edgespec.runtime.graphs.kv_cache import KVCache
+    from edgespec.runtime.graphs.opener import open_bundle
+    from edgespec.runtime.graphs.stack import Stack
+
+    ckpt = checkpoints["llama-gqa-tied"]
+    weights = hf_weights(ckpt)
+    vocab = weights.embed.shape[0]
+    rng = np.random.default_rng(3)
+    draft_ids = np.sort(rng.choice(vocab, vocab // 3, replace=False)).astype(np.int64)
+    bundle = tmp_path / "b"
+    export_bundle(ckpt, bundle, feature_layers=LAYERS)
+    add_head(bundle, weights, LAYERS, copying=True, draft_ids=draft_ids)
+
+    head = initial_head(weights, LAYERS, 0)
+    head.proj[: head.proj.shape[1]] = 0
+    head.layer.o_w *= 0.5
+    head.layer.down_w[:] = 0
+    graphs = open_bundle(bundle)
+    full, sess = Stack([graphs.open("full")]), graphs.open("eagle")
+    ids = rng.integers(0, vocab, 12)
+    full.reset(16)
+    full.forward(ids, keep=1)
+    feats = full.features[:11].copy()
+    with torch.no_grad():
+        twin = FeatureHead(weights, head, draft_ids)
+        state = twin.unrolled(torch.tensor(ids[None]), torch.tensor(feats[None]), 1)[0]
+        want = twin.logits(state)[0].numpy()  # [11, len(draft_ids)]
+    m = graphs.manifest.target
+    cache = KVCache.allocate([0], m.num_kv_heads, m.head_dim, 16, np.float32)
+    got = sess.run(cache, 0, Feed(input_ids=ids[None, 1:], keep=11),
+                   extra={"features": feats[None],
+                          "state": np.zeros((1, 11, m.hidden_size), np.float32)})  # fmt: skip
+    logits = got["logits"][0]
+    assert logits.shape == (11, vocab)
+    np.testing.assert_allclose(logits[:, draft_ids], want, atol=1e-4)
+    others = np.setdiff1d(np.arange(vocab), draft_ids)
+    assert np.isneginf(logits[:, others]).all()
+
+    ar = edgespec.load(bundle, mode="ar")
+    eagle = edgespec.load(bundle, mode="eagle", draft_policy="fixed:4")
+    drafted = accepted = 0
+    for prompt in PROMPTS:
+        want_ids = ar.generate(prompt, max_new_tokens=40, ignore_eos=True).tokens
+        out = eagle.generate(prompt, max_new_tokens=40, ignore_eos=True)
+        assert out.tokens == want_ids
+        drafted += out.stats.drafted
+        accepted += sum(k * n for k, n in out.stats.accepted_lengths.items())
+    assert drafted > 0 and accepted > 0
+
+
+def test_a_gguf_targets_lm_rows_are_its_own_blocks(tmp_path):
+    """The draft vocabulary's rows of a GGUF target's LM head are its blocks taken whole:
+    the same values as the target's, no requantization."""
+    pytest.importorskip("gguf")
+    from edgespec.export.eagle import lm_rows
+    from edgespec.export.gguf_blocks import PackedMatrix
+    from edgespec.export.gguf_model import read_gguf
+    from tests.gguf_files import write_gguf
+
+    write_gguf(tmp_path / "m.gguf", "llama", "Q4_1")
+    weights = read_gguf(tmp_path / "m.gguf").weights
+    ids = np.array([5, 0, 17, 3, 40], np.int64)
+    rows = lm_rows(weights, ids)
+    assert isinstance(rows, PackedMatrix) and rows.shape == (weights.embed.shape[1], len(ids))
+    np.testing.assert_array_equal(np.asarray(rows), np.asarray(weights.lm_head)[ids].T)

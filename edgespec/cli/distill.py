@@ -33,6 +33,8 @@ class ProgressLine:
         self.last = now
         parts = [f"{p.phase:8s}", f"{p.seconds / 60:5.1f}/{p.budget / 60:g} min"]
         parts.append(f"replies {p.samples} ({p.tokens} tokens)")
+        if p.text_tokens:
+            parts.append(f"text read {p.text_tokens} tokens")
         if p.steps:
             parts.append(f"step {p.steps}")
         if p.loss is not None:
@@ -48,6 +50,13 @@ class ProgressLine:
             click.echo(line, err=True)
 
 
+def _vocab(record: dict) -> str:
+    if "draft_vocab" not in record:
+        return ""
+    return (f", a draft vocabulary of {record['draft_vocab']} ids "
+            f"({record['coverage']:.1%} of held-out reply tokens)")  # fmt: skip
+
+
 @click.command()
 @click.argument("target", type=click.Path())
 @click.option("--out", "-o", required=True, type=click.Path(), help="The bundle to write.")
@@ -56,7 +65,7 @@ class ProgressLine:
     default=10.0,
     show_default=True,
     type=float,
-    help="The whole budget: generating replies and training, over every run.",
+    help="The whole budget: generating replies, reading text and training, over every run.",
 )
 @click.option(
     "--prompts",
@@ -121,7 +130,8 @@ def distill(target: str, out: str, minutes: float, prompts: str | None, new_toke
     curve = ", ".join(f"γ={g}: {n}" for g, n in held.get("tokens_per_round", {}).items())
     click.echo(
         f"{out}: feature head on layers {record['feature_layers']}, {record['steps']} steps "
-        f"on {record['train_tokens']} tokens; held-out drafts kept per round at γ=4: "
+        f"on {record['train_tokens']} tokens of replies and {record.get('text_tokens', 0)} of "
+        f"text{_vocab(record)}; held-out drafts kept per round at γ=4: "
         f"{held.get('accepted', 0):.2f} (tokens per round {curve}); a head step costs "
         f"{record['step_cost']:.2f} target steps"
     )

@@ -189,6 +189,9 @@ def _head_rows(m: Any) -> list[tuple[str, str]]:
         held = record.get("held_out", {})
         what = (f"distilled, {record.get('steps', '?')} steps; held-out drafts kept per round "
                 f"at γ=4: {held.get('accepted', 0):.2f}")  # fmt: skip
+        if "draft_vocab" in record:
+            what += (f"; draft vocab {record['draft_vocab']} "
+                     f"({record.get('coverage', 0):.1%} of held-out reply tokens)")  # fmt: skip
     rows = [("feature head", f"{what}; features of layers {layers}")]
     measured = record.get("decode_speedup")
     if measured:

@@ -7,6 +7,11 @@ call of its `full` graph: per position the target's features and its top-k next-
 log-probabilities. Each sample is one `.npz` file in `folder`, written whole (a stopped run
 loses at most the reply in flight and resumes with the next prompt). `load(folder)` reads them
 back as `Sample`s; every tenth prompt is held out (`held_out`).
+
+`teacher_force(model, pairs, folder, ...)` scores (prompt, reply text) pairs the target did
+not write (prompts.teacher_texts) the same way, prompt and text in one call: the target's
+features and distribution over text it reads, at prefill's speed rather than decoding's.
+They train; they are never held out (the held-out acceptance is on the target's own replies).
 """
 
 from __future__ import annotations
@@ -113,15 +118,19 @@ def generate(
     deadline: float,
     new_tokens: int = 192,
     on_sample: Callable[[Sample], None] | None = None,
+    at_least: int = 2,
 ) -> None:
-    """Replies to the conversations not yet in `folder`, until time.monotonic() > deadline."""
+    """Replies to the conversations not yet in `folder`, until time.monotonic() > deadline
+    once `folder` holds at least `at_least` (a head needs some replies to train on, however
+    loaded the machine)."""
     folder.mkdir(parents=True, exist_ok=True)
     done = {int(p.stem) for p in folder.glob("*.npz")}
     context = model.manifest.target.max_position_embeddings
+    have = len(done)
     for index, conversation in enumerate(conversations):
         if index in done:
             continue
-        if time.monotonic() > deadline:
+        if time.monotonic() > deadline and have >= at_least:
             return
         prompt = conversation_ids(model, conversation)
         budget = min(new_tokens, context - len(prompt) - 1)
@@ -133,6 +142,43 @@ def generate(
         sample = Sample(index, np.asarray(ids, np.int32), len(prompt), features, top_ids,
                         top_logp)  # fmt: skip
         save(sample, folder)
+        have += 1
+        if on_sample is not None:
+            on_sample(sample)
+
+
+def teacher_force(
+    model: Any,
+    pairs: list[tuple[str, str]],
+    folder: Path,
+    deadline: float,
+    max_tokens: int = 256,
+    on_sample: Callable[[Sample], None] | None = None,
+    at_least: int = 1,
+) -> None:
+    """Scores of the (prompt, reply text) pairs not yet in `folder` (the reply cut to
+    `max_tokens` and closed with the end-of-turn token), until time.monotonic() > deadline
+    once `folder` holds at least `at_least`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    done = {int(p.stem) for p in folder.glob("*.npz")}
+    context = model.manifest.target.max_position_embeddings
+    eos = list(model.manifest.eos_token_ids[:1])
+    have = len(done)
+    for index, (prompt_text, reply_text) in enumerate(pairs):
+        if index in done:
+            continue
+        if time.monotonic() > deadline and have >= at_least:
+            return
+        prompt = conversation_ids(model, [{"role": "user", "content": prompt_text}])
+        reply = model.tokenizer.encode(reply_text, add_special_tokens=False)[:max_tokens] + eos
+        ids = (prompt + reply)[: context - 1]
+        if len(ids) - len(prompt) < 8:
+            continue
+        features, top_ids, top_logp = score(model, ids)
+        sample = Sample(index, np.asarray(ids, np.int32), len(prompt), features, top_ids,
+                        top_logp)  # fmt: skip
+        save(sample, folder)
+        have += 1
         if on_sample is not None:
             on_sample(sample)
 

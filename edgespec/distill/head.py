@@ -8,7 +8,9 @@ target's own sequences, pass s standing for draft step s: pass 1 reads the targe
 (position t: features of t, token t + 1), pass s > 1 the state pass s - 1 computed at t - 1,
 and attends what drafting step s sees — pass 1's keys up to t - s + 1 and pass k's key at
 t - s + k for 2 <= k <= s (EAGLE-3's training-time test). Pass s at t predicts token t + 2.
-`weights()` returns the `HeadWeights` the graph is built from.
+`weights()` returns the `HeadWeights` the graph is built from. `draft_ids` (optional, int
+[N]): the head's draft vocabulary, target ids whose rows of the target's LM head it scores
+(`logits` over them, in their order); the graph places them on the target's ids.
 """
 
 from __future__ import annotations
@@ -27,7 +29,9 @@ def _rms(x: torch.Tensor, gamma: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 class FeatureHead(nn.Module):
-    def __init__(self, target: DecoderWeights, head: HeadWeights) -> None:
+    def __init__(
+        self, target: DecoderWeights, head: HeadWeights, draft_ids: np.ndarray | None = None
+    ) -> None:
         super().__init__()
         a = target.attn
         self.heads, self.kv_heads, self.head_dim = a.num_heads, a.num_kv_heads, a.head_dim
@@ -42,6 +46,10 @@ class FeatureHead(nn.Module):
         self.register_buffer("embed", f32(target.embed), persistent=False)
         lm = self.embed if target.tied else f32(target.lm_head)
         self.register_buffer("lm_head", lm, persistent=False)
+        self.draft_ids: torch.Tensor | None = None
+        if draft_ids is not None:
+            self.draft_ids = torch.from_numpy(np.asarray(draft_ids, np.int64))
+            self.register_buffer("draft_lm", lm[self.draft_ids].clone(), persistent=False)
         self.register_buffer("final_norm", f32(target.final_norm.gamma), persistent=False)
         self.register_buffer("cos", f32(cos), persistent=False)
         self.register_buffer("sin", f32(sin), persistent=False)
@@ -85,8 +93,12 @@ class FeatureHead(nn.Module):
         return z + (nn.functional.silu(gate) * up) @ self.down
 
     def logits(self, state: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
-        """Next-token logits from states [..., H] (only the LM head rows `rows`, if given)."""
-        w = self.lm_head if rows is None else self.lm_head[rows]
+        """Next-token logits from states [..., H]: over the draft vocabulary where the head has
+        one (in its order), else over the LM head rows `rows` (None: all)."""
+        if self.draft_ids is not None:
+            w = self.draft_lm
+        else:
+            w = self.lm_head if rows is None else self.lm_head[rows]
         out = (_rms(state, self.final_norm, self.eps) @ w.T).float()
         if self.softcap is not None:
             out = self.softcap * torch.tanh(out / self.softcap)
@@ -144,4 +156,6 @@ class FeatureHead(nn.Module):
             "embed_norm": n(self.embed_norm).gamma, "state_norm": n(self.state_norm).gamma,
             "attn_norm": n(self.attn_norm).gamma, "mlp_norm": n(self.mlp_norm).gamma,
         }  # fmt: skip
+        if self.draft_ids is not None:
+            a["draft_ids"] = self.draft_ids.numpy().copy()
         return HeadWeights.from_arrays(a, self.eps)

@@ -7,13 +7,18 @@ Steps, each kept in `out` so that a stopped run (Ctrl-C: `KeyboardInterrupt`) lo
              is built against the target's own tensors)
   2. replies the target answers the prompts (data.py) until its share of the budget is spent
              or the prompts run out: `out/distill/replies/*.npz`
-  3. train   the head (train.py) until the budget is spent, checkpointed to
-             `out/distill/checkpoint.pt` every `checkpoint_seconds` and when interrupted
-  4. write   the eagle graph (export/eagle.py) and its record in the manifest
+  3. text    the target reads text every machine has (prompts.teacher_texts, data.teacher_force)
+             for its share of the budget: `out/distill/text/*.npz`, training positions at
+             prefill's speed
+  4. train   the head (train.py) on both, with a draft vocabulary (the target's most frequent
+             next tokens, chosen once and kept in the state) until the budget is spent,
+             checkpointed to `out/distill/checkpoint.pt` every `checkpoint_seconds` and
+             when interrupted
+  5. write   the eagle graph (export/eagle.py) and its record in the manifest
              (`extra["eagle"]`: held-out acceptance, the measured cost of a head step against
              a target step); also done when interrupted, so the bundle always holds the
              latest head
-  5. measure decoding instruct prompts with and without the head (measure.py:
+  6. measure decoding instruct prompts with and without the head (measure.py:
              `decode_speedup`, in the record): what a load without a mode reads
 Progress goes to `config.on_progress` (`Progress`), never to stdout.
 """
@@ -32,7 +37,7 @@ from typing import Any
 from edgespec.bundle import MANIFEST, load_manifest, save_manifest
 from edgespec.distill import data
 from edgespec.distill.measure import decode_speedup
-from edgespec.distill.prompts import fitting_prompts
+from edgespec.distill.prompts import by_kind, fitting_prompts, prompt_kind, teacher_texts
 from edgespec.export.errors import ExportError
 
 STATE = "distill"  # the folder in the bundle holding replies, checkpoint and state
@@ -40,7 +45,7 @@ STATE = "distill"  # the folder in the bundle holding replies, checkpoint and st
 
 @dataclass
 class Progress:
-    phase: str  # export | replies | train | write | done
+    phase: str  # export | replies | text | train | write | done
     seconds: float  # of the budget spent so far (all runs)
     budget: float
     samples: int = 0  # replies generated
@@ -49,13 +54,18 @@ class Progress:
     loss: float | None = None
     accepted: float | None = None  # held-out mean drafts kept per round at γ = 4
     message: str = ""
+    text_tokens: int = 0  # positions of text the target read (teacher forcing)
 
 
 @dataclass
 class DistillConfig:
     minutes: float = 10.0  # the whole budget: replies and training, over every run
     prompts: Path | None = None  # a JSONL file (data.read_prompts); None: the built-in set
-    reply_share: float = 0.45  # at most this share of the budget goes to generating replies
+    # at most these shares of the budget go to generating replies and to reading text; the
+    # rest trains (on SmolLM2, 2 loaded cores: held-out acceptance still rose at 30 minutes'
+    # 476th step, over 19k tokens of replies and 12k of text)
+    reply_share: float = 0.35
+    text_share: float = 0.1
     new_tokens: int = 192  # reply length cap
     feature_layers: tuple[int, ...] | None = None  # None: a low, a middle and the last layer
     threads: int | None = None
@@ -73,10 +83,11 @@ def default_feature_layers(num_layers: int) -> tuple[int, ...]:
 
 def distill(target: str | os.PathLike, out: str | os.PathLike, config: DistillConfig) -> dict:
     """Make or resume the bundle `out` with a feature head for `target`; return its record."""
+    import numpy as np
     import torch
 
     from edgespec.distill.head import FeatureHead
-    from edgespec.distill.train import TrainConfig, Trainer
+    from edgespec.distill.train import TrainConfig, Trainer, coverage, draft_vocabulary
     from edgespec.export.eagle import initial_head
     from edgespec.runtime.model import Model
 
@@ -87,7 +98,7 @@ def distill(target: str | os.PathLike, out: str | os.PathLike, config: DistillCo
     conversations = (
         data.read_prompts(c.prompts)
         if c.prompts is not None
-        else [[{"role": "user", "content": p}] for p in fitting_prompts()]
+        else [[{"role": "user", "content": p}] for p in by_kind(fitting_prompts())]
     )
     state_dir = out / STATE
     state = _state(state_dir)
@@ -128,6 +139,24 @@ def distill(target: str | os.PathLike, out: str | os.PathLike, config: DistillCo
     finally:
         state.update(seconds=elapsed(), tokens=counts["tokens"])
         _save_state(state_dir, state)
+    texts = state_dir / "text"
+    text_end = start + max(0.0, (c.reply_share + c.text_share) * budget - spent)
+    counts["text"] = int(state.get("text_tokens", 0))
+
+    def on_text(s: data.Sample) -> None:
+        counts["text"] += len(s.ids)
+        report(Progress("text", elapsed(), budget, counts["samples"], counts["tokens"],
+                        text_tokens=counts["text"]))  # fmt: skip
+        state.update(seconds=elapsed(), text_tokens=counts["text"])
+        _save_state(state_dir, state)
+
+    if c.text_share > 0:  # at least one text (none again when resumed past its share)
+        try:
+            data.teacher_force(model, teacher_texts(), texts, text_end, c.new_tokens, on_text)
+        finally:
+            state.update(seconds=elapsed(), text_tokens=counts["text"])
+            _save_state(state_dir, state)
+    text = data.load(texts) if texts.exists() else []
     samples = data.load(replies)
     train_set = [s for s in samples if not s.held_out]
     held = [s for s in samples if s.held_out] or train_set[-1:]
@@ -139,12 +168,21 @@ def distill(target: str | os.PathLike, out: str | os.PathLike, config: DistillCo
 
     bf16 = c.bf16 if c.bf16 is not None else _has_bf16()
     tc = replace(c.train or TrainConfig(), bf16=bf16)
-    head = FeatureHead(weights, initial_head(weights, state["feature_layers"]))
-    trainer = Trainer(head, train_set, held, tc)
     ckpt = state_dir / "checkpoint.pt"
+    record: dict[str, Any] = dict(state.get("record", {}))
+    # the draft vocabulary: chosen once, from the replies there when training first starts
+    if "draft_ids" not in state or not ckpt.exists():
+        vocab = weights.embed.shape[0]
+        ids = (draft_vocabulary(train_set + text, tc.draft_vocab, vocab)
+               if 0 < tc.draft_vocab < vocab else None)  # fmt: skip
+        state["draft_ids"] = None if ids is None else [int(i) for i in ids]
+    draft_ids = None if state["draft_ids"] is None else np.asarray(state["draft_ids"], np.int64)
+    if draft_ids is not None:
+        record.update(draft_vocab=len(draft_ids), coverage=coverage(held, draft_ids))
+    head = FeatureHead(weights, initial_head(weights, state["feature_layers"]), draft_ids)
+    trainer = Trainer(head, train_set, held, tc, text)
     if ckpt.exists():
         trainer.load_state(torch.load(ckpt, weights_only=False))
-    record: dict[str, Any] = dict(state.get("record", {}))
     losses: list[float] = []
     last_eval = last_save = time.monotonic()
 
@@ -155,19 +193,28 @@ def distill(target: str | os.PathLike, out: str | os.PathLike, config: DistillCo
         _save_state(state_dir, state)
 
     try:
-        while elapsed() < budget or trainer.steps == 0:  # at least one step: a trained head
+        first = trainer.steps
+        while elapsed() < budget or trainer.steps == first:  # at least one step a run
             losses.append(trainer.step(elapsed() / budget))
             now = time.monotonic()
             if now - last_eval > c.eval_seconds:
-                record["held_out"] = trainer.evaluate()
+                record["held_out"] = trainer.evaluate(tc.eval_tokens)
                 last_eval = now
             if now - last_save > c.checkpoint_seconds:
                 save()
                 last_save = now
             report(Progress("train", elapsed(), budget, counts["samples"], counts["tokens"],
                             trainer.steps, sum(losses[-20:]) / len(losses[-20:]),
-                            record.get("held_out", {}).get("accepted")))  # fmt: skip
+                            record.get("held_out", {}).get("accepted"),
+                            text_tokens=counts["text"]))  # fmt: skip
         record["held_out"] = trainer.evaluate(tokens=None, full_vocab=True)
+        kinds: dict[str, list[data.Sample]] = {}
+        for s in held:
+            last = conversations[s.index][-1]["content"] if s.index < len(conversations) else ""
+            kinds.setdefault(prompt_kind(last), []).append(s)
+        record["held_out_by_kind"] = {
+            k: trainer.evaluate(tokens=None, full_vocab=True, samples=v) for k, v in kinds.items()
+        }
     finally:
         save()
         report(Progress("write", elapsed(), budget, counts["samples"], counts["tokens"],
@@ -177,6 +224,7 @@ def distill(target: str | os.PathLike, out: str | os.PathLike, config: DistillCo
             steps=trainer.steps,
             samples=len(samples),
             train_tokens=int(sum(len(s.ids) for s in train_set)),
+            text_tokens=int(sum(len(s.ids) for s in text)),
             minutes=round(elapsed() / 60, 2),
         )
         _write(out, weights, trainer.head, record)
@@ -302,6 +350,7 @@ def step_cost(out: Path, calls: int = 30) -> float:
 
     from edgespec.runtime.graphs.kv_cache import KVCache
     from edgespec.runtime.graphs.opener import open_bundle
+    from edgespec.runtime.graphs.protocol import Feed
     from edgespec.runtime.graphs.stack import Stack
 
     graphs = open_bundle(out)
@@ -317,7 +366,7 @@ def step_cost(out: Path, calls: int = 30) -> float:
         t0 = time.perf_counter()
         full.forward(np.array([1 + i], np.int64), keep=1)
         t1 = time.perf_counter()
-        head.run(cache, i, input_ids=np.array([[1 + i]], np.int64), keep=1, extra=feed)
+        head.run(cache, i, Feed(input_ids=np.array([[1 + i]], np.int64), keep=1), extra=feed)
         t_full.append(t1 - t0)
         t_head.append(time.perf_counter() - t1)
     return round(float(np.median(t_head[3:]) / np.median(t_full[3:])), 3)

@@ -3,6 +3,11 @@ every machine has — explanations and tips on a list of topics, functions to wr
 functions of Python's standard library to rewrite, comment or explain, its module docstrings
 and the system's licence texts (/usr/share/common-licenses) to summarise. Standard library
 only; the same list in the same order on every machine with the same Python and licences.
+
+`teacher_texts()`: (prompt, reply text) pairs whose replies the target reads rather than
+writes (teacher forcing, one prefill a pair: many more training positions a minute than
+generating): Python's own documentation (pydoc's topics), the standard library's docstrings
+and small functions, interleaved so that a budget cut anywhere keeps every kind.
 """
 
 from __future__ import annotations
@@ -177,9 +182,11 @@ def _stdlib_modules() -> Iterator[tuple[str, Any]]:
     for path in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py")):
         try:
             source = path.read_text(encoding="utf-8")
-            yield source, ast.parse(source)
+            tree = ast.parse(source)
         except (SyntaxError, UnicodeDecodeError):
             continue
+        tree.edgespec_name = path.stem  # type: ignore[attr-defined]
+        yield source, tree
 
 
 def stdlib_functions(n: int, max_lines: int = 14) -> list[str]:
@@ -259,3 +266,96 @@ def licence_texts(n: int, folder: Path = Path("/usr/share/common-licenses")) -> 
         if len(out) >= n:
             break
     return out[:n]
+
+
+KINDS = ("question", "code", "summary")
+
+
+def prompt_kind(text: str) -> str:
+    """Which workload a built-in prompt stands for: "summary" (summarise or simplify a text),
+    "code" (write, rewrite, comment or explain code) or "question" (explain, tips, facts)."""
+    head = text.split("\n", 1)[0]
+    if head.startswith(("Summarise", "Rewrite this text")):
+        return "summary"
+    if "\n" in text or "Python" in head or " code" in head:
+        return "code"
+    return "question"
+
+
+def by_kind(prompts: list[str]) -> list[str]:
+    """`prompts` interleaved by `prompt_kind` (a question, a code prompt, a summary, ...; each
+    kind in its order), so that a budget that ends anywhere has replies of every kind."""
+    kinds: dict[str, list[str]] = {k: [] for k in KINDS}
+    for p in prompts:
+        kinds[prompt_kind(p)].append(p)
+    out: list[str] = []
+    for i in range(max(map(len, kinds.values()), default=0)):
+        out += [k[i] for k in kinds.values() if i < len(k)]
+    return out
+
+
+def _paragraph_chunks(text: str, chars: int) -> list[str]:
+    """`text` in chunks of whole paragraphs up to about `chars` characters."""
+    out, cur = [], ""
+    for para in text.split("\n\n"):
+        para = para.strip("\n")
+        if not para.strip():
+            continue
+        if cur and len(cur) + len(para) > chars:
+            out.append(cur)
+            cur = ""
+        cur = f"{cur}\n\n{para}" if cur else para
+    if cur:
+        out.append(cur)
+    return out
+
+
+def teacher_texts(chars: int = 900) -> list[tuple[str, str]]:
+    """(prompt, reply) pairs from text every Python has (module doc), interleaved by kind."""
+    import ast
+    import inspect
+
+    topics: list[tuple[str, str]] = []
+    try:
+        from pydoc_data.topics import topics as pydoc_topics
+    except ImportError:  # pragma: no cover - a Python built without pydoc's data
+        pydoc_topics = {}
+    for name in sorted(pydoc_topics):
+        text = pydoc_topics[name]
+        title = text.split("\n", 1)[0].strip() or name
+        for i, chunk in enumerate(_paragraph_chunks(text, chars)):
+            ask = f"Explain {title} in Python." if i == 0 else f"Tell me more about {title}."
+            topics.append((ask, chunk))
+    modules: list[tuple[str, str]] = []
+    docs: list[tuple[str, str]] = []
+    code: list[tuple[str, str]] = []
+    for source, tree in _stdlib_modules():
+        mod_doc = ast.get_docstring(tree)
+        mod = _module_name(tree, source)
+        if mod.startswith("_"):
+            continue
+        if mod_doc and len(mod_doc) >= 200:
+            modules.append((f"What is Python's {mod} module for?",
+                            _paragraph_chunks(mod_doc, chars)[0]))  # fmt: skip
+        lines = source.splitlines()
+        for node in tree.body:
+            if not isinstance(node, ast.FunctionDef | ast.ClassDef) or node.name.startswith("_"):
+                continue
+            doc = ast.get_docstring(node)
+            if doc and len(doc) >= 160:
+                docs.append((f"What does {mod}.{node.name} do?",
+                             _paragraph_chunks(inspect.cleandoc(doc), chars)[0]))  # fmt: skip
+            text = "\n".join(lines[node.lineno - 1 : node.end_lineno])
+            if isinstance(node, ast.FunctionDef) and 120 <= len(text) <= 2 * chars:
+                code.append((f"Write the function {node.name} of Python's {mod} module.",
+                             f"```python\n{text}\n```"))  # fmt: skip
+    kinds = [topics, docs, code, modules]
+    out: list[tuple[str, str]] = []
+    for i in range(max(map(len, kinds))):
+        out += [k[i] for k in kinds if i < len(k)]
+    return out
+
+
+def _module_name(tree: Any, source: str) -> str:
+    """The module's name: the stem of the file `_stdlib_modules` read (kept on the tree)."""
+    return getattr(tree, "edgespec_name", "this")

@@ -1,11 +1,15 @@
 """Training the feature head on the target's replies, within a wall-clock budget, resumable.
 
-`Trainer(head, samples, config)` fits `FeatureHead` (head.py) on windows of the training
-samples: per pass of the unrolled forward, soft cross-entropy to the target's top-k next-token
-distribution (renormalised over its k ids: the KL up to a constant) plus the regression of the
-head's state onto the target's last feature layer at the next position (EAGLE's feature loss,
-scaled by that feature's RMS). The softmax runs over the ids the target ever ranked in its top
-k (`vocab`): the LM head's other rows cost time and carry almost no mass. `step()` is one
+`Trainer(head, samples, held, config, text)` fits `FeatureHead` (head.py) on windows of the
+training samples (the target's replies, and a `text_weight` share of windows from `text`: text
+the target read, data.teacher_force): per pass of the unrolled forward, soft cross-entropy to
+the target's top-k next-token distribution (renormalised over its k ids: the KL up to a
+constant) plus the regression of the head's state onto the target's last feature layer at the
+next position (EAGLE's feature loss, scaled by that feature's RMS). The softmax runs over
+the head's draft vocabulary where it has one (`draft_vocabulary`: the ids the target predicts
+most often, which its graph scores), else over the ids the target ever ranked in its top k:
+the LM head's other rows cost time and carry almost no mass; a position whose teacher has no
+id there trains the regression only. `step()` is one
 optimizer step; `evaluate()` the held-out acceptance: on the target's own greedy replies, how
 many of γ greedy drafts a round keeps (exactly what greedy speculation would accept, from the
 same unrolled passes). `state()` / `load_state()` are the checkpoint.
@@ -41,21 +45,55 @@ class TrainConfig:
     vocab_k: int = 4
     ce_positions: int = 384  # positions per pass the cross-entropy reads (the regression: all)
     bf16: bool = False  # autocast (where the CPU has AVX-512 BF16)
+    # the head's draft vocabulary: the target's N most frequent next tokens (0: the whole
+    # vocabulary). A head step's cost is its LM head's rows plus one layer: on SmolLM2 (49,152
+    # ids x 576) the whole vocabulary was most of a head step
+    draft_vocab: int = 8192
+    text_weight: float = 0.5  # the share of windows from teacher-forced text, where there is some
+
+
+def draft_vocabulary(samples: list[Sample], n: int, vocab: int) -> np.ndarray:
+    """`n` of the target's `vocab` ids, ascending: those the target most often ranks first over
+    the samples' positions (prompts and replies), then those most often in its top k, then the
+    lowest ids (a BPE vocabulary's first merges are its most frequent). On SmolLM2 the 2,423
+    ids that came first in 30 minutes of replies and text covered 92.7% of the held-out reply
+    tokens, filled up to 8,192 97.0%, at the same cost of a head step."""
+    first = np.concatenate([s.top_ids[:, 0] for s in samples]).astype(np.int64)
+    anywhere = np.concatenate([s.top_ids.reshape(-1) for s in samples]).astype(np.int64)
+    top1 = np.bincount(first, minlength=vocab)[:vocab]
+    topk = np.bincount(anywhere, minlength=vocab)[:vocab]
+    order = np.lexsort((np.arange(vocab), -topk, -top1))  # the last key sorts first
+    return np.sort(order[: min(n, vocab)]).astype(np.int64)
+
+
+def coverage(samples: list[Sample], ids: np.ndarray) -> float:
+    """The share of the samples' reply tokens that are among `ids`."""
+    replies = np.concatenate([s.ids[s.start :] for s in samples]) if samples else np.zeros(0)
+    return round(float(np.isin(replies, ids).mean()), 4) if len(replies) else 0.0
 
 
 class Trainer:
     def __init__(
-        self, head: FeatureHead, train: list[Sample], held: list[Sample], config: TrainConfig
+        self,
+        head: FeatureHead,
+        train: list[Sample],
+        held: list[Sample],
+        config: TrainConfig,
+        text: list[Sample] | None = None,
     ) -> None:
         if not train:
             raise ValueError("no training samples")
         self.head, self.train, self.held, self.c = head, train, held, config
+        self.text = text or []
         self.rng = np.random.default_rng(0)
         k = config.vocab_k
-        ids = np.unique(np.concatenate([s.top_ids[:, :k].reshape(-1) for s in train + held]))
-        self.vocab = torch.from_numpy(ids.astype(np.int64))
+        if head.draft_ids is not None:
+            self.vocab = head.draft_ids
+        else:
+            top = np.concatenate([s.top_ids[:, :k].reshape(-1) for s in train + held])
+            self.vocab = torch.from_numpy(np.unique(top).astype(np.int64))
         self.index = torch.full((head.embed.shape[0],), -1, dtype=torch.long)
-        self.index[self.vocab] = torch.arange(len(ids))
+        self.index[self.vocab] = torch.arange(len(self.vocab))
         hidden = head.embed.shape[1]
         last = np.concatenate([s.features[:, -hidden:] for s in train[:32]]).astype(np.float32)
         self.feature_rms = float(np.sqrt((last**2).mean())) or 1.0
@@ -89,7 +127,9 @@ class Trainer:
     def _batch(self) -> tuple[torch.Tensor, ...]:
         rows = []
         for _ in range(self.c.batch_windows):
-            s = self.train[int(self.rng.integers(len(self.train)))]
+            use_text = bool(self.text) and self.rng.random() < self.c.text_weight
+            pool = self.text if use_text else self.train
+            s = pool[int(self.rng.integers(len(pool)))]
             at = int(self.rng.integers(max(1, len(s.ids) - self.c.window - 1)))
             rows.append(self._window(s, at, self.c.window))
         return tuple(torch.from_numpy(np.stack(col)) for col in zip(*rows, strict=True))
@@ -104,7 +144,8 @@ class Trainer:
             g["lr"] = lr
         ids, feats, tid, tlp, reg, valid = self._batch()
         local = self.index[tid]  # the teacher's ids in `vocab` (-1: not there)
-        teacher = torch.softmax(tlp.masked_fill(local < 0, float("-inf")), -1)
+        scored = (local >= 0).any(-1)  # a position whose teacher has an id in `vocab`
+        teacher = torch.softmax(tlp.masked_fill(local < 0, float("-inf")), -1).nan_to_num(0.0)
         local = local.clamp(min=0)
         gen = torch.Generator().manual_seed(self.steps)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=c.bf16):
@@ -114,7 +155,7 @@ class Trainer:
                 mask = valid.clone()
                 mask[:, : s - 1] = False
                 err = (state[mask].float() - reg[mask]) / self.feature_rms
-                rows = mask.nonzero()
+                rows = (mask & scored).nonzero()
                 pick = rows[torch.randperm(len(rows), generator=gen)[: c.ce_positions]]
                 at = (pick[:, 0], pick[:, 1])
                 logp = self.head.logits(state[at], self.vocab).log_softmax(-1)
@@ -130,13 +171,15 @@ class Trainer:
 
     # -- held-out acceptance --------------------------------------------------------------
     @torch.no_grad()
-    def evaluate(self, tokens: int | None = None, full_vocab: bool = False) -> dict:
+    def evaluate(
+        self, tokens: int | None = None, full_vocab: bool = False, samples: list | None = None
+    ) -> dict:
         """{"accepted": mean greedy drafts kept per round at GAMMA, "tokens_per_round":
         {γ: 1 + mean kept at γ} for γ = 1..GAMMA, "rounds": how many were scored} over the
-        held-out replies (the first `tokens` positions; None: all)."""
-        budget = tokens if tokens is not None else self.c.eval_tokens
+        held-out replies (the first `tokens` positions; None: all; `samples`: these instead)."""
+        budget = tokens
         kept: list[int] = []
-        for s in self.held:
+        for s in self.held if samples is None else samples:
             if budget is not None and budget <= 0:
                 break
             n = len(s.ids) if budget is None else min(len(s.ids), s.start + budget)
@@ -145,9 +188,10 @@ class Trainer:
             feats = torch.from_numpy(s.features[: n - 1].astype(np.float32))[None]
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.c.bf16):
                 states = self.head.unrolled(ids, feats, GAMMA)
-                rows = None if full_vocab else self.vocab
+                whole = full_vocab and self.head.draft_ids is None
+                rows = None if whole else self.vocab
                 guess = [self.head.logits(st[0], rows).argmax(-1) for st in states]
-            if not full_vocab:
+            if not whole:  # positions in `vocab` (the draft vocabulary's: what the graph does)
                 guess = [self.vocab[g] for g in guess]
             x = ids[0]
             # a round after L tokens (bonus token L - 1 in the reply): draft s at position

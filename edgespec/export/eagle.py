@@ -20,7 +20,10 @@ An EAGLE-3 head as llama.cpp holds it (`HeadWeights.proj` None, export/eagle_ggu
 as data: its attention reads the 2H-wide [rms(embed), rms(g)] itself, the residual stream
 starts at g (or rms(g)), the features may pass an RMSNorm before `fuse`, and it may bring its
 own final norm, rotary table, embeddings and LM head, the latter over a draft vocabulary
-whose logits land on their target ids (`draft_ids`, llama.cpp's d2t; -inf elsewhere).
+whose logits land on their target ids (`draft_ids`, llama.cpp's d2t; -inf elsewhere). A
+distilled head may have a draft vocabulary too (`draft_ids` without `lm_head`): the rows of
+the target's own LM head for those ids (a GGUF's blocks kept as they are), so a head step
+scores N ids, not the whole vocabulary; the logits land on the target's ids the same way.
 
 Inputs: as the target's graphs (seqlens_k, total_seq_len, num_logits_to_keep, query_seqlens,
 past_key.0 / past_value.0) plus input_ids [batch, sequence], features [batch, sequence, F]
@@ -78,7 +81,7 @@ class HeadWeights:
     feature_norm: Norm | None = None  # over the concatenated features, before fuse
     residual_normed: bool = False  # proj None: the residual stream starts at rms(g), not g
     final_norm: Norm | None = None  # None: the target's
-    lm_head: Any = None  # [hidden, draft vocab]; None: the target's
+    lm_head: Any = None  # [hidden, draft vocab]; None: the target's (its draft_ids' rows)
     draft_ids: np.ndarray | None = None  # the target id of each draft id (d2t); None: same vocab
     embed: Any = None  # [vocab, hidden]; None: the target's
     rotary: tuple[np.ndarray, np.ndarray] | None = None  # None: the target's table
@@ -88,7 +91,8 @@ class HeadWeights:
         """Every tensor by name (a checkpoint's layout, see `from_arrays`)."""
         lw = self.layer
         assert lw.attn_norm is not None and lw.mlp_norm is not None and self.proj is not None
-        return {
+        vocab = {} if self.draft_ids is None else {"draft_ids": np.asarray(self.draft_ids)}
+        return vocab | {
             "feature_layers": np.asarray(self.feature_layers, np.int64),
             "fuse": self.fuse,
             "embed_norm": self.embed_norm.gamma,
@@ -107,7 +111,8 @@ class HeadWeights:
         def norm(name: str) -> Norm:
             return Norm(np.asarray(a[name], np.float32), None, eps)
 
-        f32 = {k: np.asarray(v, np.float32) for k, v in a.items() if k != "feature_layers"}
+        ints = ("feature_layers", "draft_ids")
+        f32 = {k: np.asarray(v, np.float32) for k, v in a.items() if k not in ints}
         layer = LayerWeights(
             attn_norm=norm("attn_norm"),
             qkv_w=f32["qkv"],
@@ -127,6 +132,7 @@ class HeadWeights:
             norm("state_norm"),
             f32["proj"],
             layer,
+            draft_ids=np.asarray(a["draft_ids"], np.int64) if "draft_ids" in a else None,
         )
 
 
@@ -238,6 +244,9 @@ def _head_logits(
         x = _norm(gb, z, f"{PREFIX}final_norm", head.final_norm)
     if head.lm_head is not None:
         logits = gb.linear(x, f"{PREFIX}lm_head", head.lm_head)
+    elif head.draft_ids is not None:  # the target's LM head, the draft vocabulary's rows
+        bias = None if target.lm_head_b is None else np.asarray(target.lm_head_b)[head.draft_ids]
+        logits = gb.linear(x, f"{PREFIX}lm_rows", lm_rows(target, head.draft_ids), bias)
     else:
         own, gb.quantize = gb.quantize, shared
         logits = _lm_head(gb, x, target)
@@ -259,6 +268,17 @@ def _head_logits(
          gb.const(np.array(-np.inf, np.float32))],
     )  # fmt: skip
     return gb.op1("Gather", [padded, gb.const(at)], axis=2)
+
+
+def lm_rows(target: DecoderWeights, ids: np.ndarray) -> Any:
+    """The target's LM head [hidden, len(ids)] for the target ids `ids` (graph layout): a
+    GGUF's blocks taken whole, so the values are the target's own."""
+    from edgespec.export.gguf_blocks import PackedMatrix
+
+    w = target.lm_head.T
+    if isinstance(w, PackedMatrix) and not w.transposed:
+        return w.take_columns(np.asarray(ids, np.int64))
+    return np.ascontiguousarray(np.asarray(w, np.float32)[:, ids])
 
 
 def write_head(

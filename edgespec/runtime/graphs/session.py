@@ -153,17 +153,13 @@ class GraphSession:
         self,
         cache: KVCache,
         past: int,
-        feed: Feed | None = None,
+        feed: Feed,
         extra: dict[str, np.ndarray] | None = None,
-        **fields: Any,
     ) -> dict[str, np.ndarray]:
         """Process the S new positions `feed` holds after `past` cached ones, writing their
         keys/values into `cache` in place; return the outputs (logits for the last `keep`
         positions). The caller owns the cache length. `extra`: further inputs of the graph by
-        name (the eagle graph's features and state). `fields` (input_ids= or hidden=, keep=):
-        the feed's fields, for the callers that build no `Feed` (distill's step pricing)."""
-        if feed is None:
-            feed = Feed(**fields)
+        name (the eagle graph's features and state)."""
         with self._lock:
             new, keep = feed.new, feed.keep
             total = past + new.shape[1]
