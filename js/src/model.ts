@@ -208,18 +208,7 @@ export class Model {
   ) {}
 
   encode(prompt: Prompt): number[] {
-    const ids = typeof prompt === "string" ? this.tokenizer.encode(prompt) : [...prompt];
-    if (!ids.length) throw new InputError("the prompt is empty: give some text or at least one token id");
-    const vocab = this.manifest.target.vocab_size;
-    const bad = ids.find((i) => !(Number.isInteger(i) && i >= 0 && i < vocab));
-    if (bad !== undefined) throw new InputError(`token id ${bad} is outside the vocabulary (0..${vocab - 1})`);
-    const context = this.manifest.target.max_position_embeddings;
-    if (ids.length >= context) {
-      throw new InputError(
-        `the prompt is ${ids.length} tokens but the model's context is ${context}: shorten it to at most ${context - 1} tokens`,
-      );
-    }
-    return ids;
+    return promptIds(this.tokenizer, this.manifest, prompt);
   }
 
   /** The conversation as the model's prompt text, through the bundle's chat template. */
@@ -308,4 +297,21 @@ export class Model {
     const known = tokens.filter((t) => this.tokenizer.idToToken(t) !== undefined);
     return { text: this.tokenizer.decode(known, true), tokens, promptTokens, finishReason: finish, stats };
   }
+}
+
+/** A prompt's ids (text through the tokenizer, or the ids given), checked against the model's
+ * vocabulary and context: an InputError names what is wrong and the fix. */
+export function promptIds(tokenizer: Tokenizer, manifest: Manifest, prompt: Prompt): number[] {
+  const ids = typeof prompt === "string" ? tokenizer.encode(prompt) : [...prompt];
+  if (!ids.length) throw new InputError("the prompt is empty: give some text or at least one token id");
+  const vocab = manifest.target.vocab_size;
+  const bad = ids.find((i) => !(Number.isInteger(i) && i >= 0 && i < vocab));
+  if (bad !== undefined) throw new InputError(`token id ${bad} is outside the vocabulary (0..${vocab - 1})`);
+  const context = manifest.target.max_position_embeddings;
+  if (ids.length >= context) {
+    throw new InputError(
+      `the prompt is ${ids.length} tokens but the model's context is ${context}: shorten it to at most ${context - 1} tokens`,
+    );
+  }
+  return ids;
 }

@@ -17,7 +17,7 @@ import type { BundleFiles } from "./files.js";
 import { loadManifest } from "./bundle.js";
 import {
   type ChatOptions, type ChatReply, type Chunk, type GenerateOptions, type Generation, type LoadOptions,
-  type Mode, type Prompt,
+  type Mode, type Prompt, promptIds,
 } from "./model.js";
 import { GenerationStats } from "./round.js";
 import { Tokenizer } from "./tokenizer.js";
@@ -132,18 +132,7 @@ export class ThreadedModel {
 
   /** `Model.encode`: the prompt's ids, checked against the vocabulary and the context. */
   encode(prompt: Prompt): number[] {
-    const ids = typeof prompt === "string" ? this.tokenizer.encode(prompt) : [...prompt];
-    if (!ids.length) throw new InputError("the prompt is empty: give some text or at least one token id");
-    const vocab = this.manifest.target.vocab_size;
-    const bad = ids.find((i) => !(Number.isInteger(i) && i >= 0 && i < vocab));
-    if (bad !== undefined) throw new InputError(`token id ${bad} is outside the vocabulary (0..${vocab - 1})`);
-    const context = this.manifest.target.max_position_embeddings;
-    if (ids.length >= context) {
-      throw new InputError(
-        `the prompt is ${ids.length} tokens but the model's context is ${context}: shorten it to at most ${context - 1} tokens`,
-      );
-    }
-    return ids;
+    return promptIds(this.tokenizer, this.manifest, prompt);
   }
 
   renderChat(messages: Message[], options: RenderOptions = {}): string {
