@@ -286,16 +286,7 @@ export class Model {
   /** `stream()` run to the end: the text, tokens and stats. */
   async generate(prompt: Prompt, o: GenerateOptions = {}): Promise<Generation> {
     const promptTokens = this.encode(prompt);
-    const stats = new GenerationStats();
-    const tokens: number[] = [];
-    let finish = "length";
-    for await (const chunk of this.stream(promptTokens, o)) {
-      tokens.push(...chunk.tokens);
-      stats.add(chunk.stats);
-      finish = chunk.finishReason ?? finish;
-    }
-    const known = tokens.filter((t) => this.tokenizer.idToToken(t) !== undefined);
-    return { text: this.tokenizer.decode(known, true), tokens, promptTokens, finishReason: finish, stats };
+    return collect(this.tokenizer, promptTokens, this.stream(promptTokens, o));
   }
 }
 
@@ -314,4 +305,20 @@ export function promptIds(tokenizer: Tokenizer, manifest: Manifest, prompt: Prom
     );
   }
   return ids;
+}
+
+/** A stream run to the end: its text, tokens, finish reason and stats, as `generate` returns. */
+export async function collect(
+  tokenizer: Tokenizer, promptTokens: number[], chunks: AsyncGenerator<Chunk>,
+): Promise<Generation> {
+  const stats = new GenerationStats();
+  const tokens: number[] = [];
+  let finish = "length";
+  for await (const chunk of chunks) {
+    tokens.push(...chunk.tokens);
+    stats.add(chunk.stats);
+    finish = chunk.finishReason ?? finish;
+  }
+  const known = tokens.filter((t) => tokenizer.idToToken(t) !== undefined);
+  return { text: tokenizer.decode(known, true), tokens, promptTokens, finishReason: finish, stats };
 }

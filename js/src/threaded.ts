@@ -17,7 +17,7 @@ import type { BundleFiles } from "./files.js";
 import { loadManifest } from "./bundle.js";
 import {
   type ChatOptions, type ChatReply, type Chunk, type GenerateOptions, type Generation, type LoadOptions,
-  type Mode, type Prompt, promptIds,
+  type Mode, type Prompt, collect, promptIds,
 } from "./model.js";
 import { GenerationStats } from "./round.js";
 import { Tokenizer } from "./tokenizer.js";
@@ -146,16 +146,7 @@ export class ThreadedModel {
 
   async generate(prompt: Prompt, o: GenerateOptions = {}): Promise<Generation> {
     const promptTokens = this.encode(prompt);
-    const stats = new GenerationStats();
-    const tokens: number[] = [];
-    let finish = "length";
-    for await (const chunk of this.stream(promptTokens, o)) {
-      tokens.push(...chunk.tokens);
-      stats.add(chunk.stats);
-      finish = chunk.finishReason ?? finish;
-    }
-    const known = tokens.filter((t) => this.tokenizer.idToToken(t) !== undefined);
-    return { text: this.tokenizer.decode(known, true), tokens, promptTokens, finishReason: finish, stats };
+    return collect(this.tokenizer, promptTokens, this.stream(promptTokens, o));
   }
 
   async chat(messages: Message[], o: ChatOptions = {}): Promise<ChatReply> {
