@@ -120,8 +120,13 @@ export class ThreadedModel {
     });
     worker.postMessage({ type: "load", dir, options: rest });
     try {
-      // the tokenizer and template load here meanwhile (encode and renderChat stay synchronous)
-      const [manifest, tokenizer] = await Promise.all([loadManifest(files), Tokenizer.fromBundle(files), loaded]);
+      // the tokenizer and template load here meanwhile (encode and renderChat stay synchronous);
+      // every part settles first, so a bad bundle is refused for its first fault in this order
+      // (the manifest, the tokenizer, the worker's graphs) however the loads race
+      const parts = await Promise.allSettled([loadManifest(files), Tokenizer.fromBundle(files), loaded]);
+      for (const part of parts) if (part.status === "rejected") throw part.reason;
+      const manifest = (parts[0] as PromiseFulfilledResult<Manifest>).value;
+      const tokenizer = (parts[1] as PromiseFulfilledResult<Tokenizer>).value;
       const template = manifest.chat ? await ChatTemplate.fromBundle(files, manifest.chat) : null;
       return new ThreadedModel(worker, manifest, options.mode ?? "ar", tokenizer, template);
     } catch (e) {
