@@ -219,3 +219,64 @@ def test_the_built_in_prompts_alternate_kinds_so_any_budget_has_each():
     assert all(first.count(k) == 10 for k in KINDS)
     held = [prompt_kind(p) for i, p in enumerate(prompts[:60]) if held_out(i)]
     assert set(held) == set(KINDS)
+
+
+def test_replies_made_many_at_a_time_are_the_targets_own(gguf_file, tmp_path):
+    """Rows of one KV pool stepping together give each conversation the reply the target
+    decodes alone, with the features and top-k log-probabilities one scoring call gives."""
+    from edgespec.distill import data
+    from edgespec.distill.pipeline import DistillConfig, _export
+    from edgespec.runtime.model import Model
+
+    out = tmp_path / "b"
+    _export(gguf_file, out, DistillConfig())
+    model = Model.load(out, mode="ar")
+    from edgespec.serve.batching import batchable
+
+    assert model.target.feature_width and batchable(model.target.stages)  # rows together
+    convs = [[{"role": "user", "content": f"the cat {i} sat on the {'mat ' * i}"}]
+             for i in range(7)]  # fmt: skip
+    convs[3] = None  # nothing to answer there
+    folder = tmp_path / "replies"
+    data.generate(model, convs, folder, float("inf"), new_tokens=20, rows=3)
+    got = {s.index: s for s in data.load(folder)}
+    assert sorted(got) == [0, 1, 2, 4, 5, 6]
+    for i, s in got.items():
+        prompt = data.conversation_ids(model, convs[i])
+        alone = model.generate(prompt, max_new_tokens=20).tokens
+        assert s.start == len(prompt) and s.ids.tolist() == prompt + alone
+        features, top_ids, top_logp = data.score(model, s.ids.tolist())
+        np.testing.assert_allclose(s.features.astype(np.float32), features.astype(np.float32),
+                                   atol=0.02, rtol=0.02)  # fmt: skip
+        assert (s.top_ids[:, 0] == top_ids[:, 0]).all()
+        np.testing.assert_allclose(s.top_logp[:, :4].astype(np.float32),
+                                   top_logp[:, :4].astype(np.float32), atol=0.02)  # fmt: skip
+
+
+def test_chats_follow_the_targets_own_first_replies(gguf_file, tmp_path):
+    """A saved reply becomes a two-turn chat (its text as the assistant's turn, then a
+    follow-up of its kind), labelled "chat"; conversations without a reply get none."""
+    from edgespec.distill import data
+    from edgespec.distill.pipeline import DistillConfig, _export
+    from edgespec.distill.prompts import FOLLOW_UPS, conversation_kind
+    from edgespec.runtime.model import Model
+
+    out = tmp_path / "b"
+    _export(gguf_file, out, DistillConfig())
+    model = Model.load(out, mode="ar")
+    convs = [[{"role": "user", "content": "Explain tides in a short paragraph."}],
+             [{"role": "user", "content": "Write a Python function that adds two numbers."}],
+             [{"role": "user", "content": "Explain rainbows."}]]  # fmt: skip
+    folder = tmp_path / "replies"
+    data.generate(model, convs[:2], folder, float("inf"), new_tokens=12)
+    chats = data.follow_ups(model, convs, folder)
+    assert chats[2] is None
+    for i, chat in enumerate(chats[:2]):
+        assert chat is not None and chat[0] == convs[i][0] and len(chat) == 3
+        s = data.load(folder)[i]
+        stop = set(model.manifest.eos_token_ids)
+        reply = [int(t) for t in s.ids[s.start :] if int(t) not in stop]
+        assert chat[1] == {"role": "assistant", "content": model.tokenizer.decode(reply).strip()}
+        kind = "question" if i == 0 else "code"
+        assert chat[2]["role"] == "user" and chat[2]["content"] in FOLLOW_UPS[kind]
+        assert conversation_kind(chat) == "chat" and conversation_kind(convs[i]) == kind

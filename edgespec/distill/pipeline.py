@@ -5,8 +5,10 @@ Steps, each kept in `out` so that a stopped run (Ctrl-C: `KeyboardInterrupt`) lo
   1. export  the target into `out` with its features declared (`feature_layers`); a bundle
              that declares them is copied (its source model must still be there: the head
              is built against the target's own tensors)
-  2. replies the target answers the prompts (data.py) until its share of the budget is spent
-             or the prompts run out: `out/distill/replies/*.npz`
+  2. replies the target answers the prompts (data.py, many at a time) until its share of the
+             budget is spent or the prompts run out, then (built-in prompts) chats: each
+             answered prompt, its reply and a second question (prompts.follow_up), numbered
+             after the prompts: `out/distill/replies/*.npz`
   3. text    the target reads text every machine has (prompts.teacher_texts, data.teacher_force)
              for its share of the budget: `out/distill/text/*.npz`, training positions at
              prefill's speed
@@ -37,7 +39,7 @@ from typing import Any
 from edgespec.bundle import MANIFEST, load_manifest, save_manifest
 from edgespec.distill import data
 from edgespec.distill.measure import decode_speedup
-from edgespec.distill.prompts import by_kind, fitting_prompts, prompt_kind, teacher_texts
+from edgespec.distill.prompts import by_kind, conversation_kind, fitting_prompts, teacher_texts
 from edgespec.export.errors import ExportError
 
 STATE = "distill"  # the folder in the bundle holding replies, checkpoint and state
@@ -136,6 +138,13 @@ def distill(target: str | os.PathLike, out: str | os.PathLike, config: DistillCo
     reply_end = start + max(0.0, c.reply_share * budget - spent)
     try:
         data.generate(model, conversations, replies, reply_end, c.new_tokens, on_sample)
+        if c.prompts is None and time.monotonic() < reply_end:  # the prompts ran out: chats
+            # numbered from a multiple of HELD_OUT_EVERY: a chat is held out where its first
+            # turn is (none of a held-out reply's text trains)
+            pad = [None] * (-len(conversations) % data.HELD_OUT_EVERY)
+            chats = data.follow_ups(model, conversations, replies)
+            data.generate(model, [*conversations, *pad, *chats], replies, reply_end,
+                          c.new_tokens, on_sample, at_least=0)  # fmt: skip
     finally:
         state.update(seconds=elapsed(), tokens=counts["tokens"])
         _save_state(state_dir, state)
@@ -209,9 +218,10 @@ def distill(target: str | os.PathLike, out: str | os.PathLike, config: DistillCo
                             text_tokens=counts["text"]))  # fmt: skip
         record["held_out"] = trainer.evaluate(tokens=None, full_vocab=True)
         kinds: dict[str, list[data.Sample]] = {}
-        for s in held:
-            last = conversations[s.index][-1]["content"] if s.index < len(conversations) else ""
-            kinds.setdefault(prompt_kind(last), []).append(s)
+        n = len(conversations)
+        for s in held:  # a reply past the conversations is a chat (data.follow_ups)
+            kind = conversation_kind(conversations[s.index]) if s.index < n else "chat"
+            kinds.setdefault(kind, []).append(s)
         record["held_out_by_kind"] = {
             k: trainer.evaluate(tokens=None, full_vocab=True, samples=v) for k, v in kinds.items()
         }

@@ -212,21 +212,30 @@ def stdlib_functions(n: int, max_lines: int = 14) -> list[str]:
     return out
 
 
-def stdlib_texts(n: int) -> list[str]:
-    """Prose paragraphs (250–700 characters) from the standard library's module docstrings."""
+def stdlib_texts(n: int, per_module: int = 1) -> list[str]:
+    """Prose paragraphs (250–700 characters) from the standard library's docstrings: its
+    modules' first, then (`per_module` > 1) those of their classes and functions, at most
+    `per_module` a module."""
     import ast
 
     out: list[str] = []
     for _, tree in _stdlib_modules():
-        for para in (ast.get_docstring(tree) or "").split("\n\n"):
-            text = " ".join(para.split())
-            words = text.split()
-            if 250 <= len(text) <= 700 and sum(w.isalpha() for w in words) > 0.7 * len(words):
-                out.append(text)
+        nodes = [tree] + [node for node in ast.walk(tree) if per_module > 1 and isinstance(
+            node, ast.ClassDef | ast.FunctionDef)]  # fmt: skip
+        taken = 0
+        for node in nodes:
+            for para in (ast.get_docstring(node) or "").split("\n\n"):
+                text = " ".join(para.split())
+                words = text.split()
+                if 250 <= len(text) <= 700 and sum(w.isalpha() for w in words) > 0.7 * len(words):
+                    out.append(text)
+                    taken += 1
+                    break
+            if taken == per_module:
                 break
         if len(out) >= n:
             break
-    return out
+    return out[:n]
 
 
 def fitting_prompts(exclude: frozenset[str] = frozenset()) -> list[str]:
@@ -237,8 +246,8 @@ def fitting_prompts(exclude: frozenset[str] = frozenset()) -> list[str]:
     out += [s.format(t) for t in topics for s in STYLES[1:]]
     out += [s.format(t) for t in TASKS + MORE_TASKS for s in CODE_STYLES]
     out += [s.format(c) for i, c in enumerate(stdlib_functions(80)) for s in REWRITES[i % 5 :][:2]]
-    out += [s.format(t) for i, t in enumerate(stdlib_texts(60)) for s in SUMMARIES[i % 3 :][:2]]
-    out += [s.format(t) for i, t in enumerate(licence_texts(24)) for s in SUMMARIES[i % 3 :][:1]]
+    texts = stdlib_texts(240, per_module=3) + licence_texts(48)
+    out += [s.format(t) for i, t in enumerate(texts) for s in (SUMMARIES * 2)[i % 3 :][:2]]
     return [p for p in dict.fromkeys(out) if p not in exclude]
 
 
@@ -269,6 +278,38 @@ def licence_texts(n: int, folder: Path = Path("/usr/share/common-licenses")) -> 
 
 
 KINDS = ("question", "code", "summary")
+# a second user turn after the target's own first reply makes a chat ("chat": its kind)
+FOLLOW_UPS = {
+    "question": (
+        "Can you give me an example?",
+        "Explain that more simply.",
+        "Sum that up in one sentence.",
+        "What do people often get wrong about this?",
+        "Why does that matter in everyday life?",
+    ),
+    "code": (
+        "Explain how it works, briefly.",
+        "How would you test it?",
+        "Can you make it shorter?",
+        "What happens with an empty input?",
+    ),
+    "summary": ("Which point matters most, and why?", "Say it in one sentence."),
+}
+
+
+def follow_up(conversation: list[dict[str, str]], reply: str, i: int) -> list[dict[str, str]]:
+    """`conversation` with its reply and a second user turn (the `i`-th follow-up of its
+    kind): a multi-turn chat whose first answer is the target's own."""
+    asks = FOLLOW_UPS[prompt_kind(conversation[-1]["content"])]
+    return [*conversation, {"role": "assistant", "content": reply},
+            {"role": "user", "content": asks[i % len(asks)]}]  # fmt: skip
+
+
+def conversation_kind(conversation: list[dict[str, str]]) -> str:
+    """ "chat" for a conversation of more than one user turn, else its prompt's kind."""
+    if sum(m.get("role") == "user" for m in conversation) > 1:
+        return "chat"
+    return prompt_kind(conversation[-1]["content"]) if conversation else "question"
 
 
 def prompt_kind(text: str) -> str:
