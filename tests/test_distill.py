@@ -236,11 +236,10 @@ def test_replies_made_many_at_a_time_are_the_targets_own(gguf_file, tmp_path):
     assert model.target.feature_width and batchable(model.target.stages)  # rows together
     convs = [[{"role": "user", "content": f"the cat {i} sat on the {'mat ' * i}"}]
              for i in range(7)]  # fmt: skip
-    convs[3] = None  # nothing to answer there
     folder = tmp_path / "replies"
     data.generate(model, convs, folder, float("inf"), new_tokens=20, rows=3)
     got = {s.index: s for s in data.load(folder)}
-    assert sorted(got) == [0, 1, 2, 4, 5, 6]
+    assert sorted(got) == list(range(7))
     for i, s in got.items():
         prompt = data.conversation_ids(model, convs[i])
         alone = model.generate(prompt, max_new_tokens=20).tokens
@@ -254,10 +253,11 @@ def test_replies_made_many_at_a_time_are_the_targets_own(gguf_file, tmp_path):
 
 
 def test_chats_follow_the_targets_own_first_replies(gguf_file, tmp_path):
-    """A saved reply becomes a two-turn chat (its text as the assistant's turn, then a
-    follow-up of its kind), labelled "chat"; conversations without a reply get none."""
+    """Every other reply is continued as a two-turn chat (its text as the assistant's turn,
+    then a follow-up of its kind), answered right after it and labelled "chat"; a resumed
+    run first answers the chats of replies made before."""
     from edgespec.distill import data
-    from edgespec.distill.pipeline import DistillConfig, _export
+    from edgespec.distill.pipeline import DistillConfig, _export, chats
     from edgespec.distill.prompts import FOLLOW_UPS, conversation_kind
     from edgespec.runtime.model import Model
 
@@ -266,17 +266,24 @@ def test_chats_follow_the_targets_own_first_replies(gguf_file, tmp_path):
     model = Model.load(out, mode="ar")
     convs = [[{"role": "user", "content": "Explain tides in a short paragraph."}],
              [{"role": "user", "content": "Write a Python function that adds two numbers."}],
-             [{"role": "user", "content": "Explain rainbows."}]]  # fmt: skip
+             [{"role": "user", "content": "Explain rainbows."}],
+             [{"role": "user", "content": "Explain the water cycle."}]]  # fmt: skip
     folder = tmp_path / "replies"
-    data.generate(model, convs[:2], folder, float("inf"), new_tokens=12)
-    chats = data.follow_ups(model, convs, folder)
-    assert chats[2] is None
-    for i, chat in enumerate(chats[:2]):
-        assert chat is not None and chat[0] == convs[i][0] and len(chat) == 3
-        s = data.load(folder)[i]
-        stop = set(model.manifest.eos_token_ids)
-        reply = [int(t) for t in s.ids[s.start :] if int(t) not in stop]
-        assert chat[1] == {"role": "assistant", "content": model.tokenizer.decode(reply).strip()}
-        kind = "question" if i == 0 else "code"
-        assert chat[2]["role"] == "user" and chat[2]["content"] in FOLLOW_UPS[kind]
+    data.generate(model, convs[:2], folder, float("inf"), new_tokens=12)  # no chats
+    seen = []
+    data.generate(model, convs, folder, float("inf"), new_tokens=12, rows=2,
+                  on_sample=lambda s: seen.append(s.index), follow=chats(model, convs))  # fmt: skip
+    # the chat of reply 1 (made before) first; then 2, 3 and the chat of 3 (10 + 3)
+    assert seen[0] == 11 and sorted(seen) == [2, 3, 11, 13] and seen.index(13) > seen.index(3)
+    got = {s.index: s for s in data.load(folder)}
+    stop = set(model.manifest.eos_token_ids)
+    for i in (1, 3):
+        s = got[i]
+        reply = model.tokenizer.decode([int(t) for t in s.ids[s.start :] if int(t) not in stop])
+        chat = convs[i] + [{"role": "assistant", "content": reply.strip()}]
+        kind = "code" if i == 1 else "question"
+        ask = FOLLOW_UPS[kind][i % len(FOLLOW_UPS[kind])]
+        chat.append({"role": "user", "content": ask})
         assert conversation_kind(chat) == "chat" and conversation_kind(convs[i]) == kind
+        c = got[10 + i]
+        assert c.ids[: c.start].tolist() == data.conversation_ids(model, chat)

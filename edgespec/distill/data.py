@@ -129,20 +129,28 @@ class _Row:
     top: list[tuple[np.ndarray, np.ndarray]]  # per call: its positions' top_k_logp
 
 
+Conversation = list[dict[str, str]]
+# after a reply (its index, ids, where the reply starts): the next conversation to answer and
+# its index (a chat that continues it), or None
+FollowUp = Callable[[int, np.ndarray, int], "tuple[int, Conversation] | None"]
+
+
 def generate(
     model: Any,
-    conversations: list[list[dict[str, str]] | None],
+    conversations: list[Conversation],
     folder: Path,
     deadline: float,
     new_tokens: int = 192,
     on_sample: Callable[[Sample], None] | None = None,
     at_least: int = 2,
     rows: int = ROWS,
+    follow: FollowUp | None = None,
 ) -> None:
-    """Replies to the conversations (None: none there) not yet in `folder`, until
-    time.monotonic() > deadline
+    """Replies to the conversations not yet in `folder`, until time.monotonic() > deadline
     once `folder` holds at least `at_least` (a head needs some replies to train on, however
-    loaded the machine).
+    loaded the machine). `follow`: a conversation to answer next after each reply (also
+    after the replies already in `folder` whose follow-up is not), before the remaining
+    conversations.
 
     Greedy, `rows` replies at a time: each is a row of one KV pool, prefilled alone, and the
     rows step together, one position each in one forward (GroupQueryAttention's
@@ -154,22 +162,40 @@ def generate(
     row alone (serve/batching.py pads rows for bitwise equality at twice the cost; training
     data needs no such guarantee). A target whose graphs cannot batch (static, Core ML,
     older exports) replies one prompt at a time in its own decoding loop."""
+    from collections import deque
+
     from edgespec.runtime.graphs.kv_cache import KVPool
     from edgespec.serve.batching import batchable, forward_alone
 
     folder.mkdir(parents=True, exist_ok=True)
-    done = {int(p.stem) for p in folder.glob("*.npz")}
+    saved = {int(p.stem): p for p in folder.glob("[0-9]*.npz")}
+    done = set(saved)
     context = model.manifest.target.max_position_embeddings
+    capacity = min(context, 2048)  # a pool row's positions: prompt and reply fit in it
     chat = model.chat_session() if model.manifest.chat else None
-    prompts = [
-        (i, conversation_ids(model, c, chat))
-        for i, c in enumerate(conversations)
-        if i not in done and c is not None
-    ]
-    work = [(i, p, min(new_tokens, context - len(p) - 2)) for i, p in prompts]
-    work = [w for w in work if w[2] >= 8]  # too long for the context: skipped
-    todo = iter(work)
+    todo: deque[tuple[int, Conversation]] = deque(
+        (i, c) for i, c in enumerate(conversations) if i not in done
+    )
+    if follow is not None:  # the follow-ups of replies made before, first
+        for i in sorted(saved):
+            with np.load(saved[i]) as z:
+                nxt = follow(i, z["ids"], int(z["start"]))
+            if nxt is not None and nxt[0] not in done:
+                todo.appendleft(nxt)
     have = len(done)
+
+    def take() -> tuple[int, list[int], int] | None:
+        """The next conversation that fits: (index, prompt ids, reply budget)."""
+        while todo:
+            index, conversation = todo.popleft()
+            if index in done:
+                continue
+            done.add(index)
+            prompt = conversation_ids(model, conversation, chat)
+            budget = min(new_tokens, capacity - len(prompt) - 2)
+            if budget >= 8:  # else too long for the context: skipped
+                return index, prompt, budget
+        return None
 
     def finish(sample: Sample) -> None:
         nonlocal have
@@ -177,6 +203,9 @@ def generate(
         have += 1
         if on_sample is not None:
             on_sample(sample)
+        nxt = follow(sample.index, sample.ids, sample.start) if follow is not None else None
+        if nxt is not None and nxt[0] not in done:
+            todo.appendleft(nxt)
 
     target = model.target
     if (
@@ -184,32 +213,31 @@ def generate(
         or target.fixed_capacity
         or not target.feature_width
         or rows < 2
-        or (not batchable(target.stages))
+        or not batchable(target.stages)
     ):
-        for index, prompt, budget in todo:
-            if time.monotonic() > deadline and have >= at_least:
-                return
+        while (time.monotonic() <= deadline or have < at_least) and (nxt := take()):
+            index, prompt, budget = nxt
             ids = prompt + model.generate(prompt, max_new_tokens=budget).tokens
             finish(Sample(index, np.asarray(ids, np.int32), len(prompt), *score(model, ids)))
         return
 
     stages, m = target.stages, target.model
-    longest = max((len(p) + budget + 2 for _, p, budget in work), default=8)
-    pool = KVPool.allocate(target.layers, m.num_kv_heads, m.head_dim, longest, rows,
+    pool = KVPool.allocate(target.layers, m.num_kv_heads, m.head_dim, capacity, rows,
                            stages[0].kv_dtype, target.step_width)  # fmt: skip
     pool.with_features(target.feature_width)
     stop = set(model.manifest.eos_token_ids)
     live: dict[int, _Row] = {}
     while True:
         while pool.free and (time.monotonic() <= deadline or have + len(live) < at_least):
-            nxt = next(todo, None)
+            nxt = take()
             if nxt is None:
                 break
             slot = pool.acquire()
             assert slot is not None
             index, prompt, budget = nxt
             first = forward_alone(stages, pool, slot, np.asarray(prompt, np.int64))
-            live[slot] = _Row(index, prompt, budget, [int(first[-1].argmax())], [top_k_logp(first)])
+            reply = [int(first[-1].argmax())]
+            live[slot] = _Row(index, prompt, budget, reply, [top_k_logp(first)])
         if not live:
             return
         slots = list(live)
@@ -221,13 +249,33 @@ def generate(
             if row.reply[-1] in stop or len(row.reply) >= row.budget:
                 ids = row.prompt + row.reply
                 features = pool.features[slot, : len(ids)].astype(np.float16)
+                del live[slot]
+                pool.release(slot)
                 finish(Sample(row.index, np.asarray(ids, np.int32), len(row.prompt), features,
                               np.concatenate([t[0] for t in row.top]),
                               np.concatenate([t[1] for t in row.top])))  # fmt: skip
-                del live[slot]
-                pool.release(slot)
             else:
                 row.reply.append(int(top_ids[j, 0]))
+
+
+def chats_after(model: Any, conversations: list[Conversation], first: int) -> FollowUp:
+    """A `FollowUp` that continues the reply of every other single-turn conversation (the
+    odd indices: a third of the replies are chats) as a chat (prompts.follow_up: the reply
+    as the assistant's turn, then a second question of its kind), numbered `first` + the
+    conversation's index."""
+    from edgespec.distill.prompts import follow_up
+
+    stop = set(model.manifest.eos_token_ids)
+
+    def after(index: int, ids: np.ndarray, start: int) -> tuple[int, Conversation] | None:
+        if index >= len(conversations) or len(conversations[index]) != 1 or index % 2 == 0:
+            return None
+        text = model.tokenizer.decode([int(t) for t in ids[start:] if int(t) not in stop])
+        if not text.strip():
+            return None
+        return first + index, follow_up(conversations[index], text.strip(), index)
+
+    return after
 
 
 def _step_rows(stages: list, pool: Any, last: dict[int, int]) -> np.ndarray:
@@ -287,27 +335,6 @@ def teacher_force(
         have += 1
         if on_sample is not None:
             on_sample(sample)
-
-
-def follow_ups(
-    model: Any, conversations: list[list[dict[str, str]]], folder: Path
-) -> list[list[dict[str, str]] | None]:
-    """Per conversation with a saved reply in `folder` (a single user turn), the chat that
-    follows it (prompts.follow_up: its reply, then a second question); None elsewhere."""
-    from edgespec.distill.prompts import follow_up
-
-    stop = set(model.manifest.eos_token_ids)
-    out: list[list[dict[str, str]] | None] = [None] * len(conversations)
-    for path in sorted(folder.glob("[0-9]*.npz")):
-        i = int(path.stem)
-        if i >= len(conversations) or len(conversations[i]) != 1:
-            continue
-        with np.load(path) as z:
-            reply = [int(t) for t in z["ids"][int(z["start"]) :] if int(t) not in stop]
-        text = model.tokenizer.decode(reply).strip()
-        if text:
-            out[i] = follow_up(conversations[i], text, i)
-    return out
 
 
 def save(s: Sample, folder: Path) -> None:

@@ -6,9 +6,9 @@ Steps, each kept in `out` so that a stopped run (Ctrl-C: `KeyboardInterrupt`) lo
              that declares them is copied (its source model must still be there: the head
              is built against the target's own tensors)
   2. replies the target answers the prompts (data.py, many at a time) until its share of the
-             budget is spent or the prompts run out, then (built-in prompts) chats: each
-             answered prompt, its reply and a second question (prompts.follow_up), numbered
-             after the prompts: `out/distill/replies/*.npz`
+             budget is spent or the prompts run out; with the built-in prompts each reply is
+             continued as a chat (its reply and a second question, prompts.follow_up),
+             answered next: `out/distill/replies/*.npz`
   3. text    the target reads text every machine has (prompts.teacher_texts, data.teacher_force)
              for its share of the budget: `out/distill/text/*.npz`, training positions at
              prefill's speed
@@ -137,14 +137,15 @@ def distill(target: str | os.PathLike, out: str | os.PathLike, config: DistillCo
 
     reply_end = start + max(0.0, c.reply_share * budget - spent)
     try:
-        data.generate(model, conversations, replies, reply_end, c.new_tokens, on_sample)
-        if c.prompts is None and time.monotonic() < reply_end:  # the prompts ran out: chats
-            # numbered from a multiple of HELD_OUT_EVERY: a chat is held out where its first
-            # turn is (none of a held-out reply's text trains)
-            pad = [None] * (-len(conversations) % data.HELD_OUT_EVERY)
-            chats = data.follow_ups(model, conversations, replies)
-            data.generate(model, [*conversations, *pad, *chats], replies, reply_end,
-                          c.new_tokens, on_sample, at_least=0)  # fmt: skip
+        data.generate(
+            model,
+            conversations,
+            replies,
+            reply_end,
+            c.new_tokens,
+            on_sample,
+            follow=chats(model, conversations) if c.prompts is None else None,
+        )
     finally:
         state.update(seconds=elapsed(), tokens=counts["tokens"])
         _save_state(state_dir, state)
@@ -219,7 +220,7 @@ def distill(target: str | os.PathLike, out: str | os.PathLike, config: DistillCo
         record["held_out"] = trainer.evaluate(tokens=None, full_vocab=True)
         kinds: dict[str, list[data.Sample]] = {}
         n = len(conversations)
-        for s in held:  # a reply past the conversations is a chat (data.follow_ups)
+        for s in held:  # a reply past the conversations is a chat (`chats`)
             kind = conversation_kind(conversations[s.index]) if s.index < n else "chat"
             kinds.setdefault(kind, []).append(s)
         record["held_out_by_kind"] = {
@@ -248,6 +249,14 @@ def distill(target: str | os.PathLike, out: str | os.PathLike, config: DistillCo
     report(Progress("done", elapsed(), budget, counts["samples"], counts["tokens"],
                     trainer.steps, accepted=record["held_out"].get("accepted")))  # fmt: skip
     return record
+
+
+def chats(model: Any, conversations: list) -> data.FollowUp:
+    """Each answered built-in prompt continued as a chat, answered next, numbered from the
+    first multiple of HELD_OUT_EVERY past the prompts: a chat is held out where its first
+    turn is (no held-out reply's text trains)."""
+    n = len(conversations)
+    return data.chats_after(model, conversations, n + (-n % data.HELD_OUT_EVERY))
 
 
 # -- steps --------------------------------------------------------------------------------
