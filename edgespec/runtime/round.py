@@ -28,7 +28,7 @@ Drafters and verifiers never consult the policy: the decode loop asks it once pe
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal, Protocol, runtime_checkable
 
 import numpy as np
@@ -58,15 +58,29 @@ class Plan:
     # a chain round whose tree drafter also builds, unverified, the tree it would have sent
     # (`Proposal.shadow`): the verdict prices its side candidates without a tree forward
     shadow: bool = False
+    # the most tokens the round can take (the token budget, the caches, what the verifier
+    # takes at once; `within`); tokens a grammar forces come before γ's drafts, within it.
+    # None: `length`
+    room: int | None = None
+
+    @property
+    def most(self) -> int:
+        """The most tokens this round's proposal may hold."""
+        return self.length if self.room is None else self.room
 
     def keep_drafting(self, confidence: float) -> bool:
         return confidence >= self.min_confidence
 
     def capped(self, length: int) -> Plan:
-        n = max(0, min(self.length, length))
-        return Plan(
-            n, self.exit_layer, self.min_confidence, self.where, self.tree_depth, self.shadow
-        )
+        """γ (and the room) at most `length`."""
+        n = max(0, length)
+        room = None if self.room is None else min(self.room, n)
+        return replace(self, length=min(self.length, n), room=room)
+
+    def within(self, room: int) -> Plan:
+        """The plan for a round that can take at most `room` tokens: γ capped by it."""
+        room = max(0, room)
+        return replace(self, length=min(self.length, room), room=room)
 
 
 class DraftLengthPolicy(Protocol):
@@ -110,6 +124,9 @@ class Proposal:
     tree: TokenTree | None = None  # several candidates per position; `tokens` its main path
     tree_q: list[SparseQ] | None = None  # kind "sampled": each node's q (siblings' alike)
     shadow: TokenTree | None = None  # a chain round's unverified tree (`Plan.shadow`)
+    # the first `forced` tokens are a grammar's, drafted by no drafter (`drafters/forced.py`):
+    # acceptance cannot refuse them (RoundStats.forced, not `drafted`)
+    forced: int = 0
 
     @property
     def exit_layer(self) -> int | None:
@@ -212,14 +229,53 @@ class Verdict:
     # (split mode's local graphs after rounds at the server): a one-off, not the round's price
     catchup_seconds: float = 0.0
 
-    def fill(self, stats: RoundStats) -> RoundStats:
-        stats.verifier = self.verifier
-        stats.catchup_seconds += self.catchup_seconds
-        stats.reconnected = self.resync  # counted as GenerationStats.reconnects
-        stats.server_busy, stats.stream_rate = self.server_busy, self.stream_rate
-        if self.channel is not None:
-            stats.set_channel(self.channel)
-        return stats
+    def drafts(self, proposal: Proposal) -> list[int]:
+        """The drafts it accepted: the proposal's first `accepted` tokens, or the root path
+        it kept of the proposal's tree."""
+        return proposal.tokens[: self.accepted] if self.tree_path is None else self.tree_path
+
+    def tokens(self, proposal: Proposal) -> list[int]:
+        """What the round appends to the sequence: the drafts it accepted, the tokens the
+        server decoded on its own (a streamed round), then `token`."""
+        return [*self.drafts(proposal), *self.streamed, self.token]
+
+
+def round_stats(
+    proposal: Proposal, verdict: Verdict, sent: int, seconds: float, length: int
+) -> RoundStats:
+    """A decode round's stats, all in one place: what was proposed, the `sent` drafts the
+    verifier verified (`Pending.sent`), its verdict, the round's wall time, and `length`,
+    the sequence the round continued (what a resync rebuilt the server's session from)."""
+    tree = proposal.tree if verdict.tree_path is not None else None
+    n, forced = verdict.accepted, min(proposal.forced, verdict.accepted)
+    offered = 0 if verdict.resync else (tree.max_depth if tree is not None else sent)
+    processed = len(tree) if tree is not None else sent
+    stats = RoundStats(
+        "decode",
+        n + len(verdict.streamed) + 1,
+        length if verdict.resync else processed + 1,
+        seconds,
+        drafted=max(offered - proposal.forced, 0),  # a tree: the positions it offered
+        accepted=n - forced,
+        draft_seconds=proposal.seconds,
+        verify_seconds=verdict.verify_seconds,
+        exit_layer=proposal.exit_layer,
+        catchup_seconds=proposal.catchup_seconds + verdict.catchup_seconds,
+        verifier=verdict.verifier,
+        reconnected=verdict.resync,  # counted as GenerationStats.reconnects
+        forced=forced,
+        server_busy=verdict.server_busy,
+        stream_rate=verdict.stream_rate,
+    )
+    if verdict.channel is not None:
+        stats.set_channel(verdict.channel)
+    if tree is not None:
+        stats.tree_nodes, stats.tree_offers = len(tree), tree.offers(verdict.drafts(proposal))
+    elif proposal.shadow is not None and not proposal.forced and not verdict.resync:
+        # the tree not sent, against what the target produced: its drafts kept and its token
+        kept = [*verdict.drafts(proposal), verdict.token]
+        stats.tree_offers = proposal.shadow.shadow_offers(kept)
+    return stats
 
 
 class Pending(Protocol):

@@ -113,10 +113,13 @@ class RemoteVerifier:
         self.row_ids = None if start.params.greedy else self.q_ids
         x = self.session.start(prompt, start.capacity, start.params, resume=self.hold)
         self.started(len(prompt))
+        v = _verdict(x)
         stats = RoundStats(
-            "prefill", 1, len(prompt) - x.kept, perf_counter() - began, cached_tokens=x.kept
-        )
-        return x.result.token, _verdict(x).fill(stats)
+            "prefill", 1, len(prompt) - x.kept, perf_counter() - began, verifier=v.verifier,
+            cached_tokens=x.kept, server_busy=v.server_busy, stream_rate=v.stream_rate,
+        )  # fmt: skip
+        stats.set_channel(_channel(x))
+        return x.result.token, stats
 
     def resync(
         self,
