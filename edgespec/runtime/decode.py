@@ -188,7 +188,7 @@ def speculative_round(
         nxt = _draft_ahead(drafter, plan, seq, sent, pending, params, rng)
         # 5. accept
         verdict = pending.result()
-        new = verdict.tokens(proposal)
+        new = verdict.tokens
         valid = len(seq) + verdict.accepted
         if nxt.follows(verdict, len(sent)):
             kept = nxt.after_first()

@@ -31,9 +31,11 @@ def _channel(x: Exchange) -> ChannelStats:
     return ChannelStats(x.network_seconds, x.result.server_seconds, x.bytes_up, x.bytes_down)
 
 
-def _verdict(x: Exchange, resync: bool = False) -> Verdict:
+def _verdict(x: Exchange, resync: bool = False, drafts: list[int] | None = None) -> Verdict:
+    """The server's answer as a verdict; `drafts`: those it accepted (a START's: none)."""
     r = x.result
-    v = Verdict(r.accepted, r.token, r.server_seconds, "remote", resync, _channel(x))
+    tokens = [*(drafts or []), r.token]
+    v = Verdict(r.accepted, tokens, r.server_seconds, "remote", resync, _channel(x))
     if r.limits is not None:  # a START's answer: how the server would stream now
         v.stream_rate, v.server_busy = r.limits.stream_rate, r.limits.stream_room == 0
     return v
@@ -67,8 +69,9 @@ class InFlight:
         if not fits or r.length != self.base + r.accepted + 1:
             self.session.drop()
             raise LinkError(f"the server's answer does not fit the round: {x.result}")
-        verdict = _verdict(x)
-        verdict.tree_path = kept
+        drafts = kept if kept is not None else self.proposal.tokens[: r.accepted]
+        verdict = _verdict(x, drafts=drafts)
+        verdict.tree = kept is not None
         return verdict
 
 
