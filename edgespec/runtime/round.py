@@ -219,12 +219,11 @@ class Verdict:
     verify_seconds: float
     verifier: str = "local"  # "local" | "remote" | "stream" | "device" (RoundStats.verifier)
     resync: bool = False  # a new server session answered: the round's drafts were void
-    channel: ChannelStats | None = None  # from a server: the channel as this round saw it
+    # from a server: the channel as this round saw it, and whether it would stream
+    channel: ChannelStats | None = None
     # the rows the target scored, when the verifier has them (local graphs): a drafter
     # that learns from them reads them, nobody writes them
     rows: ScoredRows | None = None
-    server_busy: bool = False  # the server refused to stream ("verify only") or shed it
-    stream_rate: float | None = None  # a START's answer: its streams' tokens/s (0: none yet)
     tree: bool = False  # the proposal's token tree was verified (not its main path alone)
     # seconds the verifier spent catching its cache up on tokens it lacked before this round
     # (split mode's local graphs after rounds at the server): a one-off, not the round's price
@@ -265,8 +264,6 @@ def round_stats(
         verifier=verdict.verifier,
         reconnected=verdict.resync,  # counted as GenerationStats.reconnects
         forced=forced,
-        server_busy=verdict.server_busy,
-        stream_rate=verdict.stream_rate,
     )
     if verdict.channel is not None:
         stats.set_channel(verdict.channel)

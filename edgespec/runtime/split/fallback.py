@@ -50,7 +50,7 @@ from edgespec.runtime.sampling import SamplingParams
 from edgespec.runtime.split.listen import ServerStream, StreamsFull
 from edgespec.runtime.split.verifier import InFlight
 from edgespec.runtime.split.verifier import RemoteVerifier as RemoteVerifier
-from edgespec.runtime.stats import RoundStats
+from edgespec.runtime.stats import ChannelStats, RoundStats
 from edgespec.runtime.verify.local import LocalVerifier
 
 
@@ -126,14 +126,12 @@ class StreamRound:
                 out = f.server.submit(self.seq, self.proposal, self.params, self.rng).result()
             except LinkError as e:
                 out = f.recover(e, self.seq, self.proposal, self.params, self.rng)
-            out.server_busy = True
+            out.channel = replace(out.channel or ChannelStats(0.0, 0.0, 0, 0), server_busy=True)
             return out
         except LinkError as e:
             return f.recover(e, self.seq, self.proposal, self.params, self.rng)
-        return Verdict(
-            0, list(ids), channel.server_seconds, "stream", channel=channel,
-            server_busy=stream.shed,
-        )  # fmt: skip
+        channel = replace(channel, server_busy=stream.shed)
+        return Verdict(0, list(ids), channel.server_seconds, "stream", channel=channel)
 
 
 class FallbackVerifier:

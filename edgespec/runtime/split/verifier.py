@@ -28,17 +28,19 @@ from edgespec.runtime.tree import TokenTree
 
 
 def _channel(x: Exchange) -> ChannelStats:
-    return ChannelStats(x.network_seconds, x.result.server_seconds, x.bytes_up, x.bytes_down)
+    c = ChannelStats(x.network_seconds, x.result.server_seconds, x.bytes_up, x.bytes_down)
+    limits = x.result.limits
+    if limits is None:
+        return c
+    # a START's answer: how the server would stream now
+    return replace(c, server_busy=limits.stream_room == 0, stream_rate=limits.stream_rate)
 
 
 def _verdict(x: Exchange, resync: bool = False, drafts: list[int] | None = None) -> Verdict:
     """The server's answer as a verdict; `drafts`: those it accepted (a START's: none)."""
     r = x.result
     tokens = [*(drafts or []), r.token]
-    v = Verdict(r.accepted, tokens, r.server_seconds, "remote", resync, _channel(x))
-    if r.limits is not None:  # a START's answer: how the server would stream now
-        v.stream_rate, v.server_busy = r.limits.stream_rate, r.limits.stream_room == 0
-    return v
+    return Verdict(r.accepted, tokens, r.server_seconds, "remote", resync, _channel(x))
 
 
 @dataclass
@@ -116,11 +118,10 @@ class RemoteVerifier:
         self.row_ids = None if start.params.greedy else self.q_ids
         x = self.session.start(prompt, start.capacity, start.params, resume=self.hold)
         self.started(len(prompt))
-        v = _verdict(x)
+        seconds = perf_counter() - began
         stats = RoundStats(
-            "prefill", 1, len(prompt) - x.kept, perf_counter() - began, verifier=v.verifier,
-            cached_tokens=x.kept, server_busy=v.server_busy, stream_rate=v.stream_rate,
-        )  # fmt: skip
+            "prefill", 1, len(prompt) - x.kept, seconds, verifier="remote", cached_tokens=x.kept
+        )
         stats.set_channel(_channel(x))
         return x.result.token, stats
 
