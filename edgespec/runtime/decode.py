@@ -174,8 +174,8 @@ def speculative_round(
     rng: np.random.Generator,
 ) -> tuple[list[int], RoundStats, Ahead]:
     """One draft-verify round after `seq` (the caches hold seq[:-1]); returns the tokens it
-    appends (accepted drafts, then the target's), its stats and the drafts made ahead that
-    follow them."""
+    appends (the verdict's: accepted drafts, any a server streamed, the target's token), its
+    stats and the drafts made ahead that follow them."""
     start, valid, kept = perf_counter(), len(seq) - 1, Ahead()
     try:
         # 2. draft: the tokens drafted ahead last round, topped up by the drafter
@@ -188,7 +188,6 @@ def speculative_round(
         nxt = _draft_ahead(drafter, plan, seq, sent, pending, params, rng)
         # 5. accept
         verdict = pending.result()
-        new = verdict.tokens
         valid = len(seq) + verdict.accepted
         if nxt.follows(verdict, len(sent)):
             kept = nxt.after_first()
@@ -201,7 +200,7 @@ def speculative_round(
         if not kept.tokens:
             drafter.commit(valid)
     stats = round_stats(proposal, verdict, len(sent), perf_counter() - start, len(seq))
-    return new, stats, kept
+    return verdict.tokens, stats, kept
 
 
 @dataclass
