@@ -233,12 +233,10 @@ def test_a_failing_round_leaves_the_caches_as_before_it(spec_bundles, references
 
     target.forward = broken
     with pytest.raises(RuntimeError, match="device lost"):
-        speculative_round(
-            model.verifier, drafter, Plan(3), seq, Ahead(), 3, SamplingParams(), rng(0)
-        )
+        speculative_round(model.verifier, drafter, Plan(3), seq, Ahead(), SamplingParams(), rng(0))
     assert target.length == len(seq) - 1 and drafter.model.length <= len(seq) - 1
     target.forward = real_forward
     new, _, _ = speculative_round(
-        model.verifier, drafter, Plan(3), seq, Ahead(), 3, SamplingParams(), rng(0)
+        model.verifier, drafter, Plan(3), seq, Ahead(), SamplingParams(), rng(0)
     )
     assert [*first, *new] == references["qwen2"][: 1 + len(new)]

@@ -313,7 +313,7 @@ def test_a_device_bundle_without_tree_graphs_sends_trees_and_falls_back_on_main_
     from edgespec.runtime.round import Proposal
 
     verdict = local.submit([*prompt, first], Proposal.of_tree(tree), SamplingParams(), rng).result()
-    assert verdict.tree_path is None and (verdict.accepted, verdict.token) == (0, a)
+    assert not verdict.tree and (verdict.accepted, verdict.tokens) == (0, [a])
 
 
 @pytest.fixture(scope="module")

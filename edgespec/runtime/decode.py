@@ -7,22 +7,28 @@ token); split decoding is the loop with a remote verifier; a server's stream
 worker; calibration times its rounds at fixed γ.
 One round (`speculative_round`), in order:
   1. plan     the caller has asked the policy once, for the drafter that will propose (a
-              chain's member): γ, exit layer, confidence stop
+              chain's member): γ, exit layer, confidence stop, within the round's room
+              (the token budget, the caches, what the verifier takes at once: `Plan.within`)
   2. draft    take the tokens drafted ahead during the last round (if they still follow),
               and have the drafter top them up to γ
-  3. submit   the verifier scores [last, d_1..d_γ] (locally: at once; remotely: sent)
+  3. submit   the verifier scores [last, d_1..d_γ] (locally: at once; remotely: sent, all
+              of them or the prefix that fits the server's request, `Pending.sent`)
   4. ahead    while a remote answer is in flight, keep drafting as if every draft were
               accepted (PEARL / SpecEdge style): d_{γ+1} guesses the verifier's next token
-  5. accept   the verdict: d_1..d_n accepted, then the target's token t (a token tree:
-              d_1..d_n the root path it kept, `Verdict.tree_path`)
+  5. accept   the verdict gives the tokens to append (`Verdict.tokens`): d_1..d_n accepted
+              (a token tree: the root path it kept), the tokens a server streamed, then
+              the target's token t
   6. truncate verifier and drafter caches to the accepted prefix (a length change, in
-              `finally`, so a failing round leaves them as they were); drafts made ahead are
-              kept only if n = γ and t = d_{γ+1}
+              `finally`, so a failing round leaves them as they were; the round's one
+              `Drafter.commit`, which also forgets drafts that were never sent); drafts made
+              ahead are kept only if n = γ and t = d_{γ+1}
+  stats       built once from the proposal and the verdict (`round.round_stats`)
 With a grammar (`constraint`, runtime/grammar/constraints.py) the drafter and the verifier mask
-every position alike; before step 2 the tokens the grammar alone decides (each the only one it
-allows) are taken as drafts that need no drafter and that acceptance cannot refuse, and a run
-of them that ends the output (the grammar's end-of-sequence) ends it with no verifier call;
-drafts the grammar forbids (a lookup's) are cut before they are submitted.
+every position alike, and the loop drafts through `Forced` (runtime/drafters/forced.py): each
+proposal starts with the tokens the grammar alone decides (each the only one it allows),
+drafts that need no drafter and that acceptance cannot refuse, and drafts the grammar
+forbids (a lookup's) are cut before they are submitted; a run of forced tokens that ends the
+output (the grammar's end-of-sequence) ends it with no verifier call.
 Each yielded `Step` carries the tokens a round produced and its `RoundStats`; the caller
 feeds the stats back to the policy. A drafter that learns from the target's logits (Token
 Recycling) is shown the rows a local verifier scored once the verdict is in. Greedy output
@@ -39,29 +45,24 @@ from time import perf_counter
 import numpy as np
 
 from edgespec.runtime.draft_q import SparseQ
+from edgespec.runtime.drafters.forced import Forced
 from edgespec.runtime.grammar.constraints import Constraint
 from edgespec.runtime.round import (
     Drafter,
     DraftLengthPolicy,
     LearnsFromVerify,
+    Pending,
     Plan,
     Proposal,
     Start,
+    Verdict,
     Verifier,
+    round_stats,
 )
 from edgespec.runtime.sampling import SamplingParams
 from edgespec.runtime.stats import RoundStats, Step
 
 GREEDY_RNG = np.random.default_rng(0)
-
-
-@dataclass
-class Ahead:
-    """Tokens drafted after the last submitted drafts, not yet submitted."""
-
-    tokens: list[int] = field(default_factory=list)
-    q: list[SparseQ] = field(default_factory=list)
-    seconds: float = 0.0
 
 
 def decode(
@@ -129,6 +130,8 @@ def decode_rounds(
     seq = list(seq)
     step, produced, ahead, rounds = first, len(first.tokens) if first else 0, Ahead(), 0
     stop_ids, capacity = budget.stop_ids, budget.capacity
+    if constraint is not None:  # the tokens the grammar alone decides lead every proposal
+        drafter = Forced(drafter, constraint)
     while True:
         last = step.tokens[-1] if step is not None else None
         reason = finish_reason(last, produced, budget.max_new, stop_ids, len(seq) - 1, capacity)
@@ -142,20 +145,15 @@ def decode_rounds(
             return
         # never draft past the token budget, the cache (verify writes γ + 1 positions)
         # or what the verifier takes in one round
-        room = min(budget.max_new - produced - 1, capacity - len(seq))
+        room = min(budget.max_new - produced - 1, capacity - len(seq), most)
         source = drafter.source(seq)
-        forced = constraint.forced(seq, min(room, most)) if constraint else []
-        if forced and forced[-1] in stop_ids:  # the grammar alone ends the output
-            stats = RoundStats("decode", len(forced), 0, 0.0, forced=len(forced))
-            stats.verifier = "none"
-            step = Step(forced, stats)
-            seq += forced
-            produced += len(forced)
+        if constraint is not None and (end := _grammar_end(constraint, seq, room, stop_ids)):
+            step = end  # the grammar alone ends the output: no round, no verifier call
+            seq += end.tokens
+            produced += len(end.tokens)
             continue
-        plan = policy.plan(source).capped(min(room, most) - len(forced))
-        new, stats, ahead = speculative_round(
-            verifier, drafter, plan, seq, ahead, room, params, rng, forced, constraint
-        )
+        plan = policy.plan(source).within(room)
+        new, stats, ahead = speculative_round(verifier, drafter, plan, seq, ahead, params, rng)
         rounds += 1
         stats.source, stats.index = source, rounds
         policy.observe(stats)
@@ -172,120 +170,64 @@ def speculative_round(
     plan: Plan,
     seq: list[int],
     ahead: Ahead,
-    room: int,
     params: SamplingParams,
     rng: np.random.Generator,
-    forced: list[int] | None = None,
-    constraint: Constraint | None = None,
 ) -> tuple[list[int], RoundStats, Ahead]:
-    """One draft-verify round after `seq`; returns the new tokens (accepted drafts + one),
-    the round's stats and the drafts made ahead that follow them. `forced`: tokens the
-    grammar alone decides after seq, verified as the first drafts (acceptance takes them:
-    each is the only token its masked row allows)."""
-    start = perf_counter()
-    base = len(seq)  # the caches hold seq[:-1]; this round appends from seq[-1]
-    valid = base - 1  # what stays valid in the caches if anything below raises
-    kept = Ahead()
-    forced = forced or []
+    """One draft-verify round after `seq` (the caches hold seq[:-1]); returns the tokens it
+    appends (the verdict's: accepted drafts, any a server streamed, the target's token), its
+    stats and the drafts made ahead that follow them."""
+    start, valid, kept = perf_counter(), len(seq) - 1, Ahead()
     try:
-        # 2. draft (after the forced tokens: the drafter never proposes those)
-        if forced:
-            if ahead.tokens[: len(forced)] != forced[: len(ahead.tokens)]:
-                drafter.commit(base - 1)
-                ahead = Ahead()
-            else:
-                ahead = Ahead(ahead.tokens[len(forced) :], ahead.q[len(forced) :], ahead.seconds)
-        proposal = _draft(drafter, plan, [*seq, *forced], ahead, params, rng)
-        if proposal.tree is not None and (constraint is not None or forced):
-            proposal = replace(proposal, tree=None, tree_q=None)  # its main path, masked
-        if constraint is not None:
-            proposal = _within_grammar(constraint, drafter, [*seq, *forced], proposal)
-        proposal = _with_forced(forced, proposal)
+        # 2. draft: the tokens drafted ahead last round, topped up by the drafter
+        proposal = _draft(drafter, plan, seq, ahead, params, rng)
         proposal.where = plan.where
-        g = len(proposal.tokens)
-        # 3. submit
+        # 3. submit: the verifier verifies all the drafts, or a prefix that fits a server
         pending = verifier.submit(seq, proposal, params, rng)
-        if pending.sent < g:  # a prefix, to fit the server's request limit
-            g = pending.sent
-            drafter.commit(base + g - 1)
+        sent = proposal.tokens[: pending.sent]
         # 4. draft ahead while the verdict is in flight
-        nxt = Ahead()
-        limit = min(g + 1, room - g) if g and drafter.drafts_ahead else 0
-        while len(nxt.tokens) < limit and not pending.done():
-            more = [*seq, *proposal.tokens[:g], *nxt.tokens]
-            p = drafter.propose(more, Plan(1, plan.exit_layer, plan.min_confidence), params, rng)
-            if not p.tokens:
-                break
-            nxt.tokens += p.tokens
-            nxt.q += p.q or []
-            nxt.seconds += p.seconds
+        nxt = _draft_ahead(drafter, plan, seq, sent, pending, params, rng)
         # 5. accept
         verdict = pending.result()
-        n, token = verdict.accepted, verdict.token
-        drafts = proposal.tokens[:n] if verdict.tree_path is None else verdict.tree_path
-        tree = proposal.tree if verdict.tree_path is not None else None
-        if tree is not None:  # drafted: the positions it offered (its depth), not its nodes
-            g = tree.max_depth
-        valid = base + n
-        if n == g and nxt.tokens and nxt.tokens[0] == token and not verdict.streamed:
-            share = (len(nxt.tokens) - 1) / len(nxt.tokens)
-            kept = Ahead(nxt.tokens[1:], nxt.q[1:], nxt.seconds * share)
+        valid = len(seq) + verdict.accepted
+        if nxt.follows(verdict, len(sent)):
+            kept = nxt.after_first()
         if verdict.rows is not None and isinstance(drafter, LearnsFromVerify):
             drafter.observe_verify(verdict.rows.inputs, verdict.rows.logits)
     finally:
-        # 6. truncate the caches to seq + d_1..d_n (a length change, never a copy)
+        # 6. truncate the caches to seq + d_1..d_n (a length change, never a copy); the
+        # drafter's keeps the drafts made ahead that follow them
         verifier.truncate(valid)
         if not kept.tokens:
             drafter.commit(valid)
-    if verdict.resync:  # the verifier rebuilt its session from seq: no draft was verified
-        g = 0
-    f = min(len(forced), n)  # acceptance takes every forced token (unless resynced)
-    streamed = list(verdict.streamed)  # the server's own tokens (caches catch up later)
-    stats = RoundStats(
-        "decode",
-        n + 1 + len(streamed),
-        len(seq) if verdict.resync else (len(tree) if tree is not None else g) + 1,
-        perf_counter() - start,
-        drafted=max(g - len(forced), 0),
-        accepted=n - f,
-        draft_seconds=proposal.seconds,
-        verify_seconds=verdict.verify_seconds,
-        exit_layer=proposal.exit_layer,
-        catchup_seconds=proposal.catchup_seconds,
-        forced=f,
-    )
-    if tree is not None:
-        stats.tree_nodes, stats.tree_offers = len(tree), tree.offers(drafts)
-    elif proposal.shadow is not None and not forced and not verdict.resync:
-        # the tree not sent, against what the target produced: its drafts kept and its token
-        stats.tree_offers = proposal.shadow.shadow_offers([*drafts, token])
-    return [*drafts, *streamed, token], verdict.fill(stats), kept
+    stats = round_stats(proposal, verdict, len(sent), perf_counter() - start, len(seq))
+    return verdict.tokens, stats, kept
 
 
-def _within_grammar(
-    constraint: Constraint, drafter: Drafter, seq: list[int], proposal: Proposal
-) -> Proposal:
-    """The proposal cut before its first draft the grammar forbids (a model drafter's drafts
-    are masked as they are drawn; a lookup's are not)."""
-    n = constraint.allowed_prefix(seq, proposal.tokens)
-    if n == len(proposal.tokens):
-        return proposal
-    assert proposal.tail is None, "an early-exit head drafts from masked logits"
-    drafter.commit(len(seq) + n - 1)
-    q = proposal.q[:n] if proposal.q is not None else None
-    return replace(proposal, tokens=proposal.tokens[:n], q=q)
+@dataclass
+class Ahead:
+    """Tokens drafted after the last submitted drafts, not yet submitted; `forced[i]`: token i
+    is a grammar's (`Proposal.forced`), not counted in γ when it leads a proposal."""
 
+    tokens: list[int] = field(default_factory=list)
+    q: list[SparseQ] = field(default_factory=list)
+    seconds: float = 0.0
+    forced: list[bool] = field(default_factory=list)
 
-def _with_forced(forced: list[int], proposal: Proposal) -> Proposal:
-    """`forced` + the proposal: forced tokens are drawn from a point mass (sampling's q)."""
-    if not forced:
-        return proposal
-    q = None
-    if proposal.kind == "sampled":
-        q = [SparseQ.point(t) for t in forced]
-        q += proposal.q or []
-    kind = proposal.kind if proposal.tokens else "point"
-    return replace(proposal, tokens=[*forced, *proposal.tokens], kind=kind, q=q)
+    def add(self, p: Proposal) -> None:
+        self.tokens += p.tokens
+        self.q += p.q or []
+        self.seconds += p.seconds
+        self.forced += [i < p.forced for i in range(len(p.tokens))]
+
+    def follows(self, verdict: Verdict, sent: int) -> bool:
+        """Whether these drafts follow the verdict: it accepted all `sent` drafts and its
+        token is the first of them (a streamed round's tokens are the server's own)."""
+        accepted = verdict.accepted == sent and not verdict.streamed
+        return accepted and self.tokens[:1] == [verdict.token]
+
+    def after_first(self) -> Ahead:
+        share = (len(self.tokens) - 1) / len(self.tokens)
+        return Ahead(self.tokens[1:], self.q[1:], self.seconds * share, self.forced[1:])
 
 
 def _draft(
@@ -296,22 +238,65 @@ def _draft(
     params: SamplingParams,
     rng: np.random.Generator,
 ) -> Proposal:
-    """Up to plan.length drafts: those drafted ahead last round, topped up by the drafter."""
+    """Up to plan.length drafts (after any tokens a grammar forces, within plan.most): those
+    drafted ahead last round, topped up by the drafter. The drafter's cache may hold drafts
+    made ahead beyond them: the round forgets them when it commits."""
     if not ahead.tokens:
         return drafter.propose(seq, plan, params, rng)
-    tokens, qs = ahead.tokens[: plan.length], ahead.q[: plan.length]
-    seconds = ahead.seconds * len(tokens) / len(ahead.tokens)
-    # forget what was drafted ahead beyond γ (a drafter's cache never holds the last token
-    # of the sequence it continues: it feeds that token when it drafts)
-    drafter.commit(len(seq) + len(tokens) - 1)
-    catchup = 0.0
-    if len(tokens) < plan.length:
-        more = drafter.propose([*seq, *tokens], plan.capped(plan.length - len(tokens)), params, rng)
+    lead = ahead.forced.index(False) if False in ahead.forced else len(ahead.forced)
+    n = min(len(ahead.tokens), lead + plan.length, plan.most)
+    tokens, qs, forced = ahead.tokens[:n], ahead.q[:n], min(lead, n)
+    seconds = ahead.seconds * n / len(ahead.tokens)
+    catchup, drafted = 0.0, n - forced
+    if n == len(ahead.tokens) and (drafted < plan.length or forced == n):
+        # all forced: the grammar may force more, then γ drafts; else the drafts γ lacks
+        room = plan.most - n if forced == n else min(plan.length - drafted, plan.most - n)
+        rest = replace(plan, length=plan.length - drafted).within(room)
+        more = drafter.propose([*seq, *tokens], rest, params, rng)
         tokens, qs = tokens + more.tokens, qs + (more.q or [])
         seconds += more.seconds
         catchup = more.catchup_seconds
+        forced += more.forced if forced == n else 0
     kind = "sampled" if not params.greedy else "greedy"
-    return Proposal(tokens, kind, qs if kind == "sampled" else None, seconds, None, catchup)
+    q = qs if kind == "sampled" else None
+    return Proposal(tokens, kind, q, seconds, catchup_seconds=catchup, forced=forced)
+
+
+def _draft_ahead(
+    drafter: Drafter,
+    plan: Plan,
+    seq: list[int],
+    sent: list[int],
+    pending: Pending,
+    params: SamplingParams,
+    rng: np.random.Generator,
+) -> Ahead:
+    """While the verdict is in flight (a remote verifier), keep drafting after seq + the
+    drafts sent as if every one were accepted (PEARL / SpecEdge style): the first guesses
+    the verifier's token; at most one more than were sent, within the round's room."""
+    ahead = Ahead()
+    limit = min(len(sent) + 1, plan.most - len(sent)) if sent and drafter.drafts_ahead else 0
+    if limit <= 0:
+        return ahead
+    drafter.commit(len(seq) + len(sent) - 1)  # forget drafts that were not sent
+    step = Plan(1, plan.exit_layer, plan.min_confidence)
+    while len(ahead.tokens) < limit and not pending.done():
+        p = drafter.propose([*seq, *sent, *ahead.tokens], step, params, rng)
+        if not p.tokens:
+            break
+        ahead.add(p)
+    return ahead
+
+
+def _grammar_end(
+    constraint: Constraint, seq: list[int], room: int, stop_ids: frozenset[int]
+) -> Step | None:
+    """The tokens the grammar alone decides after seq, as a Step, if they end the output."""
+    forced = constraint.forced(seq, room)
+    if not forced or forced[-1] not in stop_ids:
+        return None
+    stats = RoundStats("decode", len(forced), 0, 0.0, forced=len(forced), verifier="none")
+    return Step(forced, stats)
 
 
 def _cut_at_stop(tokens: list[int], stop_ids: frozenset[int]) -> list[int]:

@@ -1,15 +1,17 @@
 """The contracts of one speculative round: what the policy plans, what a drafter proposes,
-what a verifier answers.
+what a verifier answers, and the stats a round reports.
 
   Plan      the policy's decision for a round: γ (at most this many drafts), the exit layer
             (dynamic exit), the confidence under which drafting stops early, and where
-            decoding happens (split mode: "split", "stream" from the server, or "local")
+            decoding happens (split mode: "split", "stream" from the server, or "local");
+            the loop fits it `within` the round's room (`Plan.most`)
   Proposal  the drafts and how they were made: `kind` says whether they are the drafter's
             argmax ("greedy"), samples from the rows in `q` ("sampled"), or a deterministic
             guess with no distribution ("point", prompt lookup); `tail` carries the hidden
             states an early-exit head computed, for a verifier that runs only `tail@k`;
             `tree` a token tree (`Proposal.of_tree`) whose main path (first children) is
-            `tokens`: a verifier that verifies trees scores every node, any other the path
+            `tokens`: a verifier that verifies trees scores every node, any other the path;
+            `forced` how many leading tokens a grammar decided (`drafters/forced.py`)
   DraftLengthPolicy  plan(source) -> Plan / observe(stats): how many tokens a round drafts
   Drafter   begin / source(seq) / propose(seq, plan) / commit: it is told how many tokens
             to propose; `source` names who will propose them (a chain's member), so the
@@ -17,18 +19,18 @@ what a verifier answers.
   Verifier  prefill(Start) / submit -> Pending / truncate: local graphs, a server, or both
   Pending   a submitted round: how many of the proposal's drafts it verifies (`sent`: all,
             or a prefix when a server's request limit left the rest out), then the verdict
-  Verdict   the verifier's answer: accepted count, the target's next token, and timings
-            (and, from a server, the channel as the round saw it); a streamed round's
-            verdict carries the tokens the server decoded on its own before `token`; a
-            local one the rows of logits it scored, which a drafter that
-            `LearnsFromVerify` is shown (Token Recycling)
+  Verdict   the verifier's answer: the tokens the round appends (the drafts it accepted,
+            any a server decoded on its own, then the target's token), timings (and, from
+            a server, the channel as the round saw it); a local one the rows of logits it
+            scored, which a drafter that `LearnsFromVerify` is shown (Token Recycling)
+  round_stats  a decode round's `RoundStats`, built once from the proposal and the verdict
 
 Drafters and verifiers never consult the policy: the decode loop asks it once per round.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal, Protocol, runtime_checkable
 
 import numpy as np
@@ -58,15 +60,29 @@ class Plan:
     # a chain round whose tree drafter also builds, unverified, the tree it would have sent
     # (`Proposal.shadow`): the verdict prices its side candidates without a tree forward
     shadow: bool = False
+    # the most tokens the round can take (the token budget, the caches, what the verifier
+    # takes at once; `within`); tokens a grammar forces come before γ's drafts, within it.
+    # None: `length`
+    room: int | None = None
+
+    @property
+    def most(self) -> int:
+        """The most tokens this round's proposal may hold."""
+        return self.length if self.room is None else self.room
 
     def keep_drafting(self, confidence: float) -> bool:
         return confidence >= self.min_confidence
 
     def capped(self, length: int) -> Plan:
-        n = max(0, min(self.length, length))
-        return Plan(
-            n, self.exit_layer, self.min_confidence, self.where, self.tree_depth, self.shadow
-        )
+        """γ (and the room) at most `length`."""
+        n = max(0, length)
+        room = None if self.room is None else min(self.room, n)
+        return replace(self, length=min(self.length, n), room=room)
+
+    def within(self, room: int) -> Plan:
+        """The plan for a round that can take at most `room` tokens: γ capped by it."""
+        room = max(0, room)
+        return replace(self, length=min(self.length, room), room=room)
 
 
 class DraftLengthPolicy(Protocol):
@@ -110,6 +126,9 @@ class Proposal:
     tree: TokenTree | None = None  # several candidates per position; `tokens` its main path
     tree_q: list[SparseQ] | None = None  # kind "sampled": each node's q (siblings' alike)
     shadow: TokenTree | None = None  # a chain round's unverified tree (`Plan.shadow`)
+    # the first `forced` tokens are a grammar's, drafted by no drafter (`drafters/forced.py`):
+    # acceptance cannot refuse them (RoundStats.forced, not `drafted`)
+    forced: int = 0
 
     @property
     def exit_layer(self) -> int | None:
@@ -189,37 +208,72 @@ class LearnsFromVerify(Protocol):
 
 @dataclass
 class Verdict:
-    """A verifier's answer to a round: drafts d_1..d_n accepted, then `token`."""
+    """A verifier's answer to a round: the tokens the round appends, of which the first
+    `accepted` are its drafts the verifier accepted."""
 
     accepted: int
-    token: int
+    # d_1..d_n accepted (a token tree: the root path it kept), the tokens a server decoded
+    # on its own (a streamed round: accepted = 0, the round's drafts are void), then the
+    # target's token
+    tokens: list[int]
     verify_seconds: float
     verifier: str = "local"  # "local" | "remote" | "stream" | "device" (RoundStats.verifier)
     resync: bool = False  # a new server session answered: the round's drafts were void
-    channel: ChannelStats | None = None  # from a server: the channel as this round saw it
+    # from a server: the channel as this round saw it, and whether it would stream
+    channel: ChannelStats | None = None
     # the rows the target scored, when the verifier has them (local graphs): a drafter
     # that learns from them reads them, nobody writes them
     rows: ScoredRows | None = None
-    # a streamed round: tokens the server decoded on its own, before `token` (accepted = 0:
-    # the round's drafts, if any, are void)
-    streamed: tuple[int, ...] = ()
-    server_busy: bool = False  # the server refused to stream ("verify only") or shed it
-    stream_rate: float | None = None  # a START's answer: its streams' tokens/s (0: none yet)
-    # a verified token tree: the accepted root path's tokens (d_1..d_n are not the
-    # proposal's `tokens` then); None: the verifier verified `tokens`
-    tree_path: list[int] | None = None
+    tree: bool = False  # the proposal's token tree was verified (not its main path alone)
     # seconds the verifier spent catching its cache up on tokens it lacked before this round
     # (split mode's local graphs after rounds at the server): a one-off, not the round's price
     catchup_seconds: float = 0.0
 
-    def fill(self, stats: RoundStats) -> RoundStats:
-        stats.verifier = self.verifier
-        stats.catchup_seconds += self.catchup_seconds
-        stats.reconnected = self.resync  # counted as GenerationStats.reconnects
-        stats.server_busy, stats.stream_rate = self.server_busy, self.stream_rate
-        if self.channel is not None:
-            stats.set_channel(self.channel)
-        return stats
+    @property
+    def token(self) -> int:
+        """The target's token after the accepted drafts (and any streamed ones)."""
+        return self.tokens[-1]
+
+    @property
+    def streamed(self) -> list[int]:
+        """The tokens the server decoded on its own before `token` (a streamed round)."""
+        return self.tokens[self.accepted : -1]
+
+
+def round_stats(
+    proposal: Proposal, verdict: Verdict, sent: int, seconds: float, length: int
+) -> RoundStats:
+    """A decode round's stats, all in one place: what was proposed, the `sent` drafts the
+    verifier verified (`Pending.sent`), its verdict, the round's wall time, and `length`,
+    the sequence the round continued (what a resync rebuilt the server's session from)."""
+    tree = proposal.tree if verdict.tree else None
+    n, forced = verdict.accepted, min(proposal.forced, verdict.accepted)
+    offered = 0 if verdict.resync else (tree.max_depth if tree is not None else sent)
+    processed = len(tree) if tree is not None else sent
+    stats = RoundStats(
+        "decode",
+        len(verdict.tokens),
+        length if verdict.resync else processed + 1,
+        seconds,
+        drafted=max(offered - proposal.forced, 0),  # a tree: the positions it offered
+        accepted=n - forced,
+        draft_seconds=proposal.seconds,
+        verify_seconds=verdict.verify_seconds,
+        exit_layer=proposal.exit_layer,
+        catchup_seconds=proposal.catchup_seconds + verdict.catchup_seconds,
+        verifier=verdict.verifier,
+        reconnected=verdict.resync,  # counted as GenerationStats.reconnects
+        forced=forced,
+    )
+    if verdict.channel is not None:
+        stats.set_channel(verdict.channel)
+    if tree is not None:
+        stats.tree_nodes, stats.tree_offers = len(tree), tree.offers(verdict.tokens[:n])
+    elif proposal.shadow is not None and not proposal.forced and not verdict.resync:
+        # the tree not sent, against what the target produced: its drafts kept and its token
+        kept = [*verdict.tokens[:n], verdict.token]
+        stats.tree_offers = proposal.shadow.shadow_offers(kept)
+    return stats
 
 
 class Pending(Protocol):

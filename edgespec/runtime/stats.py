@@ -11,12 +11,14 @@ from dataclasses import dataclass, field
 
 @dataclass(frozen=True)
 class ChannelStats:
-    """Split decoding: the channel as one round saw it (the server's answer to it)."""
+    """Split decoding: the channel as one round saw it, and what the server's answer said."""
 
     network_seconds: float  # waiting for the server's answer, less its verify time
     server_seconds: float  # the verify time the server reported
     bytes_up: int
     bytes_down: int
+    server_busy: bool = False  # the server refused to stream ("verify only") or shed it
+    stream_rate: float | None = None  # a START's answer: its streams' tokens/s (0: none yet)
 
 
 @dataclass
@@ -69,6 +71,7 @@ class RoundStats:
         """Record what the channel did in this round."""
         self.network_seconds, self.server_seconds = c.network_seconds, c.server_seconds
         self.bytes_up, self.bytes_down = c.bytes_up, c.bytes_down
+        self.server_busy, self.stream_rate = c.server_busy, c.stream_rate
 
 
 @dataclass

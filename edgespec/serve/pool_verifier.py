@@ -41,14 +41,19 @@ class Posted:
 
     future: concurrent.futures.Future
     start: float
-    sent: int  # the drafts posted: all of the proposal's
+    drafts: list[int]  # the drafts posted: all of the proposal's
+
+    @property
+    def sent(self) -> int:
+        return len(self.drafts)
 
     def done(self) -> bool:
         return self.future.done()
 
     def result(self) -> Verdict:
         r: Result = self.future.result()
-        return Verdict(r.accepted, r.token, perf_counter() - self.start)
+        tokens = [*self.drafts[: r.accepted], r.token]
+        return Verdict(r.accepted, tokens, perf_counter() - self.start)
 
 
 @dataclass
@@ -126,7 +131,7 @@ class PoolVerifier:
             )
         msg = Verify(len(seq), list(proposal.tokens), proposal.q)
         posted = self.worker.post("round", (self.session, msg))
-        return Posted(posted, perf_counter(), len(msg.drafts))
+        return Posted(posted, perf_counter(), list(msg.drafts))
 
     def keep(self, n: int) -> None:
         """Only the session's first `n` committed tokens remain (its row: their first n - 1

@@ -14,7 +14,8 @@ A drafter sees the committed sequence (prompt + output so far) and feeds itself 
 has not processed yet, so it stays in step however many tokens the last round accepted.
 Under a grammar (`begin(..., constraint)`) a model drafter draws each draft from its logits
 with the grammar's forbidden tokens at -inf, the same mask the verifier applies to the
-target's row there; the decode loop cuts a lookup's drafts at the first one it forbids.
+target's row there; `Forced` (`runtime/drafters/forced.py`) cuts a lookup's drafts at the
+first one it forbids.
 """
 
 from __future__ import annotations

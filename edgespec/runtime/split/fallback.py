@@ -50,7 +50,7 @@ from edgespec.runtime.sampling import SamplingParams
 from edgespec.runtime.split.listen import ServerStream, StreamsFull
 from edgespec.runtime.split.verifier import InFlight
 from edgespec.runtime.split.verifier import RemoteVerifier as RemoteVerifier
-from edgespec.runtime.stats import RoundStats
+from edgespec.runtime.stats import ChannelStats, RoundStats
 from edgespec.runtime.verify.local import LocalVerifier
 
 
@@ -126,14 +126,12 @@ class StreamRound:
                 out = f.server.submit(self.seq, self.proposal, self.params, self.rng).result()
             except LinkError as e:
                 out = f.recover(e, self.seq, self.proposal, self.params, self.rng)
-            out.server_busy = True
+            out.channel = replace(out.channel or ChannelStats(0.0, 0.0, 0, 0), server_busy=True)
             return out
         except LinkError as e:
             return f.recover(e, self.seq, self.proposal, self.params, self.rng)
-        return Verdict(
-            0, ids[-1], channel.server_seconds, "stream", channel=channel,
-            streamed=tuple(ids[:-1]), server_busy=stream.shed,
-        )  # fmt: skip
+        channel = replace(channel, server_busy=stream.shed)
+        return Verdict(0, list(ids), channel.server_seconds, "stream", channel=channel)
 
 
 class FallbackVerifier:
@@ -157,7 +155,6 @@ class FallbackVerifier:
         self.reconnects = 0
         self.server_done = False  # the server can go no further: the rest is local
         self.late: InFlight | None = None  # a round verified here, its answer still awaited
-        self.late_drafts: list[int] = []
         self.stream = ServerStream(server.session)  # the server decoding on its own
         self.behind = False  # rounds placed here while the server was up: it lacks them
         self.last_where = "split"  # where the last round was placed (the next prefill goes
@@ -187,7 +184,7 @@ class FallbackVerifier:
         self.server.session.drop()
 
     def went_late(self, pending: InFlight) -> None:
-        self.late, self.late_drafts = pending, list(pending.proposal.tokens)
+        self.late = pending
 
     def _settle(self, seq: list[int]) -> None:
         """The late round's answer, if here: the server is back in use if it answered what
@@ -207,9 +204,7 @@ class FallbackVerifier:
             self._down(e)
             return
         self.late = None
-        kept = verdict.tree_path  # a tree round: the root path the server kept
-        answer = [*(self.late_drafts[: verdict.accepted] if kept is None else kept), verdict.token]
-        if seq[pending.base :] == answer:
+        if seq[pending.base :] == verdict.tokens:
             self.next_retry, self.retry_after = None, self.first_retry
         else:  # e.g. sampled differently here, or more committed since: rebuild
             session.drop()

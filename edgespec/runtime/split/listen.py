@@ -3,17 +3,18 @@
 A round the policy places on the server ("stream", `Plan.where`) sends STREAM once (the
 committed length and how many tokens the generation may still take); the server then
 decodes with its own best mode and sends each of its rounds' tokens as TOKENS, with no
-round trip between them. Every decode-loop round takes what has arrived (at least one
-TOKENS message) as one verdict: `Verdict.streamed` holds the server's tokens before the
-last. While it waits for the next TOKENS, the device feeds the streamed tokens to its own
-`full` graph in chunks (`FallbackVerifier.follow`), so it can take decoding back at any
-token: a round placed elsewhere sends STOP and reads to the FINAL TOKENS (every token the
-server decoded before it is committed: both sides then hold the same sequence), then VERIFY
-rounds or local rounds go on. A server that gets busy sheds the stream: its last TOKENS are
-FINAL and SHED, the round says so (`Verdict.server_busy`) and the next round is placed
-elsewhere, from the token after them. A STREAM refused with ERROR 429 ("verify only") is answered by
-a plain split round instead and says so (`Verdict.server_busy`); a link that fails
-mid-stream is a failed round like any other: reconnect and resync, or decode locally.
+round trip between them. Every decode-loop round takes what has arrived (at least one TOKENS
+message) as one verdict: `Verdict.tokens` holds the server's tokens (those before the last:
+`Verdict.streamed`). While it waits for the next TOKENS, the device feeds the streamed
+tokens to its own `full` graph in chunks (`FallbackVerifier.follow`), so it can take
+decoding back at any token: a round placed elsewhere sends STOP and reads to the FINAL
+TOKENS (every token the server decoded before it is committed: both sides then hold the same
+sequence), then VERIFY rounds or local rounds go on. A server that gets busy sheds the
+stream: its last TOKENS are FINAL and SHED, the round says so (`ChannelStats.server_busy`)
+and the next round is placed elsewhere, from the token after them. A STREAM refused with
+ERROR 429 ("verify only") is answered by a plain split round instead and says so
+(`ChannelStats.server_busy`); a link that fails mid-stream is a failed round like any other:
+reconnect and resync, or decode locally.
 
 Owned lengths: `ServerStream.length` is the server session's committed length as the TOKENS
 said (their `length` must equal it plus their ids, else the link is dropped); the decode

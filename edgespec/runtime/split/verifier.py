@@ -28,15 +28,19 @@ from edgespec.runtime.tree import TokenTree
 
 
 def _channel(x: Exchange) -> ChannelStats:
-    return ChannelStats(x.network_seconds, x.result.server_seconds, x.bytes_up, x.bytes_down)
+    c = ChannelStats(x.network_seconds, x.result.server_seconds, x.bytes_up, x.bytes_down)
+    limits = x.result.limits
+    if limits is None:
+        return c
+    # a START's answer: how the server would stream now
+    return replace(c, server_busy=limits.stream_room == 0, stream_rate=limits.stream_rate)
 
 
-def _verdict(x: Exchange, resync: bool = False) -> Verdict:
+def _verdict(x: Exchange, resync: bool = False, drafts: list[int] | None = None) -> Verdict:
+    """The server's answer as a verdict; `drafts`: those it accepted (a START's: none)."""
     r = x.result
-    v = Verdict(r.accepted, r.token, r.server_seconds, "remote", resync, _channel(x))
-    if r.limits is not None:  # a START's answer: how the server would stream now
-        v.stream_rate, v.server_busy = r.limits.stream_rate, r.limits.stream_room == 0
-    return v
+    tokens = [*(drafts or []), r.token]
+    return Verdict(r.accepted, tokens, r.server_seconds, "remote", resync, _channel(x))
 
 
 @dataclass
@@ -67,8 +71,9 @@ class InFlight:
         if not fits or r.length != self.base + r.accepted + 1:
             self.session.drop()
             raise LinkError(f"the server's answer does not fit the round: {x.result}")
-        verdict = _verdict(x)
-        verdict.tree_path = kept
+        drafts = kept if kept is not None else self.proposal.tokens[: r.accepted]
+        verdict = _verdict(x, drafts=drafts)
+        verdict.tree = kept is not None
         return verdict
 
 
@@ -113,10 +118,12 @@ class RemoteVerifier:
         self.row_ids = None if start.params.greedy else self.q_ids
         x = self.session.start(prompt, start.capacity, start.params, resume=self.hold)
         self.started(len(prompt))
+        seconds = perf_counter() - began
         stats = RoundStats(
-            "prefill", 1, len(prompt) - x.kept, perf_counter() - began, cached_tokens=x.kept
+            "prefill", 1, len(prompt) - x.kept, seconds, verifier="remote", cached_tokens=x.kept
         )
-        return x.result.token, _verdict(x).fill(stats)
+        stats.set_channel(_channel(x))
+        return x.result.token, stats
 
     def resync(
         self,

@@ -68,7 +68,8 @@ class LocalVerifier:
         n, token = accept(proposal.tokens, proposal.q, logits, params, rng)
         head = proposal.tail.head_seconds if proposal.tail is not None else 0.0
         rows = ScoredRows([seq[-1], *proposal.tokens], logits)
-        return Done(Verdict(n, token, perf_counter() - start + head, rows=rows), g)
+        tokens = [*proposal.tokens[:n], token]
+        return Done(Verdict(n, tokens, perf_counter() - start + head, rows=rows), g)
 
     def _submit_tree(
         self,
@@ -88,10 +89,10 @@ class LocalVerifier:
         path, token = accept_tree(tree, q, logits, params, rng)
         assert self.target.cache is not None
         self.target.cache.keep_rows(len(seq), path)  # node i's row is len(seq) + i
-        tokens = [tree.tokens[i] for i in path]
+        tokens = [*(tree.tokens[i] for i in path), token]
         # each row scores what follows its own token: Token Recycling learns from every node
         rows = ScoredRows([seq[-1], *tree.tokens], logits)
-        verdict = Verdict(len(path), token, perf_counter() - start, tree_path=tokens, rows=rows)
+        verdict = Verdict(len(path), tokens, perf_counter() - start, rows=rows, tree=True)
         return Done(verdict, len(tree))
 
     def catch_up(self, seq: list[int], capacity: int, synced: int) -> int:
