@@ -257,7 +257,7 @@ def test_chats_follow_the_targets_own_first_replies(gguf_file, tmp_path):
     then a follow-up of its kind), answered right after it and labelled "chat"; a resumed
     run first answers the chats of replies made before."""
     from edgespec.distill import data
-    from edgespec.distill.pipeline import DistillConfig, _export, chats
+    from edgespec.distill.pipeline import DistillConfig, _export
     from edgespec.distill.prompts import FOLLOW_UPS, conversation_kind
     from edgespec.runtime.model import Model
 
@@ -271,8 +271,9 @@ def test_chats_follow_the_targets_own_first_replies(gguf_file, tmp_path):
     folder = tmp_path / "replies"
     data.generate(model, convs[:2], folder, float("inf"), new_tokens=12)  # no chats
     seen = []
+    follow = data.chats_after(model, convs)
     data.generate(model, convs, folder, float("inf"), new_tokens=12, rows=2,
-                  on_sample=lambda s: seen.append(s.index), follow=chats(model, convs))  # fmt: skip
+                  on_sample=lambda s: seen.append(s.index), follow=follow)  # fmt: skip
     # the chat of reply 1 (made before) first; then 2, 3 and the chat of 3 (10 + 3)
     assert seen[0] == 11 and sorted(seen) == [2, 3, 11, 13] and seen.index(13) > seen.index(3)
     got = {s.index: s for s in data.load(folder)}

@@ -9,7 +9,7 @@ loses at most the reply in flight and resumes with the next prompt). `load(folde
 back as `Sample`s; every tenth prompt is held out (`held_out`).
 
 `teacher_force(model, pairs, folder, ...)` scores (prompt, reply text) pairs the target did
-not write (prompts.teacher_texts) the same way, prompt and text in one call: the target's
+not write (texts.teacher_texts) the same way, prompt and text in one call: the target's
 features and distribution over text it reads, at prefill's speed rather than decoding's.
 They train; they are never held out (the held-out acceptance is on the target's own replies).
 """
@@ -258,14 +258,16 @@ def generate(
                 row.reply.append(int(top_ids[j, 0]))
 
 
-def chats_after(model: Any, conversations: list[Conversation], first: int) -> FollowUp:
+def chats_after(model: Any, conversations: list[Conversation]) -> FollowUp:
     """A `FollowUp` that continues the reply of every other single-turn conversation (the
     odd indices: a third of the replies are chats) as a chat (prompts.follow_up: the reply
-    as the assistant's turn, then a second question of its kind), numbered `first` + the
-    conversation's index."""
+    as the assistant's turn, then a second question of its kind), numbered from the first
+    multiple of HELD_OUT_EVERY past the conversations: a chat is held out where its first
+    turn is (no held-out reply's text trains)."""
     from edgespec.distill.prompts import follow_up
 
     stop = set(model.manifest.eos_token_ids)
+    first = len(conversations) + (-len(conversations) % HELD_OUT_EVERY)
 
     def after(index: int, ids: np.ndarray, start: int) -> tuple[int, Conversation] | None:
         if index >= len(conversations) or len(conversations[index]) != 1 or index % 2 == 0:

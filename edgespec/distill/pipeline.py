@@ -9,7 +9,7 @@ Steps, each kept in `out` so that a stopped run (Ctrl-C: `KeyboardInterrupt`) lo
              budget is spent or the prompts run out; with the built-in prompts each reply is
              continued as a chat (its reply and a second question, prompts.follow_up),
              answered next: `out/distill/replies/*.npz`
-  3. text    the target reads text every machine has (prompts.teacher_texts, data.teacher_force)
+  3. text    the target reads text every machine has (texts.teacher_texts, data.teacher_force)
              for its share of the budget: `out/distill/text/*.npz`, training positions at
              prefill's speed
   4. train   the head (train.py) on both, with a draft vocabulary (the target's most frequent
@@ -39,7 +39,8 @@ from typing import Any
 from edgespec.bundle import MANIFEST, load_manifest, save_manifest
 from edgespec.distill import data
 from edgespec.distill.measure import decode_speedup
-from edgespec.distill.prompts import by_kind, conversation_kind, fitting_prompts, teacher_texts
+from edgespec.distill.prompts import by_kind, conversation_kind, fitting_prompts
+from edgespec.distill.texts import teacher_texts
 from edgespec.export.errors import ExportError
 
 STATE = "distill"  # the folder in the bundle holding replies, checkpoint and state
@@ -146,7 +147,7 @@ def distill(target: str | os.PathLike, out: str | os.PathLike, config: DistillCo
             reply_end,
             c.new_tokens,
             on_sample,
-            follow=chats(model, conversations) if c.prompts is None else None,
+            follow=data.chats_after(model, conversations) if c.prompts is None else None,
         )
     finally:
         state.update(seconds=elapsed(), tokens=counts["tokens"])
@@ -222,7 +223,7 @@ def distill(target: str | os.PathLike, out: str | os.PathLike, config: DistillCo
         record["held_out"] = trainer.evaluate(tokens=None, full_vocab=True)
         kinds: dict[str, list[data.Sample]] = {}
         n = len(conversations)
-        for s in held:  # a reply past the conversations is a chat (`chats`)
+        for s in held:  # a reply past the conversations is a chat (data.chats_after)
             kind = conversation_kind(conversations[s.index]) if s.index < n else "chat"
             kinds.setdefault(kind, []).append(s)
         record["held_out_by_kind"] = {
@@ -251,14 +252,6 @@ def distill(target: str | os.PathLike, out: str | os.PathLike, config: DistillCo
     report(Progress("done", elapsed(), budget, counts["samples"], counts["tokens"],
                     trainer.steps, accepted=record["held_out"].get("accepted")))  # fmt: skip
     return record
-
-
-def chats(model: Any, conversations: list) -> data.FollowUp:
-    """Each answered built-in prompt continued as a chat, answered next, numbered from the
-    first multiple of HELD_OUT_EVERY past the prompts: a chat is held out where its first
-    turn is (no held-out reply's text trains)."""
-    n = len(conversations)
-    return data.chats_after(model, conversations, n + (-n % data.HELD_OUT_EVERY))
 
 
 # -- steps --------------------------------------------------------------------------------
