@@ -148,23 +148,28 @@ def policy_vectors() -> list[dict]:
 @pytest.fixture(scope="module")
 def eagle_bundle(tmp_path_factory) -> Path:
     """A tiny GGUF distilled for a few seconds: a default export (batched graphs, which the
-    package opens without query_seqlens) with a feature head over a draft vocabulary."""
+    package opens without query_seqlens) with a feature head."""
     pytest.importorskip("torch", reason="edgespec distill trains with torch (the distill extra)")
     pytest.importorskip("gguf", reason="the tiny GGUF is written with the gguf package")
     return distilled_bundle(tmp_path_factory.mktemp("js_eagle"))
 
 
 def distilled_bundle(root: Path, qtype: str = "Q4_1") -> Path:
-    """A tiny GGUF of `qtype` blocks with a head distilled for a few seconds."""
+    """A tiny GGUF of `qtype` blocks with a head distilled for a few seconds, over a draft
+    vocabulary of 128 of its 265 ids (the graph lays the head's logits on the target's ids,
+    -inf where no draft id maps: what a sampled draft's q is built from)."""
     from gguf_files import write_gguf
 
     from edgespec.distill.pipeline import DistillConfig, distill
+    from edgespec.distill.train import TrainConfig
 
     write_gguf(root / "m.gguf", "llama", qtype)
     prompts = root / "prompts.jsonl"
     rows = [{"prompt": f"the cat {i} sat on the"} for i in range(6)]
     prompts.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    distill(root / "m.gguf", root / "b", DistillConfig(minutes=0.1, prompts=prompts, new_tokens=16))
+    config = DistillConfig(minutes=0.1, prompts=prompts, new_tokens=16)
+    config.train = TrainConfig(draft_vocab=128)
+    distill(root / "m.gguf", root / "b", config)
     return root / "b"
 
 
