@@ -1,10 +1,12 @@
 // Reproduces conformance vectors written by the Python runtime (tests/test_js_conformance.py):
 // node conformance.mjs VECTORS.json OUT.json. For each bundle: token ids of each text,
 // rendered chat templates, and greedy generations per mode (on each of `vectors.threads`:
-// "worker", load()'s default, and "main", the app's thread); OUT.json holds what this package
+// "worker", load()'s default, "main", the app's thread, and "bytes": the browser's and React
+// Native's route, graphs and their external data handed over as bytes, under onnxruntime-node);
+// OUT.json holds what this package
 // produced, for the Python test to compare item by item.
 import { readFileSync, writeFileSync } from "node:fs";
-import { ChatTemplate, load } from "./dist/node.js";
+import { ChatTemplate, folderFiles, load, loadModel } from "./dist/node.js";
 import { parsePolicy } from "./dist/policies.js";
 
 const [vectorsPath, outPath] = process.argv.slice(2);
@@ -24,11 +26,16 @@ for (const t of vectors.templates) {
 
 const options = (g) => ({ mode: g.mode, draftPolicy: g.policy ?? undefined, exitLayer: g.exit_layer ?? undefined, drafter: g.drafter ?? undefined });
 const threads = vectors.threads ?? ["worker"];
+const open = async (path, options, thread) => {
+  if (thread !== "bytes") return load(path, { ...options, thread });
+  const { path: _, ...files } = folderFiles(path); // no paths: graphs and weights as bytes
+  return loadModel(files, await import("onnxruntime-node"), options);
+};
 for (const thread of threads) for (const b of vectors.bundles) {
   for (const g of b.generations) {
     let model;
     try {
-      model = await load(b.path, { ...options(g), thread });
+      model = await open(b.path, options(g), thread);
     } catch (e) {
       out.errors.push(`${thread} ${b.name} ${g.mode}: ${e.message}`);
       continue;

@@ -8,7 +8,8 @@ and accepted), seeded sampled outputs, and two-turn chats that keep their caches
 `js/conformance.mjs` on the built package and the test compares item by item. A bundle with a
 feature head (a tiny GGUF through `edgespec distill`: a default export, query_seqlens and all,
 whose `eagle` graph reads the target's features) has its own vectors: `ar`, `eagle` and
-`lookup+eagle`, greedy and sampled, on the worker thread and the app's thread. The package is
+`lookup+eagle`, greedy and sampled, on the worker thread, the app's thread and the route of
+the browser and React Native (graphs and weights files as bytes). The package is
 built here (`npm ci` when `node_modules` is missing, then `npm run build` when `dist/` is
 older than `src/`); the test skips only when `node` is not installed.
 """
@@ -182,7 +183,8 @@ def python_vectors(
 ) -> dict:
     """The Python runtime's outputs of `runs` on each bundle; `checks`: the chat templates and
     policy plans too; `abort`: the (mode, drafter) the cancellation check loads; `threads`:
-    where Node runs the generations ("worker": `load()`'s default, "main": the app's thread)."""
+    where Node runs the generations ("worker": `load()`'s default, "main": the app's thread,
+    "bytes": the browser's and React Native's route, every file read as bytes)."""
     from edgespec.bundle import load_manifest
     from edgespec.runtime.chat.template import ChatTemplate, ChatTemplateError
     from edgespec.runtime.model import Model
@@ -302,7 +304,11 @@ def conformance(js_bundles, tmp_path_factory) -> tuple[dict, dict]:
 @pytest.fixture(scope="module")
 def eagle_conformance(eagle_bundle, tmp_path_factory) -> tuple[dict, dict]:
     vectors = python_vectors(
-        {"eagle": eagle_bundle}, EAGLE_RUNS, False, ("eagle", "lookup+eagle"), ("worker", "main")
+        {"eagle": eagle_bundle},
+        EAGLE_RUNS,
+        False,
+        ("eagle", "lookup+eagle"),
+        ("worker", "main", "bytes"),
     )
     return run_node(vectors, tmp_path_factory)
 
@@ -481,9 +487,10 @@ def test_js_loads_a_distilled_bundles_head(eagle_conformance):
 
 
 def test_js_feature_head_output_equals_python_per_mode(eagle_conformance):
-    """eagle and lookup+eagle, greedy and seeded sampling, on the worker thread and the app's:
-    the same tokens, and (but for `auto`, which plans from measured times) the same drafts
-    proposed and accepted."""
+    """eagle and lookup+eagle, greedy and seeded sampling, on the worker thread, the app's and
+    with every file read as bytes (the head's graph names two weights files): the same tokens,
+    and (but for `auto`, which plans from measured times) the same drafts proposed and
+    accepted."""
     vectors, js = eagle_conformance
     same_generations(vectors, js)
     eagle = [g for g in vectors["bundles"][0]["generations"] if g["mode"] == "eagle"]
