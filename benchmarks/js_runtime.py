@@ -8,7 +8,9 @@ Beside them, tokens per CPU second (the process's CPU time over the same generat
 prefill included: on a loaded machine, with one thread, the steadier measure of work).
 The runtimes take turns mode by mode (Python, then a Node process for that mode), so
 both sides of a row are measured minutes apart at most.
-Greedy, `ignore_eos`, one run each, the host's load average printed beside the table. The
+A mode is MODE[:POLICY]; a chain of drafters in its place (`lookup+eagle:fixed:3`) is the mode
+of its last member with that drafter. Greedy, `ignore_eos`, one run each, the host's load
+average printed beside the table. The
 bundle must load in onnxruntime 1.30 (exported with `--no-batched-verify`); build `js/`
 first (`cd js && npm ci && npm run build`).
 
@@ -39,6 +41,8 @@ def python_rates(bundle: str, prompts: list[str], spec: str, max_new: int, threa
 
     mode, _, policy = spec.partition(":")
     options = {"draft_policy": policy} if policy else {}
+    if "+" in mode:  # a chain: the mode of its last member (lookup+eagle: eagle)
+        mode, options["drafter"] = mode.rpartition("+")[2], mode
     model = Model.load(bundle, mode=mode, threads=threads or None, **options)
     model.generate(prompts[0], max_new_tokens=16, ignore_eos=True)
     decoded, tokens, seconds = 0, 0, 0.0

@@ -1,5 +1,6 @@
 // Node's decode speed per mode on one bundle (benchmarks/js_runtime.py runs it beside Python):
-// node js/bench.mjs BUNDLE PROMPTS.json MAX_NEW THREADS MODE[:POLICY]...
+// node js/bench.mjs BUNDLE PROMPTS.json MAX_NEW THREADS MODE[:POLICY]... (MODE may be a chain of
+// drafters, lookup+eagle: its last member's mode with that drafter)
 // PROMPTS.json: a JSON list of prompts. THREADS: 0 = onnxruntime's default. Prints one JSON
 // object: mode -> { rate: decode tokens/s (tokens after the first over the decode seconds),
 // cpu: this process's CPU seconds over the generations (prefill included), tokens: generated },
@@ -12,8 +13,10 @@ const prompts = JSON.parse(readFileSync(promptsPath, "utf-8"));
 const sessionOptions = Number(threads) ? { intraOpNumThreads: Number(threads) } : {};
 const out = {};
 for (const spec of modes) {
-  const [mode, policy] = spec.split(/:(.*)/s);
-  const model = await load(bundle, { mode, draftPolicy: policy || undefined, sessionOptions });
+  const [name, policy] = spec.split(/:(.*)/s);
+  // a chain (lookup+eagle): the mode of its last member with that drafter
+  const mode = name.split("+").pop(), drafter = name.includes("+") ? name : undefined;
+  const model = await load(bundle, { mode, drafter, draftPolicy: policy || undefined, sessionOptions });
   const options = { maxNewTokens: Number(maxNew), ignoreEos: true };
   await model.generate(prompts[0], { ...options, maxNewTokens: 16 });
   let decoded = 0, seconds = 0, tokens = 0;

@@ -1,9 +1,12 @@
 // Reproduces conformance vectors written by the Python runtime (tests/test_js_conformance.py):
 // node conformance.mjs VECTORS.json OUT.json. For each bundle: token ids of each text,
-// rendered chat templates, and greedy generations per mode; OUT.json holds what this package
+// rendered chat templates, and greedy generations per mode (on each of `vectors.threads`:
+// "worker", load()'s default, "main", the app's thread, and "bytes": the browser's and React
+// Native's route, graphs and their external data handed over as bytes, under onnxruntime-node);
+// OUT.json holds what this package
 // produced, for the Python test to compare item by item.
 import { readFileSync, writeFileSync } from "node:fs";
-import { ChatTemplate, load } from "./dist/node.js";
+import { ChatTemplate, folderFiles, load, loadModel } from "./dist/node.js";
 import { parsePolicy } from "./dist/policies.js";
 
 const [vectorsPath, outPath] = process.argv.slice(2);
@@ -21,16 +24,23 @@ for (const t of vectors.templates) {
   out.templates.push({ name: t.name, text });
 }
 
-for (const b of vectors.bundles) {
+const options = (g) => ({ mode: g.mode, draftPolicy: g.policy ?? undefined, exitLayer: g.exit_layer ?? undefined, drafter: g.drafter ?? undefined });
+const threads = vectors.threads ?? ["worker"];
+const open = async (path, options, thread) => {
+  if (thread !== "bytes") return load(path, { ...options, thread });
+  const { path: _, ...files } = folderFiles(path); // no paths: graphs and weights as bytes
+  return loadModel(files, await import("onnxruntime-node"), options);
+};
+for (const thread of threads) for (const b of vectors.bundles) {
   for (const g of b.generations) {
     let model;
     try {
-      model = await load(b.path, { mode: g.mode, draftPolicy: g.policy, exitLayer: g.exit_layer ?? undefined });
+      model = await open(b.path, options(g), thread);
     } catch (e) {
-      out.errors.push(`${b.name} ${g.mode}: ${e.message}`);
+      out.errors.push(`${thread} ${b.name} ${g.mode}: ${e.message}`);
       continue;
     }
-    if (g === b.generations[0]) {
+    if (g === b.generations[0] && thread === threads[0]) {
       for (const text of b.texts) out.tokenizer.push({ bundle: b.name, text, ids: model.tokenizer.encode(text) });
       for (const ids of b.decode) {
         const detok = model.tokenizer.streamDecoder(true);
@@ -44,8 +54,9 @@ for (const b of vectors.bundles) {
       maxNewTokens: g.max_new_tokens, ignoreEos: g.ignore_eos,
       temperature: sampling.temperature, topP: sampling.top_p, topK: sampling.top_k, seed: sampling.seed,
     });
+    await model.close?.(); // a worker's thread ends
     out.generations.push({
-      bundle: b.name, mode: g.mode, policy: g.policy, prompt: g.prompt, chat: g.chat ?? null,
+      thread, bundle: b.name, mode: g.mode, policy: g.policy, drafter: g.drafter ?? null, prompt: g.prompt, chat: g.chat ?? null,
       tokens: r.tokens, text: r.text, finish_reason: r.finishReason,
       drafted: r.stats.drafted, accepted: r.stats.accepted,
     });
@@ -53,7 +64,7 @@ for (const b of vectors.bundles) {
 }
 for (const b of vectors.bundles) {
   for (const c of b.chats) {
-    const model = await load(b.path, { mode: c.mode, draftPolicy: c.policy ?? undefined, exitLayer: c.exit_layer ?? undefined });
+    const model = await load(b.path, options(c));
     const replies = [];
     for (const messages of c.turns) replies.push(await model.chat(messages, { maxNewTokens: c.max_new_tokens }));
     out.chats.push({ bundle: b.name, mode: c.mode, tokens: replies.map((r) => r.tokens), cached: replies.map((r) => r.cachedTokens) });
@@ -63,7 +74,8 @@ for (const b of vectors.bundles) {
 // generates again afterwards exactly as before
 {
   const b = vectors.bundles[0];
-  const model = await load(b.path, { mode: "spec", draftPolicy: "fixed:2" });
+  const abort = vectors.abort ?? { mode: "spec", drafter: null };
+  const model = await load(b.path, { mode: abort.mode, drafter: abort.drafter ?? undefined, draftPolicy: "fixed:2" });
   const options = { maxNewTokens: 24, ignoreEos: true };
   const before = await model.generate("def f(x):", options);
   const controller = new AbortController();

@@ -10,8 +10,10 @@ drafts, a real `edgespec serve` on loopback verifies; no token: a browser's WebS
 send one). One more page picks its own backend (WebGPU where Chromium gives an adapter: here
 SwiftShader's, a CPU WebGPU, so few tokens). Each page generates with `ar` and then with its
 mode, streaming; every run's tokens must equal `Model.generate`'s, and the tokens must have
-come in more than one chunk. It skips when node or chromium is missing, saying how to install
-them.
+come in more than one chunk. A bundle with a feature head (a tiny GGUF through `edgespec
+distill`, its `eagle` graph reading a second weights file of its own) gets a page of its own:
+`eagle` and `lookup+eagle` on wasm, each giving the Python runtime's tokens. It skips when node
+or chromium is missing, saying how to install them.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from conftest import write_chat_checkpoint  # noqa: E402
 from split_server import start_server  # noqa: E402
-from test_js_conformance import JS, NODE, build_js  # noqa: E402
+from test_js_conformance import JS, NODE, build_js, distilled_bundle  # noqa: E402
 
 CHROMIUM = shutil.which("chromium")
 pytestmark = [
@@ -58,10 +60,18 @@ def bundle(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def served(bundle):
+def web_built() -> None:
     build_js()
     npm = shutil.which("npm")
     subprocess.run([npm, "run", "build:web"], cwd=JS, check=True, timeout=300, capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def served(bundle, web_built):
+    yield from serve(bundle)
+
+
+def serve(bundle: Path):
     server = subprocess.Popen(
         [NODE, str(WEB / "serve.mjs"), "--bundle", str(bundle), "--port", "0"],
         stdout=subprocess.PIPE,
@@ -85,16 +95,7 @@ def pages(served, bundle, tmp_path_factory) -> list[dict]:
         server.stop()
 
 
-def open_pages(served: str, split_server: str, tmp_path_factory) -> list[dict]:
-    urls = [
-        served + "?" + urlencode(dict(mode=mode, policy=policy, prompt=PROMPT, max=MAX_NEW,
-                                      run=1, ignoreEos=1, provider="wasm", server=split_server))
-        for mode, policy, _ in MODES
-    ]  # fmt: skip
-    # no provider: the page asks navigator.gpu for an adapter and says what it found
-    urls.append(served + "?" + urlencode(dict(mode="spec", policy="fixed:4", prompt=PROMPT,
-                                              max=WEBGPU_NEW, run=1, ignoreEos=1)))  # fmt: skip
-    shot = tmp_path_factory.mktemp("shots") / "page.png"
+def check_pages(urls: list[str], shot: Path) -> list[dict]:
     run = subprocess.run(
         [NODE, str(WEB / "check.mjs"), *urls, "--chromium", CHROMIUM, "--screenshot", str(shot)],
         capture_output=True,
@@ -107,10 +108,26 @@ def open_pages(served: str, split_server: str, tmp_path_factory) -> list[dict]:
     return results
 
 
-def python_tokens(bundle: Path, mode: str, policy: str | None, exit_layer: int | None) -> list:
+def open_pages(served: str, split_server: str, tmp_path_factory) -> list[dict]:
+    urls = [
+        served + "?" + urlencode(dict(mode=mode, policy=policy, prompt=PROMPT, max=MAX_NEW,
+                                      run=1, ignoreEos=1, provider="wasm", server=split_server))
+        for mode, policy, _ in MODES
+    ]  # fmt: skip
+    # no provider: the page asks navigator.gpu for an adapter and says what it found
+    urls.append(served + "?" + urlencode(dict(mode="spec", policy="fixed:4", prompt=PROMPT,
+                                              max=WEBGPU_NEW, run=1, ignoreEos=1)))  # fmt: skip
+    return check_pages(urls, tmp_path_factory.mktemp("shots") / "page.png")
+
+
+def python_tokens(
+    bundle: Path, mode: str, policy: str | None, exit_layer: int | None, drafter: str | None = None
+) -> list:
     from edgespec.runtime.model import Model
 
     options = {"draft_policy": policy} if policy else {}
+    if drafter:
+        options["drafter"] = drafter
     model = Model.load(bundle, mode=mode, exit_layer=exit_layer, **options)
     return model.generate(PROMPT, max_new_tokens=MAX_NEW, ignore_eos=True).tokens
 
@@ -150,3 +167,41 @@ def test_the_page_on_the_backend_it_picks_gives_the_same_tokens(pages, bundle):
     ar = python_tokens(bundle, "ar", None, None)[:WEBGPU_NEW]  # greedy: a prefix of 40 tokens
     assert [r["tokens"] for r in page["runs"]] == [ar, ar]
     print("backend picked by the page:", page["backendLine"])
+
+
+EAGLE_PAGES = [("eagle", "fixed:3", None), ("eagle", "fixed:4", "lookup+eagle")]
+
+
+@pytest.fixture(scope="module")
+def eagle_bundle(tmp_path_factory) -> Path:
+    pytest.importorskip("torch", reason="edgespec distill trains with torch (the distill extra)")
+    pytest.importorskip("gguf", reason="the tiny GGUF is written with the gguf package")
+    # float blocks: onnxruntime-web's wasm MatMulNBits rounds 4-bit blocks' int8 activations
+    # otherwise than the native kernels (a Q4_1 file's greedy tokens part from Python's after
+    # ~26, ar as much as eagle), so only a float file's tokens can be compared with Python's
+    return distilled_bundle(tmp_path_factory.mktemp("js_browser_eagle"), "F32")
+
+
+@pytest.fixture(scope="module")
+def eagle_pages(eagle_bundle, web_built, tmp_path_factory) -> list[dict]:
+    for base in serve(eagle_bundle):
+        query = dict(prompt=PROMPT, max=MAX_NEW, run=1, ignoreEos=1, provider="wasm")
+        urls = [
+            base + "?" + urlencode(dict(mode=mode, policy=policy, **query, drafter=d or ""))
+            for mode, policy, d in EAGLE_PAGES
+        ]
+        return check_pages(urls, tmp_path_factory.mktemp("shots") / "eagle.png")
+    raise AssertionError("the page server did not start")
+
+
+def test_the_page_drafts_with_a_feature_head_as_python_does(eagle_pages, eagle_bundle):
+    """The head's graph takes its own weights file besides the bundle's: both are fetched and
+    handed to onnxruntime-web as external data; its output is the Python runtime's."""
+    ar = python_tokens(eagle_bundle, "ar", None, None)
+    for (mode, policy, drafter), page in zip(EAGLE_PAGES, eagle_pages, strict=True):
+        assert "error" not in page, page
+        first, second = page["runs"]
+        assert first["tokens"] == ar, "ar in the browser"
+        assert second["tokens"] == python_tokens(eagle_bundle, mode, policy, None, drafter)
+        assert second["tokens"] == ar and page["status"] == "done: the same tokens as ar"
+        assert len(second["chunks"]) > 1

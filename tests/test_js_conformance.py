@@ -5,7 +5,11 @@ onnxruntime's JavaScript packages (`batched_verify=False`): the ids of texts per
 decoded text, chat templates rendered, and greedy outputs of every mode the package runs
 (`ar`, `spec`, `self-spec`, `lookup`; `fixed` and `confidence` policies; drafts rejected
 and accepted), seeded sampled outputs, and two-turn chats that keep their caches. `node` runs
-`js/conformance.mjs` on the built package and the test compares item by item. The package is
+`js/conformance.mjs` on the built package and the test compares item by item. A bundle with a
+feature head (a tiny GGUF through `edgespec distill`: a default export, query_seqlens and all,
+whose `eagle` graph reads the target's features) has its own vectors: `ar`, `eagle` and
+`lookup+eagle`, greedy and sampled, on the worker thread, the app's thread and the route of
+the browser and React Native (graphs and weights files as bytes). The package is
 built here (`npm ci` when `node_modules` is missing, then `npm run build` when `dist/` is
 older than `src/`); the test skips only when `node` is not installed.
 """
@@ -55,7 +59,27 @@ SAMPLING = [
     dict(temperature=0.8, seed=7),
     dict(temperature=1.3, top_p=0.9, top_k=50, seed=12345),
 ]
-SAMPLED_MODES = {"ar", "lookup", "spec", "self-spec"}
+SAMPLED_MODES = {"ar", "lookup", "spec", "self-spec", "eagle"}
+# (mode, policy, exit layer, drafter) per generation and chat
+RUNS = [
+    ("ar", None, None, None),
+    ("spec", "fixed:4", None, None),
+    ("spec", "fixed:1", None, None),
+    ("spec", "confidence:0.05", None, None),
+    ("spec", "auto", None, None),
+    ("self-spec", "fixed:3", 2, None),
+    ("self-spec", "confidence:0.05", 2, None),
+    ("lookup", "fixed:4", None, None),
+]
+EAGLE_RUNS = [
+    ("ar", None, None, None),
+    ("eagle", "fixed:3", None, None),
+    ("eagle", "fixed:1", None, None),
+    ("eagle", "confidence:0.05", None, None),
+    ("eagle", "auto", None, None),
+    ("eagle", "fixed:4", None, "lookup+eagle"),
+    ("eagle", "auto", None, "lookup+eagle"),
+]
 
 
 def build_js() -> None:
@@ -122,15 +146,60 @@ def policy_vectors() -> list[dict]:
     return out
 
 
-def python_vectors(bundles: dict[str, Path]) -> dict:
+@pytest.fixture(scope="module")
+def eagle_bundle(tmp_path_factory) -> Path:
+    """A tiny GGUF distilled for a few seconds: a default export (batched graphs, which the
+    package opens without query_seqlens) with a feature head."""
+    pytest.importorskip("torch", reason="edgespec distill trains with torch (the distill extra)")
+    pytest.importorskip("gguf", reason="the tiny GGUF is written with the gguf package")
+    return distilled_bundle(tmp_path_factory.mktemp("js_eagle"))
+
+
+def distilled_bundle(root: Path, qtype: str = "Q4_1") -> Path:
+    """A tiny GGUF of `qtype` blocks with a head distilled for a few seconds, over a draft
+    vocabulary of 128 of its 265 ids (the graph lays the head's logits on the target's ids,
+    -inf where no draft id maps: what a sampled draft's q is built from)."""
+    from gguf_files import write_gguf
+
+    from edgespec.distill.pipeline import DistillConfig, distill
+    from edgespec.distill.train import TrainConfig
+
+    write_gguf(root / "m.gguf", "llama", qtype)
+    prompts = root / "prompts.jsonl"
+    rows = [{"prompt": f"the cat {i} sat on the"} for i in range(6)]
+    prompts.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    config = DistillConfig(minutes=0.1, prompts=prompts, new_tokens=16)
+    config.train = TrainConfig(draft_vocab=128)
+    distill(root / "m.gguf", root / "b", config)
+    return root / "b"
+
+
+def python_vectors(
+    bundles: dict[str, Path],
+    runs: list = RUNS,
+    checks: bool = True,
+    abort: tuple = ("spec", None),
+    threads: tuple = ("worker",),
+) -> dict:
+    """The Python runtime's outputs of `runs` on each bundle; `checks`: the chat templates and
+    policy plans too; `abort`: the (mode, drafter) the cancellation check loads; `threads`:
+    where Node runs the generations ("worker": `load()`'s default, "main": the app's thread,
+    "bytes": the browser's and React Native's route, every file read as bytes)."""
     from edgespec.bundle import load_manifest
     from edgespec.runtime.chat.template import ChatTemplate, ChatTemplateError
     from edgespec.runtime.model import Model
 
-    vectors: dict = {"bundles": [], "templates": [], "policies": policy_vectors()}
-    chat = ChatTemplate.from_bundle(bundles["chat"], load_manifest(bundles["chat"]))
+    vectors: dict = {
+        "bundles": [],
+        "templates": [],
+        "policies": policy_vectors() if checks else [],
+        "abort": dict(mode=abort[0], drafter=abort[1]),
+        "threads": list(threads),
+    }
+    first = next(iter(bundles.values()))
+    chat = ChatTemplate.from_bundle(first, load_manifest(first))
     special = chat.special_tokens
-    named = {"bundle": chat.templates["default"], **TEMPLATES}
+    named = {"bundle": chat.templates["default"], **TEMPLATES} if checks else {}
     for name, text in named.items():
         for label, messages in CONVERSATIONS.items():
             flags = {"date_string": "26 Nov 2026"}  # llama3 would print today's date
@@ -148,16 +217,6 @@ def python_vectors(bundles: dict[str, Path]) -> dict:
                     expected=rendered,
                 )
             )
-    runs = [
-        ("ar", None, None),
-        ("spec", "fixed:4", None),
-        ("spec", "fixed:1", None),
-        ("spec", "confidence:0.05", None),
-        ("spec", "auto", None),
-        ("self-spec", "fixed:3", 2),
-        ("self-spec", "confidence:0.05", 2),
-        ("lookup", "fixed:4", None),
-    ]
     for name, path in bundles.items():
         entry: dict = {
             "name": name,
@@ -167,8 +226,11 @@ def python_vectors(bundles: dict[str, Path]) -> dict:
             "chats": [],
         }
         tokenizer = None
-        for mode, policy, exit_layer in runs:
+        template = ChatTemplate.from_bundle(path, load_manifest(path))
+        for mode, policy, exit_layer, drafter in runs:
             options = {"draft_policy": policy} if policy else {}
+            if drafter:
+                options["drafter"] = drafter
             model = Model.load(path, mode=mode, exit_layer=exit_layer, **options)
             tokenizer = model.tokenizer
             cases = [dict(prompt=p, chat=None, sampling=None) for p in PROMPTS]
@@ -176,7 +238,7 @@ def python_vectors(bundles: dict[str, Path]) -> dict:
             if mode in SAMPLED_MODES and policy != "auto":  # draws follow γ, which is timed
                 cases += [dict(prompt=PROMPTS[0], chat=None, sampling=s) for s in SAMPLING]
             for case in cases:
-                prompt = case["prompt"] or chat.render(case["chat"])
+                prompt = case["prompt"] or template.render(case["chat"])
                 ignore_eos = case["chat"] is None
                 sampling = case["sampling"] or {}
                 g = model.generate(
@@ -187,6 +249,7 @@ def python_vectors(bundles: dict[str, Path]) -> dict:
                         mode=mode,
                         policy=policy,
                         exit_layer=exit_layer,
+                        drafter=drafter,
                         **case,
                         max_new_tokens=MAX_NEW,
                         ignore_eos=ignore_eos,
@@ -209,6 +272,7 @@ def python_vectors(bundles: dict[str, Path]) -> dict:
                     mode=mode,
                     policy=policy,
                     exit_layer=exit_layer,
+                    drafter=drafter,
                     turns=[CHAT, CHAT + more],
                     max_new_tokens=MAX_NEW,
                     tokens=[first.tokens, second.tokens],
@@ -234,8 +298,23 @@ def streamed(tokenizer, ids: list[int]) -> list[str]:
 
 @pytest.fixture(scope="module")
 def conformance(js_bundles, tmp_path_factory) -> tuple[dict, dict]:
+    return run_node(python_vectors(js_bundles), tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def eagle_conformance(eagle_bundle, tmp_path_factory) -> tuple[dict, dict]:
+    vectors = python_vectors(
+        {"eagle": eagle_bundle},
+        EAGLE_RUNS,
+        False,
+        ("eagle", "lookup+eagle"),
+        ("worker", "main", "bytes"),
+    )
+    return run_node(vectors, tmp_path_factory)
+
+
+def run_node(vectors: dict, tmp_path_factory) -> tuple[dict, dict]:
     build_js()
-    vectors = python_vectors(js_bundles)
     folder = tmp_path_factory.mktemp("vectors")
     (folder / "vectors.json").write_text(json.dumps(vectors))
     run = subprocess.run(
@@ -279,11 +358,21 @@ def test_js_renders_chat_templates_as_python_does(conformance):
 
 
 def test_js_greedy_output_equals_python_per_mode(conformance):
-    vectors, js = conformance
-    want = [(b["name"], g) for b in vectors["bundles"] for g in b["generations"]]
+    same_generations(*conformance)
+
+
+def same_generations(vectors: dict, js: dict) -> None:
+    want = [
+        (thread, b["name"], g)
+        for thread in vectors["threads"]
+        for b in vectors["bundles"]
+        for g in b["generations"]
+    ]
     assert len(js["generations"]) == len(want)
-    for (bundle, w), g in zip(want, js["generations"], strict=True):
-        where = f"{bundle} {w['mode']} {w['policy']} {w['prompt'] or 'chat'!r} {w['sampling']}"
+    for (thread, bundle, w), g in zip(want, js["generations"], strict=True):
+        where = f"{thread} {bundle} {w['mode']} {w['drafter']} {w['policy']} "
+        where += f"{w['prompt'] or 'chat'!r} {w['sampling']}"
+        assert g["thread"] == thread, where
         assert g["tokens"] == w["tokens"], where
         assert g["text"] == w["text"], where
         assert g["finish_reason"] == w["finish_reason"], where
@@ -360,11 +449,14 @@ def test_js_refuses_bad_bundles_with_the_fix(js_bundles, tmp_path):
 
 
 def test_js_chat_keeps_the_conversations_caches_as_python_does(conformance):
-    vectors, js = conformance
+    same_chats(*conformance)
+
+
+def same_chats(vectors: dict, js: dict) -> None:
     want = [(b["name"], c) for b in vectors["bundles"] for c in b["chats"]]
     assert len(js["chats"]) == len(want)
     for (bundle, w), got in zip(want, js["chats"], strict=True):
-        where = f"{bundle} {w['mode']} {w['policy']}"
+        where = f"{bundle} {w['mode']} {w['drafter']} {w['policy']}"
         assert got["tokens"] == w["tokens"], where
         assert got["cached"] == w["cached"], where
         assert got["cached"][1] > 0, where  # the second turn prefilled only what was new
@@ -381,3 +473,56 @@ def test_js_adaptive_policies_plan_as_python_does(conformance):
         assert got["plans"] == want["plans"], want["name"]
     plans = vectors["policies"][0]["plans"]
     assert 0 in plans and max(plans) > 2  # auto both stepped plainly and speculated
+
+
+# -- a bundle with a feature head (edgespec distill) -------------------------------------------
+
+
+def test_js_loads_a_distilled_bundles_head(eagle_conformance):
+    vectors, js = eagle_conformance
+    assert js["errors"] == []
+    b = vectors["bundles"][0]  # the GGUF's own tokenizer, built by the import
+    assert [t["ids"] for t in js["tokenizer"]] == b["ids"]
+    assert [d["text"] for d in js["decode"]] == b["decoded"]
+
+
+def test_js_feature_head_output_equals_python_per_mode(eagle_conformance):
+    """eagle and lookup+eagle, greedy and seeded sampling, on the worker thread, the app's and
+    with every file read as bytes (the head's graph names two weights files): the same tokens,
+    and (but for `auto`, which plans from measured times) the same drafts proposed and
+    accepted."""
+    vectors, js = eagle_conformance
+    same_generations(vectors, js)
+    eagle = [g for g in vectors["bundles"][0]["generations"] if g["mode"] == "eagle"]
+    ar = {(g["prompt"], str(g["chat"])): g["tokens"] for g in vectors["bundles"][0]["generations"]
+          if g["mode"] == "ar" and not g["sampling"]}  # fmt: skip
+    for g in eagle:  # lossless: greedy is ar's
+        if not g["sampling"]:
+            assert g["tokens"] == ar[(g["prompt"], str(g["chat"]))], g
+    assert {g["drafter"] for g in eagle} == {None, "lookup+eagle"}
+    assert all(g["drafted"] > 0 for g in eagle if g["policy"] != "auto")
+    assert any(g["accepted"] > 0 for g in eagle)  # kept drafts: the head's cache recomputed
+    assert any(g["accepted"] < g["drafted"] for g in eagle)
+
+
+def test_js_feature_head_chats_keep_their_caches_as_python_does(eagle_conformance):
+    same_chats(*eagle_conformance)
+
+
+def test_js_feature_head_abort_ends_a_stream_and_the_model_goes_on(eagle_conformance):
+    _, js = eagle_conformance
+    assert js["abort"] == {"error": "AbortError", "chunks": 1, "same": True}
+
+
+def test_js_refuses_a_head_where_the_bundle_has_none(js_bundles):
+    run = cli("generate", str(js_bundles["chat"]), "-p", "hi", "--mode", "eagle")
+    assert run.returncode == 2 and "no 'eagle' graph" in run.stderr, run.stderr
+    assert "edgespec distill" in run.stderr and "at " not in run.stderr
+
+
+def test_js_refuses_a_drafter_the_mode_has_not(eagle_bundle):
+    run = cli("generate", str(eagle_bundle), "-p", "hi", "--mode", "eagle", "--drafter", "draft")
+    assert run.returncode == 2 and "not one of mode eagle's: eagle, lookup+eagle" in run.stderr
+    run = cli("generate", str(eagle_bundle), "-p", "hi", "--mode", "eagle", "--drafter",
+              "lookup+eagle", "--max-new-tokens", "6", "--ignore-eos", "--stats")  # fmt: skip
+    assert run.returncode == 0 and "6 tokens" in run.stderr, run.stderr

@@ -10,7 +10,9 @@ import type { BundleFiles } from "./files.js";
 export const SCHEMA_VERSION = 1;
 export const MANIFEST = "manifest.json";
 const FORMAT = "edgespec-bundle";
-const ROLE = /^(full|draft|head@(\d+)|tail@(\d+))$/;
+const ROLE = /^(full|draft|eagle|head@(\d+)|tail@(\d+))$/;
+/** The output a target graph declares its feature layers' states in (what `eagle` reads). */
+export const FEATURES = "features";
 
 export interface TensorSpec {
   name: string;
@@ -32,7 +34,7 @@ export interface ModelInfo {
 }
 
 export interface GraphInfo {
-  role: string; // full | draft | head@k | tail@k
+  role: string; // full | draft | eagle | head@k | tail@k
   file: string;
   model: "target" | "draft";
   kv_layers: number[];
@@ -61,6 +63,11 @@ export interface Manifest {
   variant: string;
   backbone_fingerprint: string; // what a split server checks its target against ("" if none)
   chat: ChatFormat | null;
+  /** The layers whose residual streams `full` outputs as `features` (what the `eagle` graph,
+   * a feature head made by `edgespec distill`, drafts from); [] none. */
+  feature_layers: number[];
+  /** What the exporters recorded beside the schema (`extra.eagle`: the head's distill record). */
+  extra: Record<string, unknown>;
 }
 
 export function exitLayer(graph: GraphInfo): number | null {
@@ -91,6 +98,7 @@ export function modelInfo(manifest: Manifest, graph: GraphInfo): ModelInfo {
 }
 
 function howToAdd(role: string): string {
+  if (role === "eagle") return "add a feature head with `edgespec distill MODEL --out FOLDER`.";
   if (role === "draft") return "re-export with `edgespec export MODEL --draft DRAFT_MODEL`.";
   if (role.startsWith("head@") || role.startsWith("tail@")) {
     return `re-export with \`edgespec export MODEL --exit-layers ${role.split("@")[1]}\`.`;
@@ -163,6 +171,14 @@ function fromJson(raw: Record<string, unknown>): Manifest {
   if (variant === "standard" && !graphs.some((g) => g.role === "full" || g.role.startsWith("tail@"))) {
     throw new Error("no 'full' or 'tail@k' graph: nothing can verify");
   }
+  const featureLayers = ((raw.feature_layers as number[] | undefined) ?? []).map(Number);
+  const full = graphs.find((g) => g.role === "full");
+  if (featureLayers.length && !full?.outputs.some((t) => t.name === FEATURES)) {
+    throw new Error("feature_layers are declared but the full graph outputs no features");
+  }
+  if (graphs.some((g) => g.role === "eagle") && !featureLayers.length) {
+    throw new Error("an eagle graph needs the target's feature_layers");
+  }
   const chat = raw.chat as ChatFormat | null | undefined;
   if (chat && !Object.keys(chat.templates ?? {}).length) throw new Error("chat.templates is empty");
   return {
@@ -180,5 +196,7 @@ function fromJson(raw: Record<string, unknown>): Manifest {
     variant,
     backbone_fingerprint: (raw.backbone_fingerprint as string | undefined) ?? "",
     chat: chat ? { templates: chat.templates, special_tokens: chat.special_tokens ?? {}, generation: chat.generation ?? {} } : null,
+    feature_layers: featureLayers,
+    extra: (raw.extra as Record<string, unknown> | undefined) ?? {},
   };
 }

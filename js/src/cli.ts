@@ -9,8 +9,8 @@ import { EdgespecError } from "./errors.js";
 import { load } from "./node.js";
 import type { Mode } from "./model.js";
 
-const USAGE = `usage: edgespec generate BUNDLE -p PROMPT [--mode ar|spec|self-spec|lookup|split]
-       [--server ws://HOST:PORT] [--token-file FILE] [--drafter draft|lookup]
+const USAGE = `usage: edgespec generate BUNDLE -p PROMPT [--mode ar|spec|self-spec|eagle|lookup|split]
+       [--server ws://HOST:PORT] [--token-file FILE] [--drafter draft|lookup (split) | eagle|lookup+eagle (eagle)]
        [--draft-policy auto|acceptance|fixed:N|confidence:T] [--exit-layer K] [--max-new-tokens N] [--temperature T]
        [--top-p P] [--top-k K] [--seed S] [--ignore-eos] [--chat] [--stats] [--json]`;
 
@@ -64,7 +64,7 @@ async function main(argv: string[]): Promise<number> {
     draftPolicy: values["draft-policy"],
     exitLayer: num("exit-layer", values["exit-layer"]),
     split: values.server !== undefined || token !== undefined ? { server: values.server ?? "", token } : undefined,
-    drafter: values.drafter as "draft" | "lookup" | undefined,
+    drafter: values.drafter as "draft" | "lookup" | "eagle" | "lookup+eagle" | undefined,
   });
   const prompt = values.chat ? model.renderChat([{ role: "user", content: values.prompt }]) : values.prompt;
   const options = {

@@ -5,12 +5,16 @@
   EarlyExitDrafter   the target's first k layers (head@k) with the shared LM head, writing into
                      the target's own cache, so verification runs only tail@k (KV reuse)
   LookupDrafter      model-free: continues an n-gram of the recent text where it occurred before
+  EagleDrafter       a feature head (EAGLE style, the bundle's `eagle` graph made by `edgespec
+                     distill`): drafts from the target's own features on a KV cache of its own
+  Chain              drafters tried in order (`lookup+eagle`): the first that proposes wins
 
 A drafter sees the committed sequence and feeds itself whatever it has not processed yet, so
 it stays in step however many tokens the last round accepted. */
 
 import type { DraftQ } from "./accept.js";
-import type { GraphSession, Stack } from "./graph.js";
+import { KVCache, rows, type GraphSession, type Outputs, type Stack } from "./graph.js";
+import { InputError } from "./errors.js";
 import { fromLogits } from "./draftq.js";
 import { argmax, isGreedy, pairwiseSum, type Rng, type SamplingParams } from "./sampling.js";
 import { capped, emptyProposal, now, type Drafter, type Plan, type Proposal } from "./round.js";
@@ -196,4 +200,140 @@ export class LookupDrafter implements Drafter {
   }
 
   commit(): void {}
+}
+
+/** The feature-head drafter (`runtime/drafters/eagle.py`): the bundle's `eagle` graph drafting a
+chain from the target's own features (`Stack.features`, which the target's `full` graph declares
+and the stack keeps per cached position). Head position p reads the target's features at p and
+the embedding of token p + 1, and predicts token p + 2; it keeps a KV cache of its own, one
+layer. The graph scores the head's draft vocabulary and lays the logits on the target's ids
+(-inf where no draft id maps), so drafts are target ids.
+
+Authoritative state, after a round that kept n of γ drafts (the sequence is L tokens; the
+target holds L - 1 positions and their features):
+  `exact`   head positions 0..exact-1 were computed from the target's features and committed
+            tokens: the only ones kept. Drafting writes positions past them from the head's
+            own states (`next_state`); `commit` drops those, so the next round recomputes them
+            from the target's features (at most n + 1 positions, one call), and its first draft
+            comes from the target's features at the last kept position
+  draft k   position L - 3 + k; k = 1 reads the target's features at L - 2 (the bonus token
+            has none yet: it is position L - 1's token, the head's input there), k > 1 the
+            head's own state of the position before
+The target verifies every draft: greedy output is the target's, sampling follows the target's
+distribution (the drafts' q is what they were drawn from). */
+export class EagleDrafter implements Drafter {
+  readonly name = "eagle";
+  private cache: KVCache | null = null;
+  private exact = 0; // head positions computed from the target's features (see above)
+  readonly hidden: number;
+  readonly maxPositions: number;
+
+  constructor(readonly target: Stack, readonly head: GraphSession) {
+    if (!target.featureWidth) {
+      throw new InputError(
+        "the eagle drafter reads the target's features: this bundle's full graph declares none; " +
+          "make the bundle with `edgespec distill`",
+      );
+    }
+    this.hidden = head.model.hidden_size;
+    this.maxPositions = head.model.max_position_embeddings;
+  }
+
+  source(): string | null {
+    return this.name;
+  }
+
+  async begin(_prompt: number[], capacity: number, cached: number): Promise<void> {
+    // position p needs token p + 1: the cached prefix keeps positions below cached - 1
+    this.exact = Math.min(this.exact, Math.max(cached - 1, 0));
+    const room = capacity + 1;
+    const layers = this.head.graph.kv_layers, m = this.head.model;
+    if (!this.cache || this.cache.capacity < room) {
+      const old = this.cache;
+      if (old && this.exact) {
+        old.length = this.exact;
+        this.cache = old.grown(this.target.ort, layers, m, room);
+      } else {
+        this.cache = KVCache.allocate(this.target.ort, layers, m, room);
+      }
+    }
+    this.cache.length = this.exact;
+  }
+
+  async propose(seq: number[], plan: Plan, params: SamplingParams, rng: Rng): Promise<Proposal> {
+    const start = now();
+    plan = capped(plan, this.maxPositions - seq.length);
+    if (plan.length === 0) return emptyProposal();
+    const cache = this.cache;
+    if (!cache) throw new Error("call begin() first");
+    const known = this.target.length; // positions with the target's features: seq.length - 1
+    cache.length = this.exact;
+    const width = this.target.featureWidth, hidden = this.hidden;
+    let state = new Float32Array(hidden);
+    const run = async (ids: number[], features: Float32Array, before: Float32Array): Promise<Float32Array> => {
+      const out: Outputs = await this.head.run(cache, cache.length, { ids, extra: { features, state: before } }, 1);
+      cache.length += ids.length;
+      const next = out.next_state.data as Float32Array;
+      state = next.slice(next.length - hidden); // the last position's: the next step's state
+      const r = rows(out.logits);
+      return r[r.length - 1];
+    };
+    // feed ids (the tokens of the next head positions); the last one's logits
+    const step = async (ids: number[]): Promise<Float32Array> => {
+      const p = cache.length;
+      const exact = Math.max(0, Math.min(ids.length, known - p)); // positions with the target's features
+      let logits: Float32Array | null = null;
+      if (exact) {
+        const features = this.target.features.slice(p * width, (p + exact) * width);
+        logits = await run(ids.slice(0, exact), features, new Float32Array(exact * hidden));
+        this.exact = cache.length;
+      }
+      for (const t of ids.slice(exact)) logits = await run([t], new Float32Array(width), state); // the head's own state
+      return logits!;
+    };
+    const [tokens, qs] = await draftTokens(step, seq.slice(this.exact + 1), plan, params, rng);
+    return proposal(tokens, qs, params, now() - start);
+  }
+
+  commit(valid: number): void {
+    // the positions drafted from the head's own states are dropped (see above)
+    this.exact = Math.min(this.exact, Math.max(valid - 1, 0), this.target.length);
+    if (this.cache) this.cache.length = this.exact;
+  }
+}
+
+/** Drafters in order (`lookup+eagle`): the first non-empty proposal is the round's. */
+export class Chain implements Drafter {
+  readonly name: string;
+  constructor(readonly drafters: Drafter[]) {
+    this.name = drafters.map((d) => d.name).join("+");
+  }
+
+  async begin(prompt: number[], capacity: number, cached: number): Promise<void> {
+    for (const d of this.drafters) await d.begin(prompt, capacity, cached);
+  }
+
+  source(seq: number[]): string | null {
+    for (const d of this.drafters) {
+      const s = d.source(seq);
+      if (s !== null) return s;
+    }
+    return null;
+  }
+
+  async propose(seq: number[], plan: Plan, params: SamplingParams, rng: Rng): Promise<Proposal> {
+    let seconds = 0;
+    let p = emptyProposal();
+    for (const d of this.drafters) {
+      p = await d.propose(seq, plan, params, rng);
+      p.seconds += seconds; // the drafters that found nothing cost time too
+      if (p.tokens.length) break;
+      seconds = p.seconds;
+    }
+    return p;
+  }
+
+  commit(valid: number): void {
+    for (const d of this.drafters) d.commit(valid);
+  }
 }

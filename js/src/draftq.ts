@@ -37,11 +37,28 @@ export class SparseQ {
   }
 }
 
-/** Indices of the k largest values, largest first (ties: lower index first). */
+/** Indices of the k largest values, largest first (ties: lower index first). One pass that
+ * keeps the k best so far in order: a value enters only past the k-th best, which after the
+ * first few thousand ids few do (sorting a 49,152-id vocabulary took ~20 ms, a draft step
+ * of SmolLM2's several times over). */
 export function topIds(values: Float32Array, k: number): number[] {
-  const idx = Array.from({ length: values.length }, (_, i) => i);
-  idx.sort((a, b) => values[b] - values[a] || a - b);
-  return idx.slice(0, Math.min(k, values.length));
+  k = Math.min(k, values.length);
+  if (k <= 0) return [];
+  const ids = new Int32Array(k), best = new Float64Array(k);
+  let n = 0;
+  for (let i = 0; i < values.length; i++) {
+    const v = values[i];
+    if (n === k && !(v > best[k - 1])) continue; // not above the k-th best (ties: it came later)
+    let at = n < k ? n++ : k - 1;
+    while (at > 0 && v > best[at - 1]) { // after every equal value: lower ids first
+      best[at] = best[at - 1];
+      ids[at] = ids[at - 1];
+      at--;
+    }
+    best[at] = v;
+    ids[at] = i;
+  }
+  return Array.from(ids.subarray(0, n));
 }
 
 /** Counts summing to SCALE, proportional to w over ids (largest remainder); zero counts dropped. */

@@ -5,11 +5,14 @@ cached ones. The cache's buffers are passed both as `past_*` inputs and as preal
 `present_*` outputs, so GroupQueryAttention writes the new keys/values in place: a step never
 copies the cache, and rejecting drafts is a length change (`KVCache.truncate`). `Stack` is
 `runtime/graphs/stack.py`: the stages of one model (`full`; `draft`; `head@k` then `tail@k`) over one
-cache, with `forward(ids, keep)` -> logits of the last `keep` positions. */
+cache, with `forward(ids, keep)` -> logits of the last `keep` positions. A `full` graph that
+declares the target's `features` output (`Manifest.feature_layers`) has them kept per cached
+position (`Stack.features`, float32 [capacity, F]): written by `forward`, cut with the cache,
+what a feature head drafts from (`EagleDrafter`, drafters.ts). */
 
 import type * as ortTypes from "onnxruntime-common";
 import { BundleError } from "./errors.js";
-import type { GraphInfo, ModelInfo } from "./bundle.js";
+import { FEATURES, type GraphInfo, type ModelInfo } from "./bundle.js";
 
 export type Ort = typeof ortTypes;
 type Tensor = ortTypes.Tensor;
@@ -17,6 +20,9 @@ type Tensor = ortTypes.Tensor;
 /** Positions a buffer holds past the cache's capacity: an exported graph runs a one-position
  * call's attention as two, whose copy's keys and values land there (`kv_cache.py` PAD_ROOM). */
 export const PAD_ROOM = 1;
+
+/** Outputs with a row per new position, whatever `num_logits_to_keep` says. */
+const PER_POSITION = new Set(["hidden", FEATURES, "next_state"]);
 
 /** KV buffers [1, kv_heads, capacity + PAD_ROOM, head_dim] per layer, plus one length
  * (`kv_cache.py`). */
@@ -80,6 +86,14 @@ export interface Outputs {
 
 /** The feeds and fetches of "bound" calls on one cache, kept across calls: the scalar inputs
  * are tensors over arrays written in place, the KV entries never change (`GraphSession.run`). */
+/** A call's new positions: [S] ids or [S, H] hidden states, and float32 inputs of S rows by
+ * name (the eagle graph's `features` and `state`). */
+export interface NewPositions {
+  ids?: number[];
+  hidden?: Float32Array;
+  extra?: Record<string, Float32Array>;
+}
+
 interface BoundCall {
   cache: KVCache;
   buffers: Map<string, Tensor>; // the cache's buffers these entries were made from
@@ -136,7 +150,7 @@ export class GraphSession {
   /** S new positions ([S] ids, or [S, H] hidden states) after `past` cached ones, written into
    * `cache` in place; the outputs (logits of the last `keep` positions). The caller owns the
    * cache length. */
-  async run(cache: KVCache, past: number, input: { ids?: number[]; hidden?: Float32Array }, keep: number): Promise<Outputs> {
+  async run(cache: KVCache, past: number, input: NewPositions, keep: number): Promise<Outputs> {
     const ort = this.ort;
     const s = input.ids ? input.ids.length : input.hidden!.length / this.model.hidden_size;
     const total = past + s;
@@ -151,11 +165,7 @@ export class GraphSession {
       num_logits_to_keep: new ort.Tensor("int64", BigInt64Array.of(BigInt(exact && keep === 0 ? 1 : keep)), []),
     };
     if (this.takesQuery) feeds.query_seqlens = new ort.Tensor("int32", Int32Array.of(s), [1]);
-    if (this.takesHidden) {
-      feeds.hidden = new ort.Tensor("float32", input.hidden!, [1, s, this.model.hidden_size]);
-    } else {
-      feeds.input_ids = new ort.Tensor("int64", BigInt64Array.from(input.ids!, BigInt), [1, s]);
-    }
+    for (const [name, tensor] of this.newPositions(input, s)) feeds[name] = tensor;
     const fetches: Record<string, Tensor | null> = {};
     for (const name of this.outputNames) fetches[name] = null;
     for (const i of this.graph.kv_layers) {
@@ -170,7 +180,8 @@ export class GraphSession {
       if (keep === 0) {
         for (const name of this.outputNames) {
           const t = out[name];
-          if (name !== "hidden") out[name] = new ort.Tensor("float32", new Float32Array(0), [1, 0, t.dims[2]]);
+          // (outputs of every position stay: hidden states, features, a head's next state)
+          if (!PER_POSITION.has(name)) out[name] = new ort.Tensor("float32", new Float32Array(0), [1, 0, t.dims[2]]);
         }
       }
       for (const i of this.graph.kv_layers) {
@@ -200,16 +211,20 @@ export class GraphSession {
     return out;
   }
 
-  private newPositions(input: { ids?: number[]; hidden?: Float32Array }, s: number): [string, Tensor] {
-    return this.takesHidden
+  private newPositions(input: NewPositions, s: number): [string, Tensor][] {
+    const out: [string, Tensor][] = [this.takesHidden
       ? ["hidden", new this.ort.Tensor("float32", input.hidden!, [1, s, this.model.hidden_size])]
-      : ["input_ids", new this.ort.Tensor("int64", BigInt64Array.from(input.ids!, BigInt), [1, s])];
+      : ["input_ids", new this.ort.Tensor("int64", BigInt64Array.from(input.ids!, BigInt), [1, s])]];
+    for (const [name, data] of Object.entries(input.extra ?? {})) {
+      out.push([name, new this.ort.Tensor("float32", data, [1, s, data.length / s])]);
+    }
+    return out;
   }
 
   /** A "bound" call: the cache's buffers are both past and preallocated present, written in
    * place. The feeds and fetches are built once per cache and reused (building ~40 named
    * entries per call cost a small graph's step more than a tenth of its time). */
-  private async runBound(cache: KVCache, total: number, [name, tensor]: [string, Tensor], keep: number, s: number): Promise<Outputs> {
+  private async runBound(cache: KVCache, total: number, inputs: [string, Tensor][], keep: number, s: number): Promise<Outputs> {
     let c = this.call;
     if (!c || c.cache !== cache || c.buffers !== cache.buffers) {
       const ort = this.ort;
@@ -236,7 +251,7 @@ export class GraphSession {
     c.total[0] = total;
     c.keep[0] = BigInt(keep);
     c.query[0] = s;
-    c.feeds[name] = tensor;
+    for (const [name, tensor] of inputs) c.feeds[name] = tensor;
     this.pending = true;
     try {
       return (await this.session.run(c.feeds, c.fetches)) as Outputs;
@@ -290,11 +305,18 @@ export class Stack {
   readonly model: ModelInfo;
   readonly layers: number[];
   readonly maxPositions: number;
+  /** The target's features per position (0: its graph declares none). */
+  readonly featureWidth: number;
+  /** [rows, featureWidth] float32: the rows below `length` are the target's at those positions. */
+  features = new Float32Array(0);
 
   constructor(readonly ort: Ort, readonly stages: GraphSession[], readonly logits = "logits") {
     this.model = stages[stages.length - 1].model;
     this.layers = [...new Set(stages.flatMap((s) => s.graph.kv_layers))].sort((a, b) => a - b);
     this.maxPositions = this.model.max_position_embeddings;
+    const outputs = stages.length === 1 ? stages[0].graph.outputs : [];
+    const f = outputs.find((t) => t.name === FEATURES);
+    this.featureWidth = f ? Number(f.shape[f.shape.length - 1]) : 0;
   }
 
   get length(): number {
@@ -306,9 +328,19 @@ export class Stack {
     // KV output at its full capacity after each call, so its size is paid on every step
     if (this.cache && this.cache.capacity >= capacity && this.cache.capacity <= 2 * capacity) {
       this.cache.truncate(0);
-      return;
+    } else {
+      this.cache = KVCache.allocate(this.ort, this.layers, this.model, capacity);
     }
-    this.cache = KVCache.allocate(this.ort, this.layers, this.model, capacity);
+    this.featureRoom(this.cache.capacity, 0);
+  }
+
+  /** Feature rows for `capacity` positions, the first `keep` kept. */
+  private featureRoom(capacity: number, keep: number): void {
+    const w = this.featureWidth;
+    if (!w || this.features.length >= capacity * w) return;
+    const grown = new Float32Array(capacity * w);
+    grown.set(this.features.subarray(0, keep * w));
+    this.features = grown;
   }
 
   /** Keep the first `keep` cached positions with room for `capacity`; how many were kept. */
@@ -323,6 +355,7 @@ export class Stack {
       const room = Math.min(Math.max(capacity, 2 * this.cache.capacity), this.maxPositions);
       this.cache = this.cache.grown(this.ort, this.layers, this.model, Math.max(room, capacity));
     }
+    this.featureRoom(this.cache.capacity, keep);
     return keep;
   }
 
@@ -330,12 +363,16 @@ export class Stack {
   async forward(ids: number[], keep = 1): Promise<Float32Array[]> {
     const cache = this.cache;
     if (!cache) throw new Error("call reset() first");
-    let input: { ids?: number[]; hidden?: Float32Array } = { ids };
+    let input: NewPositions = { ids };
     let out: Outputs = {};
     for (const stage of this.stages) {
       const last = stage === this.stages[this.stages.length - 1];
       out = await stage.run(cache, cache.length, input, last ? keep : 0);
       if (!last) input = { hidden: out.hidden.data as Float32Array };
+    }
+    if (this.featureWidth) {
+      const w = this.featureWidth, f = out[FEATURES].data as Float32Array;
+      this.features.set(f.subarray(0, ids.length * w), cache.length * w);
     }
     cache.length += ids.length;
     return rows(out[this.logits]);

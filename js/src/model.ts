@@ -5,7 +5,10 @@ reads the tokenizer and chat template; `stream()` yields text pieces as tokens a
 `generate()` returns the whole result with its stats. Bad input is refused here, before any
 work, with an `InputError` saying what to change. The name table: modes `ar` (no drafter),
 `spec` (the bundle's draft model), `self-spec` (head@k drafts, tail@k verifies over its KV),
-`lookup` (prompt lookup); policies `auto` (the default), `acceptance`, `fixed:N`,
+`eagle` (the bundle's feature head, made by `edgespec distill`, drafting from the target's
+features; drafter `lookup+eagle`: prompt lookup first, the head where it finds nothing, as the
+Python runtime's default for a distilled bundle whose head pays), `lookup` (prompt lookup);
+policies `auto` (the default), `acceptance`, `fixed:N`,
 `confidence:T`. */
 
 import type * as ortTypes from "onnxruntime-common";
@@ -19,21 +22,27 @@ export function commonPrefix(a: number[], b: number[]): number {
   return i;
 }
 import { decode } from "./decode.js";
-import { EarlyExitDrafter, LookupDrafter, ModelDrafter, NoDrafter } from "./drafters.js";
+import { Chain, EagleDrafter, EarlyExitDrafter, LookupDrafter, ModelDrafter, NoDrafter } from "./drafters.js";
 import { InputError } from "./errors.js";
 import type { BundleFiles } from "./files.js";
 import { GraphSession, Stack, type KVOutputs, type Ort } from "./graph.js";
 import { FallbackVerifier } from "./fallback.js";
 import { LocalVerifier } from "./local.js";
-import { parsePolicy, type DraftLengthPolicy } from "./policies.js";
+import { parsePolicy, perSource, type DraftLengthPolicy } from "./policies.js";
 import { samplingParams, type SamplingParams } from "./sampling.js";
 import { GenerationStats, type Drafter, type RoundStats, type Verifier } from "./round.js";
 import { Tokenizer } from "./tokenizer.js";
 import { RemoteVerifier, type SplitOptions } from "./remote.js";
 import { DEFAULT_SUPPORT } from "./draftq.js";
-import { withoutBatchedAttention } from "./onnx_edit.js";
+import { externalFiles, withoutBatchedAttention } from "./onnx_edit.js";
 
-export const MODES = ["ar", "spec", "self-spec", "lookup", "split"] as const;
+export const MODES = ["ar", "spec", "self-spec", "eagle", "lookup", "split"] as const;
+/** The drafters a mode may be given (`drafter`); the first is its default (split: "draft"
+ * where the bundle has a draft model). */
+const DRAFTERS: Partial<Record<Mode, readonly string[]>> = {
+  split: ["draft", "lookup"],
+  eagle: ["eagle", "lookup+eagle"],
+};
 export type Mode = (typeof MODES)[number];
 
 export interface LoadOptions {
@@ -48,8 +57,9 @@ export interface LoadOptions {
   /** split: the server (`edgespec serve`) that verifies, its token, a WebSocket class. */
   split?: SplitOptions;
   /** split: what drafts on the device: "draft" (the bundle's draft model; the default when
-   * the bundle has one) or "lookup" (prompt lookup). */
-  drafter?: "draft" | "lookup";
+   * the bundle has one) or "lookup" (prompt lookup). eagle: "eagle" (the feature head; the
+   * default) or "lookup+eagle" (prompt lookup first, the head where it finds nothing). */
+  drafter?: "draft" | "lookup" | "eagle" | "lookup+eagle";
   /** How the onnxruntime binding returns KV outputs (`KVOutputs`): "bound" for
    * onnxruntime-node (the default), "returned" for onnxruntime-web. */
   kvOutputs?: KVOutputs;
@@ -105,13 +115,20 @@ export async function loadModel(files: BundleFiles, ort: Ort, options: LoadOptio
   if (mode === "split" && !options.split?.server) {
     throw new InputError("split mode needs a server: { split: { server: \"ws://HOST:PORT\" } } (--server)");
   }
-  if (mode !== "split" && (options.split || options.drafter)) {
+  if (mode !== "split" && options.split) {
     throw new InputError(`split and drafter are split mode's options: drop them, or use mode 'split' (not '${mode}')`);
+  }
+  const drafters = DRAFTERS[mode];
+  if (options.drafter !== undefined && !drafters) {
+    throw new InputError(`split and drafter are split mode's options (drafter: also eagle mode's): drop drafter, or use mode 'split' or 'eagle' (not '${mode}')`);
+  }
+  if (options.drafter !== undefined && !drafters!.includes(options.drafter)) {
+    throw new InputError(`drafter '${options.drafter}' is not one of mode ${mode}'s: ${drafters!.join(", ")}`);
   }
   if (mode === "ar" && options.draftPolicy != null) {
     throw new InputError("mode 'ar' drafts nothing: drop draftPolicy (--draft-policy)");
   }
-  const policy = parsePolicy(mode === "ar" ? "fixed:0" : options.draftPolicy ?? "auto");
+  let policy = parsePolicy(mode === "ar" ? "fixed:0" : options.draftPolicy ?? "auto");
   const progress = options.onProgress ?? (() => {});
   progress(`reading ${files.where}/manifest.json`);
   const manifest = await loadManifest(files);
@@ -124,8 +141,9 @@ export async function loadModel(files: BundleFiles, ort: Ort, options: LoadOptio
     ...options.sessionOptions,
   };
   // where onnxruntime cannot open files itself (browser, app assets), the graphs get the
-  // bundle's one weights file as external data: read once, shared by every graph
-  let weights: Promise<Uint8Array> | null = null;
+  // files their initializers name as external data (the bundle's weights file; a feature
+  // head's own besides): each read once, shared by every graph
+  const external = new Map<string, Promise<Uint8Array>>();
   const open = async (role: string): Promise<GraphSession> => {
     const g = findGraph(manifest, role);
     progress(`opening ${g.file}`);
@@ -144,12 +162,16 @@ export async function loadModel(files: BundleFiles, ort: Ort, options: LoadOptio
       const session = { ...extra.session, model_external_initializers_file_folder_path: files.path(".") };
       return GraphSession.open(ort, await graphBytes(), g, modelInfo(manifest, g), { ...sessionOptions, extra: { ...extra, session } }, kv);
     }
-    if (!weights) {
-      progress(`reading ${manifest.weights_file}`);
-      weights = files.readBytes(manifest.weights_file);
+    const bytes = await graphBytes();
+    const externalData = [];
+    for (const path of externalFiles(bytes, g.file)) {
+      if (!external.has(path)) {
+        progress(`reading ${path}`);
+        external.set(path, files.readBytes(path));
+      }
+      externalData.push({ path, data: await external.get(path)! });
     }
-    const external = { externalData: [{ path: manifest.weights_file, data: await weights }] };
-    return GraphSession.open(ort, await graphBytes(), g, modelInfo(manifest, g), { ...sessionOptions, ...external }, kv);
+    return GraphSession.open(ort, bytes, g, modelInfo(manifest, g), { ...sessionOptions, externalData }, kv);
   };
   let target: Stack, drafter: Drafter;
   if (mode === "self-spec") {
@@ -165,10 +187,15 @@ export async function loadModel(files: BundleFiles, ort: Ort, options: LoadOptio
     const head = await open(`head@${k}`), tail = await open(`tail@${k}`);
     target = new Stack(ort, [head, tail]);
     drafter = new EarlyExitDrafter(target, new Map([[k, head]]), new Map([[k, tail]]), k);
+  } else if (mode === "eagle") {
+    findGraph(manifest, "eagle"); // a BundleError naming the fix if there is none
+    target = new Stack(ort, [await open("full")]);
+    const head = new EagleDrafter(target, await open("eagle"));
+    drafter = options.drafter === "lookup+eagle" ? new Chain([new LookupDrafter(), head]) : head;
+    policy = perSource(policy, drafter instanceof Chain ? drafter.drafters.map((d) => d.name) : [drafter.name]);
   } else if (mode === "split") {
     const has = manifest.graphs.some((g) => g.role === "draft");
     const kind = options.drafter ?? (has ? "draft" : "lookup");
-    if (kind !== "draft" && kind !== "lookup") throw new InputError(`drafter '${kind}' is not one of: draft, lookup`);
     drafter = kind === "draft" ? new ModelDrafter(new Stack(ort, [await open("draft")])) : new LookupDrafter();
     const remote = new RemoteVerifier(options.split!, manifest.target.max_position_embeddings,
       manifest.backbone_fingerprint, kind === "draft" ? DEFAULT_SUPPORT.topK : null);

@@ -131,3 +131,33 @@ function edit(bytes: Uint8Array, file: string): Uint8Array {
     );
   return concat(parts);
 }
+
+/** The files an ONNX model's initializers keep their data in (TensorProto.external_data's
+ * "location": ModelProto.graph 7, GraphProto.initializer 5, TensorProto.external_data 13,
+ * StringStringEntryProto key 1 / value 2), in first-use order: a feature head's graph reads
+ * the target's tensors from the bundle's weights file and its own from another. */
+export function externalFiles(bytes: Uint8Array, file: string): string[] {
+  const out = new Set<string>();
+  try {
+    for (const f of fields(bytes)) {
+      if (f.number !== 7 || f.wire !== 2) continue;
+      for (const g of fields(bytes, f.body, f.end)) {
+        if (g.number !== 5 || g.wire !== 2) continue;
+        for (const t of fields(bytes, g.body, g.end)) {
+          if (t.number !== 13 || t.wire !== 2) continue;
+          let key = "", value = "";
+          for (const e of fields(bytes, t.body, t.end)) {
+            if (e.wire !== 2) continue;
+            if (e.number === 1) key = text.decode(bytes.subarray(e.body, e.end));
+            else if (e.number === 2) value = text.decode(bytes.subarray(e.body, e.end));
+          }
+          if (key === "location" && value) out.add(value);
+        }
+      }
+    }
+  } catch (e) {
+    if (e instanceof BundleError) throw new BundleError(`${file}: ${e.message}`);
+    throw e;
+  }
+  return [...out];
+}

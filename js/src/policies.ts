@@ -86,6 +86,36 @@ export class Auto implements DraftLengthPolicy {
   }
 }
 
+/** An adaptive policy per member of a drafter chain (`lookup+eagle`; `PerSource` in
+ * `draft_length.py`), each learning only from the rounds its member drafted: prompt lookup's
+ * drafts cost nothing and pass whole or not at all, a model's cost a step each. `main` plans
+ * for the chain's last member (and any source not in `apart`). */
+export class PerSource implements DraftLengthPolicy {
+  constructor(readonly main: DraftLengthPolicy, readonly apart: Map<string, DraftLengthPolicy>) {}
+  get maxLength(): number {
+    return this.main.maxLength;
+  }
+  plan(source: string | null): Plan {
+    return (this.apart.get(source ?? "") ?? this.main).plan(source);
+  }
+  observe(stats: RoundStats): void {
+    (this.apart.get(stats.source ?? "") ?? this.main).observe(stats);
+  }
+}
+
+/** `policy` over a chain whose members are named `members`: an adaptive one prices each
+ * member but the last apart, as a copying drafter (`registry.per_source`); others as they are. */
+export function perSource(policy: DraftLengthPolicy, members: string[]): DraftLengthPolicy {
+  if (members.length < 2 || !(policy instanceof Auto || policy instanceof Acceptance)) return policy;
+  const copying = (): DraftLengthPolicy => {
+    const base = policy.cost.priors;
+    const priors = { ...base, statePrior: base.statePriorFirst };
+    return policy instanceof Acceptance ? new Acceptance(MAX_DRAFT, new CostModel(priors))
+      : new Auto(MAX_DRAFT, new CostModel(priors));
+  };
+  return new PerSource(policy, new Map(members.slice(0, -1).map((name) => [name, copying()])));
+}
+
 const PORTED = "fixed:N, confidence:T, acceptance and auto";
 
 /** "fixed:4" (fixed alone: 4) -> its policy; any other name is refused with what exists. */

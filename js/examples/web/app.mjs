@@ -22,6 +22,8 @@ async function run(mode, policy, prompt, maxNewTokens, out) {
   out.textContent = "";
   const model = await loadFromUrl($("bundle").value, ort, {
     mode, draftPolicy: mode === "ar" ? undefined : policy, provider: backend.provider,
+    // eagle: "eagle" (the feature head alone) or "lookup+eagle" (prompt lookup first)
+    drafter: mode === "eagle" ? query.get("drafter") || undefined : undefined,
     // split: the page drafts, `edgespec serve` at this address verifies (no token: a browser
     // cannot send one)
     split: mode === "split" ? { server: $("server").value } : undefined,
