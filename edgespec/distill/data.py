@@ -165,7 +165,7 @@ def generate(
     from collections import deque
 
     from edgespec.runtime.graphs.kv_cache import KVPool
-    from edgespec.serve.batching import batchable, forward_alone
+    from edgespec.serve.batching import batchable, forward_alone, forward_batch
 
     folder.mkdir(parents=True, exist_ok=True)
     saved = {int(p.stem): p for p in folder.glob("[0-9]*.npz")}
@@ -235,14 +235,13 @@ def generate(
             slot = pool.acquire()
             assert slot is not None
             index, prompt, budget = nxt
-            first = forward_alone(stages, pool, slot, np.asarray(prompt, np.int64))
-            reply = [int(first[-1].argmax())]
-            live[slot] = _Row(index, prompt, budget, reply, [top_k_logp(first)])
+            top = top_k_logp(forward_alone(stages, pool, slot, np.asarray(prompt, np.int64)))
+            live[slot] = _Row(index, prompt, budget, [int(top[0][-1, 0])], [top])
         if not live:
             return
         slots = list(live)
-        logits = _step_rows(stages, pool, {slot: live[slot].reply[-1] for slot in slots})
-        top_ids, top_logp = top_k_logp(logits)
+        step = [(slot, np.asarray(live[slot].reply[-1:], np.int64)) for slot in slots]
+        top_ids, top_logp = top_k_logp(np.concatenate(forward_batch(stages, pool, step, False)))
         for j, slot in enumerate(slots):
             row = live[slot]
             row.top.append((top_ids[j : j + 1], top_logp[j : j + 1]))
@@ -278,28 +277,6 @@ def chats_after(model: Any, conversations: list[Conversation]) -> FollowUp:
         return first + index, follow_up(conversations[index], text.strip(), index)
 
     return after
-
-
-def _step_rows(stages: list, pool: Any, last: dict[int, int]) -> np.ndarray:
-    """One position for each row of `last` ({slot: token}) in one forward over the pool's
-    rows up to the highest slot (the others idle); returns the rows' logits [len(last),
-    vocab] in `last`'s order and keeps their features."""
-    from edgespec.bundle import FEATURES
-    from edgespec.runtime.graphs.stack import run_stages
-
-    hi = max(last) + 1
-    tokens = np.zeros((hi, 1), np.int64)
-    widths = np.zeros(hi, np.int32)
-    for slot, token in last.items():
-        tokens[slot, 0], widths[slot] = token, 1
-    view, pasts = pool.rows(0, hi), pool.lengths[:hi].copy()
-    out = run_stages(
-        stages, tokens, lambda g, x, end: g.run_batch(view, pasts, widths, logits=end, **x)
-    )
-    for slot in last:
-        pool.write_features(slot, int(pool.lengths[slot]), out[FEATURES][slot])
-        pool.lengths[slot] += 1
-    return out["logits"][list(last), 0]
 
 
 def teacher_force(

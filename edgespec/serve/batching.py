@@ -136,18 +136,27 @@ def forward_alone(
 
 
 def forward_batch(
-    stages: list[GraphSession], pool: KVPool, work: list[tuple[int, np.ndarray]]
+    stages: list[GraphSession],
+    pool: KVPool,
+    work: list[tuple[int, np.ndarray]],
+    exact: bool = True,
 ) -> list[np.ndarray]:
     """Every row of `work` in one forward over their row range at full width; returns the
-    logits [W_r, vocab] of each row."""
+    logits [W_r, vocab] of each row. `exact`: each row padded (`row_width`) so that its
+    logits are bitwise those of the row alone; False: no padding, a row's logits only up to
+    rounding (half the positions for one-token rows: edgespec distill's replies)."""
     slots = [slot for slot, _ in work]
     lo, hi = min(slots), max(slots) + 1
     step = pool.step_width
-    width = max(row_width(len(ids), step) for _, ids in work)
+
+    def padded_width(n: int) -> int:
+        return row_width(n, step) if exact else n
+
+    width = max(padded_width(len(ids)) for _, ids in work)
     tokens = np.full((hi - lo, width), DUMMY_TOKEN, np.int64)
     widths = np.zeros(hi - lo, np.int32)
     for slot, ids in work:
-        padded = row_width(len(ids), step)  # copies of the last id (see the docstring)
+        padded = padded_width(len(ids))  # copies of the last id (see the docstring)
         tokens[slot - lo, :padded] = ids[-1]
         tokens[slot - lo, : len(ids)] = ids
         widths[slot - lo] = padded
