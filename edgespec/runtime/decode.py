@@ -130,8 +130,9 @@ def decode_rounds(
     seq = list(seq)
     step, produced, ahead, rounds = first, len(first.tokens) if first else 0, Ahead(), 0
     stop_ids, capacity = budget.stop_ids, budget.capacity
-    if constraint is not None:  # the tokens the grammar alone decides lead every proposal
-        drafter = Forced(drafter, constraint)
+    # with a grammar, the tokens it alone decides lead every proposal
+    grammar = Forced(drafter, constraint) if constraint is not None else None
+    drafter = grammar or drafter
     while True:
         last = step.tokens[-1] if step is not None else None
         reason = finish_reason(last, produced, budget.max_new, stop_ids, len(seq) - 1, capacity)
@@ -147,7 +148,7 @@ def decode_rounds(
         # or what the verifier takes in one round
         room = min(budget.max_new - produced - 1, capacity - len(seq), most)
         source = drafter.source(seq)
-        if constraint is not None and (end := _grammar_end(constraint, seq, room, stop_ids)):
+        if grammar is not None and (end := _grammar_end(grammar, seq, room, stop_ids)):
             step = end  # the grammar alone ends the output: no round, no verifier call
             seq += end.tokens
             produced += len(end.tokens)
@@ -289,10 +290,11 @@ def _draft_ahead(
 
 
 def _grammar_end(
-    constraint: Constraint, seq: list[int], room: int, stop_ids: frozenset[int]
+    grammar: Forced, seq: list[int], room: int, stop_ids: frozenset[int]
 ) -> Step | None:
-    """The tokens the grammar alone decides after seq, as a Step, if they end the output."""
-    forced = constraint.forced(seq, room)
+    """The tokens the grammar alone decides after seq, as a Step, if they end the output
+    (else the round's proposal starts with them: `Forced.forced` walks the grammar once)."""
+    forced = grammar.forced(seq, room)
     if not forced or forced[-1] not in stop_ids:
         return None
     stats = RoundStats("decode", len(forced), 0, 0.0, forced=len(forced), verifier="none")

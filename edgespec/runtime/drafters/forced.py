@@ -31,6 +31,22 @@ class Forced:
     def __init__(self, drafter: Drafter, constraint: Constraint) -> None:
         self.drafter, self.constraint = drafter, constraint
         self.drafts_ahead, self.name = drafter.drafts_ahead, drafter.name
+        # the last `forced` answer: (where: len(seq) and its last token, limit, tokens)
+        self._last: tuple[tuple[int, int | None], int, list[int]] | None = None
+
+    def forced(self, seq: list[int], limit: int) -> list[int]:
+        """At most `limit` tokens the grammar alone decides after seq (`Constraint.forced`,
+        which masks each position). The last answer is kept: the loop asks whether they end
+        the output, then the round's proposal takes them, after the same seq. A walk is
+        position by position, so a shorter limit's answer is a prefix of a longer one's."""
+        where = (len(seq), seq[-1] if seq else None)
+        if self._last is not None:
+            at, most, tokens = self._last
+            if at == where and (limit <= most or len(tokens) < most):
+                return tokens[:limit]
+        tokens = self.constraint.forced(seq, limit)
+        self._last = (where, limit, tokens)
+        return tokens
 
     def begin(
         self,
@@ -39,6 +55,7 @@ class Forced:
         cached: int = 0,
         constraint: Constraint | None = None,
     ) -> None:
+        self._last = None
         self.drafter.begin(prompt, capacity, cached, constraint or self.constraint)
 
     def source(self, seq: list[int]) -> str | None:
@@ -47,7 +64,7 @@ class Forced:
     def propose(
         self, seq: list[int], plan: Plan, params: SamplingParams, rng: np.random.Generator
     ) -> Proposal:
-        forced = self.constraint.forced(seq, plan.most)
+        forced = self.forced(seq, plan.most)
         after = [*seq, *forced]
         proposal = self.drafter.propose(after, plan.capped(plan.most - len(forced)), params, rng)
         if proposal.tree is not None:
