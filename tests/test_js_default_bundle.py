@@ -9,6 +9,10 @@ gives every JS mode's greedy output (and, for fixed policies, the same drafts pr
 accepted) equal to the Python runtime's on the same bundle; and the edited graph's logits are
 bitwise those of the same model exported with `--no-batched-verify` (the graphs the
 conformance suite holds JS to), through a prefill and calls of one and three positions.
+The KV path follows the binding: onnxruntime-node as installed copies each output back, so
+the graphs are opened returning only the new positions ("appended"); a binding that hands
+preallocated outputs back in place (the installed one wrapped to do so) gets the cache bound
+as outputs ("bound"); both give the Python runtime's tokens.
 """
 
 from __future__ import annotations
@@ -97,3 +101,25 @@ def test_js_runs_a_default_bundle_as_python_does(bundle, mode, policy, exit_laye
     if policy not in (None, "auto"):  # auto plans from measured times
         stats = (got["stats"]["drafted"], got["stats"]["accepted"])
         assert stats == (want.stats.drafted, want.stats.accepted)
+
+
+def test_the_kv_path_follows_whether_the_binding_copies_outputs(bundle):
+    from edgespec.runtime.model import Model
+
+    # past the 64 positions a growing cache starts with (js/src/graph.ts START_ROOM)
+    new = 96
+    want = Model.load(bundle, mode="ar").generate(PROMPT, max_new_tokens=new, ignore_eos=True)
+    run = subprocess.run(
+        [NODE, str(JS / "kv_check.mjs"), str(bundle), PROMPT, str(new)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr
+    got = json.loads(run.stdout)
+    installed, wrapped = got["inPlace"]
+    assert wrapped is True
+    assert got["kv"] == ["bound" if installed else "appended", "bound"]
+    if got["version"].startswith(("1.30.", "1.31.")):  # they copy each output (PR #32346 open)
+        assert installed is False
+    assert got["tokens"] == [want.tokens, want.tokens]

@@ -25,7 +25,7 @@ import { decode } from "./decode.js";
 import { Chain, EagleDrafter, EarlyExitDrafter, LookupDrafter, ModelDrafter, NoDrafter } from "./drafters.js";
 import { InputError } from "./errors.js";
 import type { BundleFiles } from "./files.js";
-import { GraphSession, Stack, type KVOutputs, type Ort } from "./graph.js";
+import { GraphSession, outputsInPlace, Stack, type KVOutputs, type Ort } from "./graph.js";
 import { FallbackVerifier } from "./fallback.js";
 import { LocalVerifier } from "./local.js";
 import { parsePolicy, perSource, type DraftLengthPolicy } from "./policies.js";
@@ -34,7 +34,7 @@ import { GenerationStats, type Drafter, type RoundStats, type Verifier } from ".
 import { Tokenizer } from "./tokenizer.js";
 import { RemoteVerifier, type SplitOptions } from "./remote.js";
 import { DEFAULT_SUPPORT } from "./draftq.js";
-import { externalFiles, withoutBatchedAttention } from "./onnx_edit.js";
+import { appendingOutputs, externalFiles, withoutBatchedAttention } from "./onnx_edit.js";
 
 export const MODES = ["ar", "spec", "self-spec", "eagle", "lookup", "split"] as const;
 /** The drafters a mode may be given (`drafter`); the first is its default (split: "draft"
@@ -60,8 +60,9 @@ export interface LoadOptions {
    * the bundle has one) or "lookup" (prompt lookup). eagle: "eagle" (the feature head; the
    * default) or "lookup+eagle" (prompt lookup first, the head where it finds nothing). */
   drafter?: "draft" | "lookup" | "eagle" | "lookup+eagle";
-  /** How the onnxruntime binding returns KV outputs (`KVOutputs`): "bound" for
-   * onnxruntime-node (the default), "returned" for onnxruntime-web. */
+  /** How the onnxruntime binding returns KV outputs (`KVOutputs`): by default "bound" where
+   * it hands preallocated outputs back in place, else "appended" (onnxruntime-node 1.30/1.31);
+   * "returned" or "concatenated" for onnxruntime-web. */
   kvOutputs?: KVOutputs;
   /** Called with a line per step while the bundle loads. */
   onProgress?: (message: string) => void;
@@ -147,16 +148,22 @@ export async function loadModel(files: BundleFiles, ort: Ort, options: LoadOptio
   const open = async (role: string): Promise<GraphSession> => {
     const g = findGraph(manifest, role);
     progress(`opening ${g.file}`);
-    const kv = options.kvOutputs ?? "bound";
+    // where onnxruntime-node copies every output back, the KV graphs return the new
+    // positions only (graph.ts KVOutputs, onnx_edit.ts appendingOutputs)
+    const holdsKV = g.inputs.some((t) => t.name.startsWith("past_key."));
+    const kv = options.kvOutputs ?? (holdsKV && !(await outputsInPlace(ort)) ? "appended" : "bound");
     // a default export's attention takes query_seqlens, which onnxruntime's JavaScript
     // packages do not load: the graph is opened from bytes without it (onnx_edit.ts)
     const batched = g.inputs.some((t) => t.name === "query_seqlens");
+    const appended = kv === "appended" && holdsKV;
     const graphBytes = async () => {
-      const bytes = await files.readBytes(g.file);
-      return batched ? withoutBatchedAttention(bytes, g.file) : bytes;
+      let bytes = await files.readBytes(g.file);
+      if (batched) bytes = withoutBatchedAttention(bytes, g.file);
+      const input = g.inputs.some((t) => t.name === "hidden") ? "hidden" : "input_ids";
+      return appended ? appendingOutputs(bytes, g.file, input) : bytes;
     };
     if (files.path) {
-      if (!batched) return GraphSession.open(ort, files.path(g.file), g, modelInfo(manifest, g), sessionOptions, kv);
+      if (!batched && !appended) return GraphSession.open(ort, files.path(g.file), g, modelInfo(manifest, g), sessionOptions, kv);
       // onnxruntime-node reads the weights file itself from the bundle's folder
       const extra = (sessionOptions.extra ?? {}) as Record<string, Record<string, unknown>>;
       const session = { ...extra.session, model_external_initializers_file_folder_path: files.path(".") };
