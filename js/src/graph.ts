@@ -394,6 +394,9 @@ export class Stack {
   readonly featureWidth: number;
   /** [rows, featureWidth] float32: the rows below `length` are the target's at those positions. */
   features = new Float32Array(0);
+  /** Every call runs a multiple of this many positions (`padCall`; the manifest's
+   * `step_width`, set on a target by `settleStepWidth`). */
+  stepWidth = 1;
 
   constructor(readonly ort: Ort, readonly stages: GraphSession[], readonly logits = "logits") {
     this.model = stages[stages.length - 1].model;
@@ -414,6 +417,7 @@ export class Stack {
   }
 
   reset(capacity: number): void {
+    capacity += this.stepWidth - 1; // room for a pad (`padCall`)
     // a cache kept from a much longer generation is replaced: a step costs with the capacity
     // (onnxruntime-node's copy of each output; the attention's copy of the past)
     if (this.cache && this.cache.limit >= capacity && this.cache.capacity <= 2 * capacity) {
@@ -441,6 +445,7 @@ export class Stack {
     }
     keep = Math.min(keep, this.cache.length);
     this.cache.truncate(keep);
+    capacity += this.stepWidth - 1;
     if (this.grows) {
       this.cache.limit = Math.max(this.cache.limit, capacity);
     } else if (this.cache.capacity < capacity) {
@@ -455,11 +460,12 @@ export class Stack {
   async forward(ids: number[], keep = 1): Promise<Float32Array[]> {
     const cache = this.cache;
     if (!cache) throw new Error("call reset() first");
-    let input: NewPositions = { ids };
+    const [pad, kept, wanted] = padCall(ids.length, keep, this.stepWidth);
+    let input: NewPositions = { ids: pad ? [...ids, ...Array(pad).fill(ids[ids.length - 1])] : ids };
     let out: Outputs = {};
     for (const stage of this.stages) {
       const last = stage === this.stages[this.stages.length - 1];
-      out = await stage.run(cache, cache.length, input, last ? keep : 0);
+      out = await stage.run(cache, cache.length, input, last ? kept : 0);
       if (!last) input = { hidden: out.hidden.data as Float32Array };
     }
     if (this.featureWidth) {
@@ -467,19 +473,56 @@ export class Stack {
       this.features.set(f.subarray(0, ids.length * w), cache.length * w);
     }
     cache.length += ids.length;
-    return rows(out[this.logits]);
+    return rows(out[this.logits]).slice(...wanted);
   }
 
   /** Logits for hidden states [S, H] a head already computed (its layers' KV are in the
    * cache beyond `length`); advances the length by S. */
   async forwardTail(tail: GraphSession, hidden: Float32Array, keep: number): Promise<Float32Array[]> {
-    const cache = this.cache!;
-    const out = await tail.run(cache, cache.length, { hidden }, keep);
-    cache.length += hidden.length / this.model.hidden_size;
-    return rows(out.logits);
+    const cache = this.cache!, h = this.model.hidden_size, n = hidden.length / h;
+    const [pad, kept, wanted] = padCall(n, keep, this.stepWidth);
+    let fed = hidden;
+    if (pad) {
+      fed = new Float32Array((n + pad) * h);
+      fed.set(hidden);
+      for (let i = 0; i < pad; i++) fed.set(hidden.subarray((n - 1) * h), (n + i) * h);
+    }
+    const out = await tail.run(cache, cache.length, { hidden: fed }, kept);
+    cache.length += n;
+    return rows(out.logits).slice(...wanted);
   }
 
   truncate(length: number): void {
     if (this.cache) this.cache.truncate(Math.min(length, this.cache.length));
   }
+}
+
+/** A call of `width` new positions keeping the last `keep` logits rows, at `stepWidth`
+ * (`stack.py` `pad_call`): [copies of the last input appended, rows the padded call keeps,
+ * the [start, end) of those rows that are the asked-for ones]. */
+export function padCall(width: number, keep: number, stepWidth: number): [number, number, [number, number]] {
+  const pad = (stepWidth - (width % stepWidth)) % stepWidth;
+  const need = keep ? keep + pad : 0; // the last rows of the padded call, the wanted ones in
+  const kept = Math.min(need + ((stepWidth - (need % stepWidth)) % stepWidth), width + pad);
+  return [pad, kept, [kept - need, kept - pad]];
+}
+
+/** A target's `stepWidth`: the manifest's, or 2 where it is 1 but on this machine the rows of
+ * one-position calls are not the same bits as the same positions inside one wider call
+ * (`stack.py` `settle_step_width`: five probe positions, each stepped alone against one
+ * 3-wide call after the same two). */
+export async function settleStepWidth(stack: Stack, declared: number): Promise<void> {
+  stack.stepWidth = declared;
+  if (declared !== 1) return;
+  const vocab = stack.model.vocab_size, ids = [1, 2, 3, 4, 5].map((i) => i % vocab);
+  stack.reset(ids.length);
+  await stack.forward(ids.slice(0, 2));
+  const alone: Float32Array[] = [];
+  for (let i = 2; i < 5; i++) alone.push((await stack.forward(ids.slice(i, i + 1)))[0]);
+  stack.reset(ids.length);
+  await stack.forward(ids.slice(0, 2));
+  const wide = await stack.forward(ids.slice(2), 3);
+  stack.cache = null;
+  const same = (a: Float32Array, b: Float32Array) => a.length === b.length && a.every((x, j) => x === b[j]);
+  if (!alone.every((a, i) => same(a, wide[i]))) stack.stepWidth = 2;
 }
