@@ -7,8 +7,8 @@ drafts is a length change (`KVCache.truncate`). onnxruntime-node 1.30/1.31 then 
 output back into a new buffer, the cache's whole capacity included (~0.2 ms a MB: 2.2 ms of a
 12 ms SmolLM2-135M step at 256 positions); where `outputsInPlace` finds it does, the graphs
 return only the new positions instead ("appended": `onnx_edit.ts` `appendingOutputs`), copied
-into buffers that grow by doubling (`KVCache.reserve`: the attention's own copy of the past
-costs with the capacity too). `Stack` is
+into buffers that grow a quarter at a time (`KVCache.reserve`: the attention then fills and
+copies its own present at the cache's capacity, ~2.3 us a position of room on SmolLM2-135M). `Stack` is
 `runtime/graphs/stack.py`: the stages of one model (`full`; `draft`; `head@k` then `tail@k`) over one
 cache, with `forward(ids, keep)` -> logits of the last `keep` positions. A `full` graph that
 declares the target's `features` output (`Manifest.feature_layers`) has them kept per cached
@@ -26,8 +26,12 @@ type Tensor = ortTypes.Tensor;
  * call's attention as two, whose copy's keys and values land there (`kv_cache.py` PAD_ROOM). */
 export const PAD_ROOM = 1;
 
-/** Positions a growing cache (`KVCache.reserve`) starts with. */
+/** A growing cache (`KVCache.reserve`) starts with room for START_ROOM positions and grows by
+ * GROWTH of its capacity (at least GROWTH_MIN positions): a step costs with the room a cache
+ * has (at 520 cached positions, 1,040 of room cost ~1 ms a 17 ms step more than 560), and a
+ * growth copies the cache once (~46 KB a position on SmolLM2-135M). */
 export const START_ROOM = 64;
+const GROWTH = 1.25, GROWTH_MIN = 32;
 
 /** Outputs with a row per new position, whatever `num_logits_to_keep` says. */
 const PER_POSITION = new Set(["hidden", FEATURES, "next_state"]);
@@ -67,13 +71,13 @@ export class KVCache {
     return cache;
   }
 
-  /** Room for `need` positions: past the capacity, buffers twice as long (at most `limit`)
-   * replace these, the valid positions copied once. */
+  /** Room for `need` positions: past the capacity, buffers a quarter longer (GROWTH; at most
+   * `limit`) replace these, the valid positions copied once. */
   reserve(need: number): void {
     if (need <= this.capacity) return;
     if (need > this.limit || !this.room) throw new RangeError(`KV cache full: ${need} positions > capacity ${this.limit}`);
     const { ort, layers, model } = this.room;
-    const next = this.grown(ort, layers, model, Math.min(this.limit, Math.max(need, 2 * this.capacity)));
+    const next = this.grown(ort, layers, model, Math.min(this.limit, Math.max(need, Math.ceil(GROWTH * this.capacity), this.capacity + GROWTH_MIN)));
     this.buffers = next.buffers;
     this.capacity = next.capacity;
   }
