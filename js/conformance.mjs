@@ -2,7 +2,8 @@
 // node conformance.mjs VECTORS.json OUT.json. For each bundle: token ids of each text,
 // rendered chat templates, and greedy generations per mode (on each of `vectors.threads`:
 // "worker", load()'s default, "main", the app's thread, and "bytes": the browser's and React
-// Native's route, graphs and their external data handed over as bytes, under onnxruntime-node);
+// Native's route, graphs and their external data handed over as bytes, under onnxruntime-node;
+// "bound", the app's thread with the KV cache passed as preallocated outputs);
 // OUT.json holds what this package
 // produced, for the Python test to compare item by item.
 import { readFileSync, writeFileSync } from "node:fs";
@@ -27,6 +28,8 @@ for (const t of vectors.templates) {
 const options = (g) => ({ mode: g.mode, draftPolicy: g.policy ?? undefined, exitLayer: g.exit_layer ?? undefined, drafter: g.drafter ?? undefined });
 const threads = vectors.threads ?? ["worker"];
 const open = async (path, options, thread) => {
+  // "bound": the KV path of a binding that hands preallocated outputs back (src/graph.ts)
+  if (thread === "bound") return load(path, { ...options, thread: "main", kvOutputs: "bound" });
   if (thread !== "bytes") return load(path, { ...options, thread });
   const { path: _, ...files } = folderFiles(path); // no paths: graphs and weights as bytes
   return loadModel(files, await import("onnxruntime-node"), options);

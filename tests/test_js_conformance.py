@@ -4,12 +4,14 @@ The Python runtime writes conformance vectors over tiny random bundles exported 
 onnxruntime's JavaScript packages (`batched_verify=False`): the ids of texts per tokenizer,
 decoded text, chat templates rendered, and greedy outputs of every mode the package runs
 (`ar`, `spec`, `self-spec`, `lookup`; `fixed` and `confidence` policies; drafts rejected
-and accepted), seeded sampled outputs, and two-turn chats that keep their caches. `node` runs
-`js/conformance.mjs` on the built package and the test compares item by item. A bundle with a
+and accepted), seeded sampled outputs, and two-turn chats that keep their caches, each with
+the KV path `load()` picks (the graphs edited to return only new positions on
+onnxruntime-node 1.30/1.31) and again with the cache as preallocated outputs ("bound"). `node`
+runs `js/conformance.mjs` on the built package and the test compares item by item. A bundle with a
 feature head (a tiny GGUF through `edgespec distill`: a default export, query_seqlens and all,
 whose `eagle` graph reads the target's features) has its own vectors: `ar`, `eagle` and
-`lookup+eagle`, greedy and sampled, on the worker thread, the app's thread and the route of
-the browser and React Native (graphs and weights files as bytes). The package is
+`lookup+eagle`, greedy and sampled, on the worker thread, the app's thread (both KV paths) and
+the route of the browser and React Native (graphs and weights files as bytes). The package is
 built here (`npm ci` when `node_modules` is missing, then `npm run build` when `dist/` is
 older than `src/`); the test skips only when `node` is not installed.
 """
@@ -184,7 +186,9 @@ def python_vectors(
     """The Python runtime's outputs of `runs` on each bundle; `checks`: the chat templates and
     policy plans too; `abort`: the (mode, drafter) the cancellation check loads; `threads`:
     where Node runs the generations ("worker": `load()`'s default, "main": the app's thread,
-    "bytes": the browser's and React Native's route, every file read as bytes)."""
+    "bytes": the browser's and React Native's route, every file read as bytes, "bound": the
+    app's thread with the KV cache as preallocated outputs, where load() would pick
+    "appended" on onnxruntime-node 1.30/1.31: `KVOutputs` in js/src/graph.ts)."""
     from edgespec.bundle import load_manifest
     from edgespec.runtime.chat.template import ChatTemplate, ChatTemplateError
     from edgespec.runtime.model import Model
@@ -298,7 +302,7 @@ def streamed(tokenizer, ids: list[int]) -> list[str]:
 
 @pytest.fixture(scope="module")
 def conformance(js_bundles, tmp_path_factory) -> tuple[dict, dict]:
-    return run_node(python_vectors(js_bundles), tmp_path_factory)
+    return run_node(python_vectors(js_bundles, threads=("worker", "bound")), tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
@@ -308,7 +312,7 @@ def eagle_conformance(eagle_bundle, tmp_path_factory) -> tuple[dict, dict]:
         EAGLE_RUNS,
         False,
         ("eagle", "lookup+eagle"),
-        ("worker", "main", "bytes"),
+        ("worker", "main", "bytes", "bound"),
     )
     return run_node(vectors, tmp_path_factory)
 

@@ -9,11 +9,18 @@ gives every JS mode's greedy output (and, for fixed policies, the same drafts pr
 accepted) equal to the Python runtime's on the same bundle; and the edited graph's logits are
 bitwise those of the same model exported with `--no-batched-verify` (the graphs the
 conformance suite holds JS to), through a prefill and calls of one and three positions.
+The KV path follows the binding: onnxruntime-node as installed copies each output back, so
+the graphs are opened returning only the new positions ("appended"); a binding that hands
+preallocated outputs back in place (the installed one wrapped to do so) gets the cache bound
+as outputs ("bound"); both give the Python runtime's tokens. A load that names no mode runs
+the mode, drafter and step width the Python runtime picks for the bundle (its manifest's
+`step_width` honoured: a copy declaring 2 steps two positions wide in both).
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -97,3 +104,63 @@ def test_js_runs_a_default_bundle_as_python_does(bundle, mode, policy, exit_laye
     if policy not in (None, "auto"):  # auto plans from measured times
         stats = (got["stats"]["drafted"], got["stats"]["accepted"])
         assert stats == (want.stats.drafted, want.stats.accepted)
+
+
+def test_the_kv_path_follows_whether_the_binding_copies_outputs(bundle):
+    from edgespec.runtime.model import Model
+
+    # past the 64 positions a growing cache starts with (js/src/graph.ts START_ROOM)
+    new = 96
+    want = Model.load(bundle, mode="ar").generate(PROMPT, max_new_tokens=new, ignore_eos=True)
+    run = subprocess.run(
+        [NODE, str(JS / "kv_check.mjs"), str(bundle), PROMPT, str(new)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr
+    got = json.loads(run.stdout)
+    installed, wrapped = got["inPlace"]
+    assert wrapped is True
+    assert got["kv"] == ["bound" if installed else "appended", "bound"]
+    if got["version"].startswith(("1.30.", "1.31.")):  # they copy each output (PR #32346 open)
+        assert installed is False
+    assert got["tokens"] == [want.tokens, want.tokens]
+
+
+def js_defaults(folder: Path, mode: str = "") -> dict:
+    run = subprocess.run(
+        [NODE, str(JS / "defaults_check.mjs"), str(folder), PROMPT, str(NEW), mode],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr
+    return json.loads(run.stdout)
+
+
+def test_js_decodes_in_the_mode_python_picks_for_the_bundle(bundle):
+    from edgespec.runtime.model import Model
+
+    model = Model.load(bundle)  # no mode: the bundle's fastest (a draft model: lookup+draft)
+    want = model.generate(PROMPT, max_new_tokens=NEW, ignore_eos=True)
+    got = js_defaults(bundle)
+    assert (got["mode"], got["drafter"]) == (model.config.mode, model.config.drafter)
+    assert got["tokens"] == want.tokens
+    assert got["stepWidth"] == model.target.step_width
+
+
+def test_js_steps_as_wide_as_the_manifest_says(bundle, tmp_path):
+    from edgespec.runtime.model import Model
+
+    wide = tmp_path / "wide"
+    shutil.copytree(bundle, wide)
+    manifest = json.loads((wide / "manifest.json").read_text())
+    manifest["step_width"] = 2
+    (wide / "manifest.json").write_text(json.dumps(manifest))
+    for mode in ("ar", "self-spec"):
+        model = Model.load(wide, mode=mode)
+        want = model.generate(PROMPT, max_new_tokens=NEW, ignore_eos=True)
+        got = js_defaults(wide, mode)
+        assert (model.target.step_width, got["stepWidth"]) == (2, 2)
+        assert got["tokens"] == want.tokens, mode

@@ -68,6 +68,9 @@ export interface Manifest {
   feature_layers: number[];
   /** What the exporters recorded beside the schema (`extra.eagle`: the head's distill record). */
   extra: Record<string, unknown>;
+  /** Every target call runs a multiple of this many positions (`runtime/graphs/stack.py`):
+   * 2 where a lone row takes another kernel path than a wide call's rows. */
+  step_width: number;
 }
 
 export function exitLayer(graph: GraphInfo): number | null {
@@ -198,5 +201,50 @@ function fromJson(raw: Record<string, unknown>): Manifest {
     chat: chat ? { templates: chat.templates, special_tokens: chat.special_tokens ?? {}, generation: chat.generation ?? {} } : null,
     feature_layers: featureLayers,
     extra: (raw.extra as Record<string, unknown> | undefined) ?? {},
+    step_width: stepWidth(raw),
   };
+}
+
+/** The manifest's `step_width`; absent (older bundles): 2 for quantized ones (`bundle.py`). */
+function stepWidth(raw: Record<string, unknown>): number {
+  const gguf = (raw.extra as { gguf?: { weights?: unknown } } | undefined)?.gguf;
+  const quantized = JSON.stringify(gguf?.weights ?? "").includes("MatMulNBits")
+    || ["int8", "int4", "qdq-int8"].includes(raw.quantization as string);
+  const width = raw.step_width === undefined ? (quantized ? 2 : 1) : Number(raw.step_width);
+  if (!(width === 1 || width === 2)) throw new Error(`step_width is ${String(raw.step_width)}, not 1 or 2`);
+  return width;
+}
+
+/** What a load without a mode runs: the mode, its drafter where it chains one, and self-spec's
+ * exit layer. */
+export interface ModeChoice {
+  mode: "spec" | "self-spec" | "eagle" | "lookup";
+  drafter?: "lookup+draft" | "lookup+eagle";
+  exitLayer?: number;
+}
+
+/** How much a drafter must promise over plain decoding to be the default (`costs.py`). */
+export const DEFAULT_MARGIN = 1.03;
+
+/** The local mode this bundle decodes fastest in, as the Python runtime picks it without a
+ * calibration of this device (`policies/costs.py` `best_local`; a calibration times the Python
+ * runtime's rounds, so the JavaScript package does not read one): the feature head after prompt
+ * lookup where distill measured that chain beating lookup alone and plain decoding
+ * (`eagle_pays`); else the draft model after prompt lookup; else the deepest exit whose fitted
+ * adapter agrees with the final layer on more than k/L + 0.1 of tokens; else prompt lookup. */
+export function bestLocal(manifest: Manifest): ModeChoice {
+  const roles = new Set(manifest.graphs.map((g) => g.role));
+  const eagle = manifest.extra.eagle as { decode_speedup?: Record<string, unknown> } | undefined;
+  const measured = eagle?.decode_speedup;
+  const chain = Number(measured?.["lookup+eagle"]), lookup = Number(measured?.lookup);
+  if (roles.has("eagle") && chain > DEFAULT_MARGIN * Math.max(lookup, 1)) return { mode: "eagle", drafter: "lookup+eagle" };
+  if (roles.has("draft")) return { mode: "spec", drafter: "lookup+draft" };
+  const fitted = (manifest.extra.exit_adapters ?? {}) as Record<string, { top1_after?: unknown }>;
+  const exits = exitLayers(manifest), layers = manifest.target.num_layers;
+  const paying = Object.entries(fitted)
+    .map(([k, record]) => [Number(k), Number(record?.top1_after ?? 0)] as const)
+    .filter(([k, top1]) => exits.includes(k) && top1 > k / layers + 0.1)
+    .map(([k]) => k);
+  if (paying.length) return { mode: "self-spec", exitLayer: Math.max(...paying) };
+  return { mode: "lookup" };
 }

@@ -9,8 +9,8 @@ import { EdgespecError } from "./errors.js";
 import { load } from "./node.js";
 import type { Mode } from "./model.js";
 
-const USAGE = `usage: edgespec generate BUNDLE -p PROMPT [--mode ar|spec|self-spec|eagle|lookup|split]
-       [--server ws://HOST:PORT] [--token-file FILE] [--drafter draft|lookup (split) | eagle|lookup+eagle (eagle)]
+const USAGE = `usage: edgespec generate BUNDLE -p PROMPT [--mode ar|spec|self-spec|eagle|lookup|split (default: the bundle's fastest)]
+       [--server ws://HOST:PORT] [--token-file FILE] [--drafter draft|lookup (split) | draft|lookup+draft (spec) | eagle|lookup+eagle (eagle)]
        [--draft-policy auto|acceptance|fixed:N|confidence:T] [--exit-layer K] [--max-new-tokens N] [--temperature T]
        [--top-p P] [--top-k K] [--seed S] [--ignore-eos] [--chat] [--stats] [--json]`;
 
@@ -20,7 +20,7 @@ async function main(argv: string[]): Promise<number> {
     allowPositionals: true,
     options: {
       prompt: { type: "string", short: "p" },
-      mode: { type: "string", default: "ar" },
+      mode: { type: "string" }, // none: the bundle's fastest (resolveMode)
       "draft-policy": { type: "string" },
       "exit-layer": { type: "string" },
       server: { type: "string" },

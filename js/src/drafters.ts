@@ -13,7 +13,7 @@ A drafter sees the committed sequence and feeds itself whatever it has not proce
 it stays in step however many tokens the last round accepted. */
 
 import type { DraftQ } from "./accept.js";
-import { KVCache, rows, type GraphSession, type Outputs, type Stack } from "./graph.js";
+import { KVCache, rows, START_ROOM, type GraphSession, type Outputs, type Stack } from "./graph.js";
 import { InputError } from "./errors.js";
 import { fromLogits } from "./draftq.js";
 import { argmax, isGreedy, pairwiseSum, type Rng, type SamplingParams } from "./sampling.js";
@@ -248,7 +248,11 @@ export class EagleDrafter implements Drafter {
     this.exact = Math.min(this.exact, Math.max(cached - 1, 0));
     const room = capacity + 1;
     const layers = this.head.graph.kv_layers, m = this.head.model;
-    if (!this.cache || this.cache.capacity < room) {
+    if (this.cache && this.head.kvOutputs === "appended") {
+      this.cache.limit = Math.max(this.cache.limit, room); // it grows as it fills (graph.ts)
+    } else if (this.head.kvOutputs === "appended") {
+      this.cache = KVCache.allocate(this.target.ort, layers, m, Math.min(room, START_ROOM), room);
+    } else if (!this.cache || this.cache.capacity < room) {
       const old = this.cache;
       if (old && this.exact) {
         old.length = this.exact;

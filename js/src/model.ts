@@ -4,7 +4,7 @@
 reads the tokenizer and chat template; `stream()` yields text pieces as tokens are produced,
 `generate()` returns the whole result with its stats. Bad input is refused here, before any
 work, with an `InputError` saying what to change. The name table: modes `ar` (no drafter),
-`spec` (the bundle's draft model), `self-spec` (head@k drafts, tail@k verifies over its KV),
+`spec` (the bundle's draft model; drafter `lookup+draft`: prompt lookup first), `self-spec` (head@k drafts, tail@k verifies over its KV),
 `eagle` (the bundle's feature head, made by `edgespec distill`, drafting from the target's
 features; drafter `lookup+eagle`: prompt lookup first, the head where it finds nothing, as the
 Python runtime's default for a distilled bundle whose head pays), `lookup` (prompt lookup);
@@ -12,7 +12,7 @@ policies `auto` (the default), `acceptance`, `fixed:N`,
 `confidence:T`. */
 
 import type * as ortTypes from "onnxruntime-common";
-import { exitLayers, findGraph, loadManifest, modelInfo, type Manifest } from "./bundle.js";
+import { bestLocal, exitLayers, findGraph, loadManifest, modelInfo, type Manifest } from "./bundle.js";
 import { ChatTemplate, type Message, type RenderOptions } from "./chat.js";
 
 export function commonPrefix(a: number[], b: number[]): number {
@@ -25,7 +25,7 @@ import { decode } from "./decode.js";
 import { Chain, EagleDrafter, EarlyExitDrafter, LookupDrafter, ModelDrafter, NoDrafter } from "./drafters.js";
 import { InputError } from "./errors.js";
 import type { BundleFiles } from "./files.js";
-import { GraphSession, Stack, type KVOutputs, type Ort } from "./graph.js";
+import { GraphSession, outputsInPlace, settleStepWidth, Stack, type KVOutputs, type Ort } from "./graph.js";
 import { FallbackVerifier } from "./fallback.js";
 import { LocalVerifier } from "./local.js";
 import { parsePolicy, perSource, type DraftLengthPolicy } from "./policies.js";
@@ -34,18 +34,21 @@ import { GenerationStats, type Drafter, type RoundStats, type Verifier } from ".
 import { Tokenizer } from "./tokenizer.js";
 import { RemoteVerifier, type SplitOptions } from "./remote.js";
 import { DEFAULT_SUPPORT } from "./draftq.js";
-import { externalFiles, withoutBatchedAttention } from "./onnx_edit.js";
+import { appendingOutputs, externalFiles, withoutBatchedAttention } from "./onnx_edit.js";
 
 export const MODES = ["ar", "spec", "self-spec", "eagle", "lookup", "split"] as const;
 /** The drafters a mode may be given (`drafter`); the first is its default (split: "draft"
  * where the bundle has a draft model). */
 const DRAFTERS: Partial<Record<Mode, readonly string[]>> = {
   split: ["draft", "lookup"],
+  spec: ["draft", "lookup+draft"],
   eagle: ["eagle", "lookup+eagle"],
 };
 export type Mode = (typeof MODES)[number];
 
 export interface LoadOptions {
+  /** Without one: the mode the bundle decodes fastest in, as the Python runtime picks it
+   * without a calibration (`resolveMode`, `bestLocal`). */
   mode?: Mode;
   /** "auto" (the default: speculates only while it is measured to win), "acceptance",
    * "fixed:N" or "confidence:T"; `ar` takes none. */
@@ -57,11 +60,13 @@ export interface LoadOptions {
   /** split: the server (`edgespec serve`) that verifies, its token, a WebSocket class. */
   split?: SplitOptions;
   /** split: what drafts on the device: "draft" (the bundle's draft model; the default when
-   * the bundle has one) or "lookup" (prompt lookup). eagle: "eagle" (the feature head; the
-   * default) or "lookup+eagle" (prompt lookup first, the head where it finds nothing). */
-  drafter?: "draft" | "lookup" | "eagle" | "lookup+eagle";
-  /** How the onnxruntime binding returns KV outputs (`KVOutputs`): "bound" for
-   * onnxruntime-node (the default), "returned" for onnxruntime-web. */
+   * the bundle has one) or "lookup" (prompt lookup). spec: "draft" (the default) or
+   * "lookup+draft" (prompt lookup first, the draft model where it finds nothing). eagle:
+   * "eagle" (the feature head; the default) or "lookup+eagle" (the same with the head). */
+  drafter?: "draft" | "lookup" | "lookup+draft" | "eagle" | "lookup+eagle";
+  /** How the onnxruntime binding returns KV outputs (`KVOutputs`): by default "bound" where
+   * it hands preallocated outputs back in place, else "appended" (onnxruntime-node 1.30/1.31);
+   * "returned" or "concatenated" for onnxruntime-web. */
   kvOutputs?: KVOutputs;
   /** Called with a line per step while the bundle loads. */
   onProgress?: (message: string) => void;
@@ -107,8 +112,30 @@ export interface Generation {
 
 export type Prompt = string | number[];
 
+/** The mode, drafter and exit layer a load runs (`runtime/model.py` `resolve_mode`): as asked;
+ * without a mode, split where its options are given, self-spec where an exit layer is, the
+ * mode of a named drafter, else the bundle's fastest (`bestLocal`). */
+export function resolveMode(manifest: Manifest, options: LoadOptions): { mode: Mode; drafter?: string; exitLayer?: number } {
+  const { mode, drafter, exitLayer } = options;
+  if (mode !== undefined) return { mode, drafter, exitLayer };
+  if (options.split) return { mode: "split", drafter };
+  if (exitLayer !== undefined) return { mode: "self-spec", drafter, exitLayer };
+  if (drafter !== undefined) return { mode: DRAFTERS.eagle!.includes(drafter) ? "eagle" : "spec", drafter };
+  const best = bestLocal(manifest);
+  return { mode: best.mode, drafter: best.drafter, exitLayer: best.exitLayer };
+}
+
 export async function loadModel(files: BundleFiles, ort: Ort, options: LoadOptions = {}): Promise<Model> {
-  const mode = options.mode ?? "ar";
+  const progress = options.onProgress ?? (() => {});
+  const readManifest = () => {
+    progress(`reading ${files.where}/manifest.json`);
+    return loadManifest(files);
+  };
+  // without a mode, the bundle says which (read first); else bad options are refused first
+  const early = options.mode === undefined ? await readManifest() : null;
+  const chosen = early ? resolveMode(early, options) : { mode: options.mode!, drafter: options.drafter, exitLayer: options.exitLayer };
+  const mode = chosen.mode, exitLayer = chosen.exitLayer;
+  options = { ...options, drafter: chosen.drafter as LoadOptions["drafter"] };
   if (!MODES.includes(mode)) {
     throw new InputError(`mode '${mode}' is not one of: ${MODES.join(", ")}`);
   }
@@ -120,7 +147,7 @@ export async function loadModel(files: BundleFiles, ort: Ort, options: LoadOptio
   }
   const drafters = DRAFTERS[mode];
   if (options.drafter !== undefined && !drafters) {
-    throw new InputError(`split and drafter are split mode's options (drafter: also eagle mode's): drop drafter, or use mode 'split' or 'eagle' (not '${mode}')`);
+    throw new InputError(`split and drafter are split mode's options (drafter: also spec's and eagle's): drop drafter, or use mode 'split', 'spec' or 'eagle' (not '${mode}')`);
   }
   if (options.drafter !== undefined && !drafters!.includes(options.drafter)) {
     throw new InputError(`drafter '${options.drafter}' is not one of mode ${mode}'s: ${drafters!.join(", ")}`);
@@ -129,9 +156,7 @@ export async function loadModel(files: BundleFiles, ort: Ort, options: LoadOptio
     throw new InputError("mode 'ar' drafts nothing: drop draftPolicy (--draft-policy)");
   }
   let policy = parsePolicy(mode === "ar" ? "fixed:0" : options.draftPolicy ?? "auto");
-  const progress = options.onProgress ?? (() => {});
-  progress(`reading ${files.where}/manifest.json`);
-  const manifest = await loadManifest(files);
+  const manifest = early ?? await readManifest();
   // Each session owns its thread pool (the JavaScript API has no process-wide one): a mode's
   // graphs run one after another, and idle pools spinning on the cores the running graph needs
   // made spec rounds 2-3x slower than with spinning off (benchmarks/js_runtime.py, 2 cores)
@@ -147,16 +172,22 @@ export async function loadModel(files: BundleFiles, ort: Ort, options: LoadOptio
   const open = async (role: string): Promise<GraphSession> => {
     const g = findGraph(manifest, role);
     progress(`opening ${g.file}`);
-    const kv = options.kvOutputs ?? "bound";
+    // where onnxruntime-node copies every output back, the KV graphs return the new
+    // positions only (graph.ts KVOutputs, onnx_edit.ts appendingOutputs)
+    const holdsKV = g.inputs.some((t) => t.name.startsWith("past_key."));
+    const kv = options.kvOutputs ?? (holdsKV && !(await outputsInPlace(ort)) ? "appended" : "bound");
     // a default export's attention takes query_seqlens, which onnxruntime's JavaScript
     // packages do not load: the graph is opened from bytes without it (onnx_edit.ts)
     const batched = g.inputs.some((t) => t.name === "query_seqlens");
+    const appended = kv === "appended" && holdsKV;
     const graphBytes = async () => {
-      const bytes = await files.readBytes(g.file);
-      return batched ? withoutBatchedAttention(bytes, g.file) : bytes;
+      let bytes = await files.readBytes(g.file);
+      if (batched) bytes = withoutBatchedAttention(bytes, g.file);
+      const input = g.inputs.some((t) => t.name === "hidden") ? "hidden" : "input_ids";
+      return appended ? appendingOutputs(bytes, g.file, input) : bytes;
     };
     if (files.path) {
-      if (!batched) return GraphSession.open(ort, files.path(g.file), g, modelInfo(manifest, g), sessionOptions, kv);
+      if (!batched && !appended) return GraphSession.open(ort, files.path(g.file), g, modelInfo(manifest, g), sessionOptions, kv);
       // onnxruntime-node reads the weights file itself from the bundle's folder
       const extra = (sessionOptions.extra ?? {}) as Record<string, Record<string, unknown>>;
       const session = { ...extra.session, model_external_initializers_file_folder_path: files.path(".") };
@@ -173,10 +204,15 @@ export async function loadModel(files: BundleFiles, ort: Ort, options: LoadOptio
     }
     return GraphSession.open(ort, bytes, g, modelInfo(manifest, g), { ...sessionOptions, externalData }, kv);
   };
+  // a target steps as wide as the manifest says, or as this machine's kernels need
+  const settled = async (stack: Stack) => {
+    await settleStepWidth(stack, manifest.step_width);
+    return stack;
+  };
   let target: Stack, drafter: Drafter;
   if (mode === "self-spec") {
     const exits = exitLayers(manifest);
-    const k = options.exitLayer ?? exits[exits.length - 1];
+    const k = exitLayer ?? exits[exits.length - 1];
     if (k === undefined || !exits.includes(k)) {
       throw new InputError(
         exits.length
@@ -201,7 +237,7 @@ export async function loadModel(files: BundleFiles, ort: Ort, options: LoadOptio
       manifest.backbone_fingerprint, kind === "draft" ? DEFAULT_SUPPORT.topK : null);
     // the bundle's own target finishes a generation whose link fails (FallbackVerifier)
     const local = options.split!.localFallback !== false && manifest.graphs.some((g) => g.role === "full")
-      ? new LocalVerifier(new Stack(ort, [await open("full")])) : null;
+      ? new LocalVerifier(await settled(new Stack(ort, [await open("full")]))) : null;
     const verifier = local ? new FallbackVerifier(remote, local) : remote;
     progress("reading the tokenizer");
     const tokenizer = await Tokenizer.fromBundle(files);
@@ -209,9 +245,15 @@ export async function loadModel(files: BundleFiles, ort: Ort, options: LoadOptio
     return new Model(manifest, mode, tokenizer, template, verifier, drafter, policy);
   } else {
     target = new Stack(ort, [await open("full")]);
-    drafter = mode === "spec" ? new ModelDrafter(new Stack(ort, [await open("draft")]))
-      : mode === "lookup" ? new LookupDrafter() : new NoDrafter();
+    if (mode === "spec") {
+      const model = new ModelDrafter(new Stack(ort, [await open("draft")]));
+      drafter = options.drafter === "lookup+draft" ? new Chain([new LookupDrafter(), model]) : model;
+      policy = perSource(policy, drafter instanceof Chain ? drafter.drafters.map((d) => d.name) : [drafter.name]);
+    } else {
+      drafter = mode === "lookup" ? new LookupDrafter() : new NoDrafter();
+    }
   }
+  await settled(target);
   progress("reading the tokenizer");
   const tokenizer = await Tokenizer.fromBundle(files);
   const template = manifest.chat ? await ChatTemplate.fromBundle(files, manifest.chat) : null;

@@ -9,7 +9,14 @@ the empty ones before it): the attention is then the `--no-batched-verify` graph
 the graph still reads `query_seqlens` (fed the call's width), and the logits are bitwise the
 `--no-batched-verify` graph's (tests/test_js_default_bundle.py). The edit walks the protobuf
 wire format (ModelProto.graph 7, GraphProto.node 1, NodeProto.input 1 / op_type 4) and
-re-encodes only the nodes it changes; everything else is copied byte for byte. */
+re-encodes only the nodes it changes; everything else is copied byte for byte.
+
+`appendingOutputs(bytes, file, input)` is the graph onnxruntime-node runs where it copies every
+output back (`KVOutputs` "appended", graph.ts): each `present_*` output becomes a Slice of the
+call's new positions (`[total_seq_len - width, total_seq_len)` of the attention's present, the
+width read from the `input`'s second dimension), a few KB a position instead of the whole
+cache. The attention and every other node are unchanged: the logits are bitwise the unedited
+graph's (tests/test_js_conformance.py). */
 
 import { BundleError } from "./errors.js";
 
@@ -85,6 +92,27 @@ function concat(parts: Uint8Array[]): Uint8Array {
 }
 
 const text = new TextDecoder();
+const utf8 = new TextEncoder();
+
+type Attribute = [name: string, value: number | number[]];
+
+/** A NodeProto (input 1, output 2, name 3, op_type 4, attribute 5) of the default domain;
+ * attributes of one int (AttributeProto i 3, type INT 2) or of ints (ints 8, type INTS 7). */
+function encodeNode(op: string, inputs: string[], outputs: string[], name: string, attributes: Attribute[] = []): Uint8Array {
+  const parts = [
+    ...inputs.map((n) => lengthDelimited(1, utf8.encode(n))),
+    ...outputs.map((n) => lengthDelimited(2, utf8.encode(n))),
+    lengthDelimited(3, utf8.encode(name)),
+    lengthDelimited(4, utf8.encode(op)),
+  ];
+  for (const [key, value] of attributes) {
+    const one = typeof value === "number", ints = one ? [value] : value;
+    const body = [lengthDelimited(1, utf8.encode(key)), ...ints.map((v) => Uint8Array.from([...encodeVarint((one ? 3 : 8) * 8), ...encodeVarint(v)]))];
+    body.push(Uint8Array.from([...encodeVarint(20 * 8), one ? 2 : 7]));
+    parts.push(lengthDelimited(5, concat(body)));
+  }
+  return concat(parts);
+}
 
 /** A NodeProto with inputs 9.. dropped if it is GroupQueryAttention; null if unchanged. */
 function editNode(b: Uint8Array, from: number, to: number): Uint8Array | null {
@@ -160,4 +188,61 @@ export function externalFiles(bytes: Uint8Array, file: string): string[] {
     throw e;
   }
   return [...out];
+}
+
+const SLICE = "edgespec.new_positions"; // the prefix of the names the edit adds
+
+/** `bytes` with each `present_*` output cut to the call's new positions (see the top). */
+export function appendingOutputs(bytes: Uint8Array, file: string, input: string): Uint8Array {
+  const [starts, ends, axes] = [`${SLICE}.starts`, `${SLICE}.ends`, `${SLICE}.axes`];
+  const shared = [
+    encodeNode("Cast", ["total_seq_len"], [`${SLICE}.total`], `${SLICE}.cast`, [["to", 7]]),
+    encodeNode("Constant", [], [`${SLICE}.zero`], `${SLICE}.zero`, [["value_ints", [0]]]),
+    encodeNode("Constant", [], [axes], `${SLICE}.axes`, [["value_ints", [2]]]),
+    encodeNode("Unsqueeze", [`${SLICE}.total`, `${SLICE}.zero`], [ends], `${SLICE}.ends`),
+    encodeNode("Shape", [input], [`${SLICE}.width`], `${SLICE}.width`, [["start", 1], ["end", 2]]),
+    encodeNode("Sub", [ends, `${SLICE}.width`], [starts], `${SLICE}.starts`),
+  ].map((n) => lengthDelimited(1, n));
+  const present = (name: string) => name.startsWith("present_key.") || name.startsWith("present_value.");
+  try {
+    const parts: Uint8Array[] = [];
+    let cut = 0;
+    for (const f of fields(bytes)) {
+      if (f.number !== 7 || f.wire !== 2) {
+        parts.push(bytes.subarray(f.start, f.end));
+        continue;
+      }
+      const graph: Uint8Array[] = [...shared], slices: Uint8Array[] = [];
+      for (const g of fields(bytes, f.body, f.end)) {
+        if (g.number !== 1 || g.wire !== 2) {
+          graph.push(bytes.subarray(g.start, g.end));
+          continue;
+        }
+        // a node writing a present_* output writes `<name>.all` instead, which a Slice cuts
+        const node: Uint8Array[] = [];
+        let changed = false;
+        for (const n of fields(bytes, g.body, g.end)) {
+          const name = n.wire === 2 && (n.number === 1 || n.number === 2) ? text.decode(bytes.subarray(n.body, n.end)) : "";
+          if (n.number === 1 && present(name)) {
+            throw new BundleError(`a node reads ${name}, a graph output: not a graph an export makes; re-export the bundle`);
+          }
+          if (n.number !== 2 || !present(name)) {
+            node.push(bytes.subarray(n.start, n.end));
+            continue;
+          }
+          node.push(lengthDelimited(2, utf8.encode(`${name}.all`)));
+          changed = true;
+          slices.push(lengthDelimited(1, encodeNode("Slice", [`${name}.all`, starts, ends, axes], [name], `${SLICE}.${name}`)));
+          cut++;
+        }
+        graph.push(changed ? lengthDelimited(1, concat(node)) : bytes.subarray(g.start, g.end));
+      }
+      parts.push(lengthDelimited(7, concat([...graph, ...slices])));
+    }
+    if (!cut) throw new BundleError("the graph has no present_* output to cut: re-export the bundle");
+    return concat(parts);
+  } catch (e) {
+    if (e instanceof BundleError) throw new BundleError(`${file}: ${e.message}`);
+    throw e;
+  }
 }

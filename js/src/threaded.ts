@@ -17,7 +17,7 @@ import type { BundleFiles } from "./files.js";
 import { loadManifest } from "./bundle.js";
 import {
   type ChatOptions, type ChatReply, type Chunk, type GenerateOptions, type Generation, type LoadOptions,
-  type Mode, type Prompt, collect, promptIds,
+  type Mode, type Prompt, collect, promptIds, resolveMode,
 } from "./model.js";
 import { GenerationStats } from "./round.js";
 import { Tokenizer } from "./tokenizer.js";
@@ -128,7 +128,7 @@ export class ThreadedModel {
       const manifest = (parts[0] as PromiseFulfilledResult<Manifest>).value;
       const tokenizer = (parts[1] as PromiseFulfilledResult<Tokenizer>).value;
       const template = manifest.chat ? await ChatTemplate.fromBundle(files, manifest.chat) : null;
-      return new ThreadedModel(worker, manifest, options.mode ?? "ar", tokenizer, template);
+      return new ThreadedModel(worker, manifest, resolveMode(manifest, options).mode, tokenizer, template);
     } catch (e) {
       await worker.terminate();
       throw e;
