@@ -67,8 +67,8 @@ class DistillConfig:
     # at most these shares of the budget go to generating replies and to reading text; the
     # rest trains. On SmolLM2 (2 cores, 30 minutes) a third for replies (sixteen at a time)
     # left the head short of steps (2.14 tokens a round at γ = 4 on its own training replies),
-    # a quarter short of replies (3.52 on them, 2.23 on prompts held out). Text the target reads trains
-    # worse than its replies: 400 steps on the same replies held out 1.91 with half the
+    # a quarter short of replies (3.52 on them, 2.23 on prompts held out). Text the target
+    # reads trains worse than its replies: 400 steps on the same replies held out 1.91 with half the
     # windows from text, 2.05 with a fifth, 2.11 with none (sources held out: 1.58, 1.66 with
     # none); so none by default, and 0.3 of 30 quiet minutes made 185k tokens of replies
     reply_share: float = 0.3
