@@ -15,6 +15,7 @@ The cost depends on the shapes only, so the bundle's own head weights serve for 
 
 from __future__ import annotations
 
+import json
 import shutil
 import tempfile
 from pathlib import Path
@@ -43,8 +44,9 @@ def main() -> None:
     state = a.bundle / STATE
     samples = data.load(state / "replies")
     text = data.load(state / "text") if (state / "text").exists() else []
-    train = [s for s in samples if not s.held_out] + text
-    held = [s for s in samples if s.held_out]
+    held_ids = set(json.loads((state / "state.json").read_text()).get("held_out", []))
+    train = [s for s in samples if s.index not in held_ids] + text
+    held = [s for s in samples if s.index in held_ids]
     manifest = load_manifest(a.bundle)
     source = manifest.source.get("model")
     weights = _target_weights(str(source))

@@ -206,7 +206,8 @@ def test_the_draft_vocabulary_is_the_targets_most_frequent_next_tokens():
 
 
 def test_the_built_in_prompts_alternate_kinds_so_any_budget_has_each():
-    from edgespec.distill.data import held_out
+    from edgespec.distill import prompts as P
+    from edgespec.distill.data import held_out_indices
     from edgespec.distill.prompts import KINDS, by_kind, fitting_prompts, prompt_kind
 
     assert prompt_kind("Summarise this text in two sentences:\n\nThe town...") == "summary"
@@ -217,8 +218,19 @@ def test_the_built_in_prompts_alternate_kinds_so_any_budget_has_each():
     assert sorted(prompts) == sorted(fitting_prompts())
     first = [prompt_kind(p) for p in prompts[:30]]
     assert all(first.count(k) == 10 for k in KINDS)
-    held = [prompt_kind(p) for i, p in enumerate(prompts[:60]) if held_out(i)]
+    conversations = [[{"role": "user", "content": p}] for p in prompts]
+    out = set(held_out_indices(conversations, built_in=True))
+    held = [prompt_kind(p) for i, p in enumerate(prompts[:60]) if i in out]
     assert set(held) == set(KINDS)
+    # a source's prompts (a topic's styles, a text's summaries) are held out together, and a
+    # chat (numbered past the prompts, data.chats_after) with its first turn
+    sources = {P.prompt_source(p) for i, p in enumerate(prompts) if i in out}
+    assert all((i in out) == (P.prompt_source(p) in sources) for i, p in enumerate(prompts))
+    assert len(sources) > 1 and 0.05 < sum(i < len(prompts) for i in out) / len(prompts) < 0.2
+    assert P.prompt_source("Give three tips about saving money.") == "saving money"
+    assert P.prompt_source("Explain tides to a ten-year-old.") == "tides"
+    first = len(prompts) + (-len(prompts) % 10)
+    assert all((first + i in out) == (i in out) for i in range(len(prompts)))
 
 
 def test_replies_made_many_at_a_time_are_the_targets_own(gguf_file, tmp_path):

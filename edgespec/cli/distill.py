@@ -50,6 +50,11 @@ class ProgressLine:
             click.echo(line, err=True)
 
 
+def _text(record: dict) -> str:
+    n = record.get("text_tokens", 0)
+    return f" and {n} of text" if n else ""
+
+
 def _vocab(record: dict) -> str:
     if "draft_vocab" not in record:
         return ""
@@ -65,7 +70,7 @@ def _vocab(record: dict) -> str:
     default=10.0,
     show_default=True,
     type=float,
-    help="The whole budget: generating replies, reading text and training, over every run.",
+    help="The whole budget: generating replies and training, over every run.",
 )
 @click.option(
     "--prompts",
@@ -130,8 +135,8 @@ def distill(target: str, out: str, minutes: float, prompts: str | None, new_toke
     curve = ", ".join(f"γ={g}: {n}" for g, n in held.get("tokens_per_round", {}).items())
     click.echo(
         f"{out}: feature head on layers {record['feature_layers']}, {record['steps']} steps "
-        f"on {record['train_tokens']} tokens of replies and {record.get('text_tokens', 0)} of "
-        f"text{_vocab(record)}; held-out drafts kept per round at γ=4: "
+        f"on {record['train_tokens']} tokens of replies{_text(record)}{_vocab(record)}; "
+        "held-out drafts kept per round at γ=4: "
         f"{held.get('accepted', 0):.2f} (tokens per round {curve}); a head step costs "
         f"{record['step_cost']:.2f} target steps"
     )

@@ -65,12 +65,14 @@ class DistillConfig:
     minutes: float = 10.0  # the whole budget: replies and training, over every run
     prompts: Path | None = None  # a JSONL file (data.read_prompts); None: the built-in set
     # at most these shares of the budget go to generating replies and to reading text; the
-    # rest trains. On SmolLM2 (2 loaded cores, 30 minutes) replies made sixteen at a time gave
-    # 123k tokens in 0.35 of the budget (45k one at a time): the head then reached 2.14
-    # tokens a round at γ = 4 on its training replies and 1.80 held out, so it was short of
-    # steps, not of data
-    reply_share: float = 0.25
-    text_share: float = 0.05
+    # rest trains. On SmolLM2 (2 cores, 30 minutes) a third for replies (sixteen at a time)
+    # left the head short of steps (2.14 tokens a round at γ = 4 on its own training replies),
+    # a quarter short of replies (3.52 on them, 2.23 on prompts held out). Text the target
+    # reads trains worse than its replies: 400 steps on the same replies held out 1.91 with half the
+    # windows from text, 2.05 with a fifth, 2.11 with none (sources held out: 1.58, 1.66 with
+    # none); so none by default, and 0.3 of 30 quiet minutes made 185k tokens of replies
+    reply_share: float = 0.3
+    text_share: float = 0.0
     new_tokens: int = 192  # reply length cap
     feature_layers: tuple[int, ...] | None = None  # None: a low, a middle and the last layer
     threads: int | None = None
@@ -171,8 +173,11 @@ def distill(target: str | os.PathLike, out: str | os.PathLike, config: DistillCo
             _save_state(state_dir, state)
     text = data.load(texts) if texts.exists() else []
     samples = data.load(replies)
-    train_set = [s for s in samples if not s.held_out]
-    held = [s for s in samples if s.held_out] or train_set[-1:]
+    if "held_out" not in state:  # chosen once: a resumed run holds out the same replies
+        state["held_out"] = data.held_out_indices(conversations, built_in=c.prompts is None)
+    held_ids = set(state["held_out"])
+    train_set = [s for s in samples if s.index not in held_ids]
+    held = [s for s in samples if s.index in held_ids] or train_set[-1:]
     if not train_set:
         raise ExportError(
             "no replies to train on: the budget ended before the first reply; give more "

@@ -181,6 +181,16 @@ def fitting_prompts(exclude: frozenset[str] = frozenset()) -> list[str]:
     return [p for p in dict.fromkeys(out) if p not in exclude]
 
 
+def prompt_source(text: str) -> str:
+    """What a built-in prompt is made from: the text or code after its instruction, else the
+    longest topic or task it names, else the prompt itself. Styles of one source make replies
+    that share their subject (four prompts a topic, two summaries a text)."""
+    if "\n\n" in text:
+        return text.split("\n\n", 1)[1]
+    named = [t for t in TOPICS + MORE_TOPICS + TASKS + MORE_TASKS if t in text]
+    return max(named, key=len) if named else text
+
+
 KINDS = ("question", "code", "summary")
 # a second user turn after the target's own first reply makes a chat ("chat": its kind)
 FOLLOW_UPS = {
