@@ -65,12 +65,9 @@ class DistillConfig:
     minutes: float = 10.0  # the whole budget: replies and training, over every run
     prompts: Path | None = None  # a JSONL file (data.read_prompts); None: the built-in set
     # at most these shares of the budget go to generating replies and to reading text; the
-    # rest trains. On SmolLM2 (2 cores, 30 minutes) a third for replies (sixteen at a time)
-    # left the head short of steps (2.14 tokens a round at γ = 4 on its own training replies),
-    # a quarter short of replies (3.52 on them, 2.23 on prompts held out). Text the target
-    # reads trains worse than its replies: 400 steps on the same replies held out 1.91 with half the
-    # windows from text, 2.05 with a fifth, 2.11 with none (sources held out: 1.58, 1.66 with
-    # none); so none by default, and 0.3 of 30 quiet minutes made 185k tokens of replies
+    # rest trains. On SmolLM2 (2 cores, 30 minutes) 0.35 for replies left the head short of
+    # steps, 0.25 (loaded) short of replies. Text the target reads trained worse than replies
+    # (400 steps, sources held out: 1.58 with half the windows from text, 1.66 with none)
     reply_share: float = 0.3
     text_share: float = 0.0
     new_tokens: int = 192  # reply length cap
