@@ -44,7 +44,13 @@ def main() -> None:
     state = a.bundle / STATE
     samples = data.load(state / "replies")
     text = data.load(state / "text") if (state / "text").exists() else []
-    held_ids = set(json.loads((state / "state.json").read_text()).get("held_out", []))
+    recorded = json.loads((state / "state.json").read_text())
+    if "held_out" not in recorded:  # else every reply would count as training, none held out
+        raise SystemExit(
+            f"{a.bundle}: its distill recorded no held-out replies (made before "
+            "sources were held out): distill the bundle again"
+        )
+    held_ids = set(recorded["held_out"])
     train = [s for s in samples if s.index not in held_ids] + text
     held = [s for s in samples if s.index in held_ids]
     manifest = load_manifest(a.bundle)

@@ -42,7 +42,6 @@ class Sample:
     top_logp: np.ndarray  # float16 [S, K]: their log-probabilities
 
 
-
 def held_out_indices(conversations: list[list[dict[str, str]]], built_in: bool) -> list[int]:
     """The sample indices held out, chats (numbered by `chats_after`) with their first turns.
     A user's prompts: every tenth. The built-in ones: per kind, every tenth source
