@@ -5,7 +5,7 @@ Takes a bundle `edgespec distill` made (its `distill/` folder: the target's repl
 text it read). Per `--sizes` entry N (0: the whole vocabulary): the coverage of the held-out
 replies' tokens by the N ids the target most often ranks first on the training samples
 (`distill.train.draft_vocabulary`, what distill picks), and the median one-token head step
-over a one-token target step (`distill.pipeline.step_cost`, the same timing distill records)
+over a one-token target step (`distill.measure.step_cost`, the same timing distill records)
 of a head with those N rows, int8 like a distilled head, written into a copy of the bundle.
 The cost depends on the shapes only, so the bundle's own head weights serve for every N.
 
@@ -37,7 +37,8 @@ def main() -> None:
 
     from edgespec.bundle import load_manifest
     from edgespec.distill import data
-    from edgespec.distill.pipeline import STATE, _target_weights, step_cost
+    from edgespec.distill.measure import step_cost
+    from edgespec.distill.pipeline import STATE, _target_weights
     from edgespec.distill.train import coverage, draft_vocabulary
     from edgespec.export.eagle import HEAD_QUANTIZE, HeadWeights, write_head
 
@@ -50,7 +51,9 @@ def main() -> None:
             f"{a.bundle}: its distill recorded no held-out replies (made before "
             "sources were held out): distill the bundle again"
         )
-    held_ids = set(recorded["held_out"])
+    from edgespec.distill.own import held_out
+
+    held_ids = set(recorded["held_out"]) | {s.index for s in samples if held_out(s.index)}
     train = [s for s in samples if s.index not in held_ids] + text
     held = [s for s in samples if s.index in held_ids]
     manifest = load_manifest(a.bundle)

@@ -45,6 +45,8 @@ def test_distill_cli_writes_a_head_that_decodes_as_ar(gguf_file, tmp_path):
     assert "held-out drafts kept per round at γ=4" in r.output
     m = load_manifest(out)
     assert "eagle" in m.roles and m.feature_layers == [1, 2]
+    # a user's prompts file: only its prompts are answered (no own prompts, own.py)
+    assert all(int(p.stem) < 1_000_000 for p in (out / "distill" / "replies").glob("*.npz"))
     record = m.extra["eagle"]
     assert record["steps"] > 0 and record["samples"] >= 2 and record["step_cost"] > 0
     assert set(record["held_out"]["tokens_per_round"]) == {"1", "2", "3", "4"}
@@ -300,3 +302,61 @@ def test_chats_follow_the_targets_own_first_replies(gguf_file, tmp_path):
         assert conversation_kind(chat) == "chat" and conversation_kind(convs[i]) == kind
         c = got[10 + i]
         assert c.ids[: c.start].tolist() == data.conversation_ids(model, chat)
+
+
+def test_the_target_answers_prompts_it_writes_itself(gguf_file, tmp_path):
+    """Rows that sample a user turn after the chat template's opening of one (own.py) end it
+    with the template's own end of turn, then answer it as the target decodes alone; every
+    tenth own prompt is held out, and a resumed run numbers on."""
+    from edgespec.distill import data
+    from edgespec.distill.own import FIRST, OwnPrompts, held_out
+    from edgespec.distill.pipeline import DistillConfig, _export
+    from edgespec.runtime.model import Model
+
+    out = tmp_path / "b"
+    _export(gguf_file, out, DistillConfig())
+    model = Model.load(out, mode="ar")
+    own = OwnPrompts.of(model, 1.0, [])
+    assert own is not None and own.next_index == FIRST
+    text = [{"role": "user", "content": "the cat sat"}]
+    encoded = model.tokenizer.encode("the cat sat", add_special_tokens=False)
+    assert own.prefix + encoded + own.opening == data.conversation_ids(model, text)
+    own.max_tokens = 400  # a random target seldom ends a turn: give it room
+    folder = tmp_path / "replies"
+    data.generate(model, [], folder, 0.0, new_tokens=16, rows=3, at_least=3, own=own)
+    got = data.load(folder)
+    assert len(got) >= 3 and all(s.index >= FIRST for s in got)
+    end = own.opening[0]
+    for s in got:
+        ids = s.ids.tolist()
+        prompt, asked = ids[: s.start], ids[len(own.prefix) : s.start - len(own.opening)]
+        assert (
+            prompt[: len(own.prefix)] == own.prefix and prompt[-len(own.opening) :] == own.opening
+        )
+        assert len(asked) >= own.min_tokens and end not in asked
+        assert ids[s.start :] == model.generate(prompt, max_new_tokens=16).tokens
+        assert (s.top_ids[:, 0] == data.score(model, ids)[1][:, 0]).all()
+    assert len({tuple(s.ids[: s.start]) for s in got}) == len(got)  # no prompt twice
+    assert [held_out(i) for i in (FIRST, FIRST + 1, FIRST + 11, 1)] == [False, True, True, False]
+    again = OwnPrompts.of(model, 1.0, [s.index for s in got] + [3])
+    assert again is not None and again.next_index == max(s.index for s in got) + 1
+    assert OwnPrompts.of(model, 0.0, []) is None
+
+
+def test_with_the_built_in_prompts_the_target_also_answers_its_own(gguf_file, tmp_path):
+    """A distill without a prompts file has rows answer prompts the target writes (all of
+    them at share 1) and trains on them; a held-out one is scored under its own kind."""
+    from edgespec.distill.own import FIRST, held_out
+    from edgespec.distill.pipeline import DistillConfig, distill
+    from edgespec.distill.train import TrainConfig
+
+    out = tmp_path / "b"
+    # no share for replies: the two every distill makes
+    config = DistillConfig(minutes=0.05, new_tokens=12, reply_share=0.0, own_share=1.0,
+                           train=TrainConfig(draft_vocab=40))  # fmt: skip
+    record = distill(gguf_file, out, config)
+    made = sorted(int(p.stem) for p in (out / "distill" / "replies").glob("*.npz"))
+    assert len(made) >= 2 and all(i >= FIRST for i in made)
+    assert record["samples"] == len(made) and record["steps"] >= 1
+    if any(held_out(i) for i in made):
+        assert list(record["held_out_by_kind"]) == ["own"]

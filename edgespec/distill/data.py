@@ -16,7 +16,6 @@ They train; they are never held out (the held-out acceptance is on the target's 
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Callable
@@ -26,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from edgespec.runtime.errors import InputError
+from edgespec.distill.own import OwnPrompts
 
 TOP_K = 16  # target log-probs kept per position (the head's KL target)
 HELD_OUT_EVERY = 10  # a tenth of the prompts (of their sources) is held out
@@ -72,42 +71,6 @@ def _first_chat(conversations: list) -> int:
     return len(conversations) + (-len(conversations) % HELD_OUT_EVERY)
 
 
-def read_prompts(path: Path) -> list[list[dict[str, str]]]:
-    """A JSONL file of {"prompt": text} or {"messages": [{"role", "content"}, ...]} lines as
-    conversations; an InputError naming the line that is neither."""
-    out = []
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise InputError(f"--prompts {path}: cannot read it ({e})") from None
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise InputError(f"--prompts {path}, line {n}: not JSON ({e})") from None
-        if isinstance(row, dict) and isinstance(row.get("prompt"), str):
-            out.append([{"role": "user", "content": row["prompt"]}])
-        elif (
-            isinstance(row, dict)
-            and isinstance(row.get("messages"), list)
-            and all(
-                isinstance(m, dict) and isinstance(m.get("content"), str) for m in row["messages"]
-            )
-        ):
-            out.append([{"role": str(m.get("role", "user")), "content": m["content"]}
-                        for m in row["messages"]])  # fmt: skip
-        else:
-            raise InputError(
-                f'--prompts {path}, line {n}: expected {{"prompt": "..."}} or '
-                '{"messages": [{"role": "user", "content": "..."}]}'
-            )
-    if not out:
-        raise InputError(f"--prompts {path} holds no prompts")
-    return out
-
-
 def conversation_ids(model: Any, conversation: list[dict[str, str]], chat: Any = None) -> list[int]:
     """The conversation through the bundle's chat template (plain text without one); `chat`:
     a chat session of `model` to render with (opening one per conversation costs a target)."""
@@ -149,6 +112,7 @@ class _Row:
     budget: int  # reply tokens at most
     reply: list[int]
     top: list[tuple[np.ndarray, np.ndarray]]  # per call: its positions' top_k_logp
+    asking: np.random.Generator | None = None  # an own prompt's user turn being sampled
 
 
 Conversation = list[dict[str, str]]
@@ -167,23 +131,23 @@ def generate(
     at_least: int = 2,
     rows: int = ROWS,
     follow: FollowUp | None = None,
+    own: OwnPrompts | None = None,
 ) -> None:
     """Replies to the conversations not yet in `folder`, until time.monotonic() > deadline
     once `folder` holds at least `at_least` (a head needs some replies to train on, however
     loaded the machine). `follow`: a conversation to answer next after each reply (also
-    after the replies already in `folder` whose follow-up is not), before the remaining
-    conversations.
+    after the replies already in `folder` whose follow-up is not), before the others. `own`:
+    up to its share of the rows answer a prompt the target writes itself (own.py).
 
     Greedy, `rows` replies at a time: each is a row of one KV pool, prefilled alone, and the
     rows step together, one position each in one forward (GroupQueryAttention's
-    `query_seqlens`, as the server batches verify rounds). A small target's one-position
-    step reads every weight for one token: on SmolLM2's Q4_1 blocks (2 cores) a step of 16
-    rows took 51 ms against 8.5 for one, 3.0x the tokens a second. Each row's features and
-    top-k log-probabilities come from the same calls (no second pass). The replies are the
-    target's greedy ones up to near ties: a row in a batch may round differently from the
-    row alone (serve/batching.py pads rows for bitwise equality at twice the cost; training
-    data needs no such guarantee). A target whose graphs cannot batch (static, Core ML,
-    older exports) replies one prompt at a time in its own decoding loop."""
+    `query_seqlens`, as the server batches verify rounds): on SmolLM2's Q4_1 blocks (2 cores)
+    a step of 16 rows took 51 ms against 8.5 for one, 3.0x the tokens a second. Each row's
+    features and top-k log-probabilities come from the same calls. The replies are the
+    target's greedy ones up to near ties (a row in a batch may round differently from the row
+    alone; training data needs no bitwise guarantee). A target whose graphs cannot batch
+    (static, Core ML, older exports) replies one prompt at a time in its own decoding loop,
+    without own prompts."""
     from collections import deque
 
     from edgespec.runtime.graphs.kv_cache import KVPool
@@ -249,13 +213,44 @@ def generate(
     pool.with_features(target.feature_width)
     stop = set(model.manifest.eos_token_ids)
     live: dict[int, _Row] = {}
+    started = {"all": 0, "own": 0}
+    # an own prompt's user turn at most: the prefix, the opening and a short reply fit
+    room = capacity - len(own.prefix) - len(own.opening) - 10 if own is not None else 0
+
+    def ask(slot: int) -> _Row:
+        """A row sampling its own prompt's user turn (own.py) after the template's prefix."""
+        assert own is not None
+        index, own.next_index = own.next_index, own.next_index + 1
+        rng = np.random.default_rng(index)
+        logits = forward_alone(stages, pool, slot, np.asarray(own.prefix, np.int64))
+        first = own.sample(logits, rng)
+        return _Row(index, list(own.prefix), new_tokens, [first], [top_k_logp(logits)], rng)
+
+    def answer(slot: int, row: _Row) -> None:
+        """The user turn is complete: the rest of the template's opening, then the reply."""
+        assert own is not None
+        rest = np.asarray(own.opening[1:], np.int64)
+        top = top_k_logp(forward_alone(stages, pool, slot, rest)) if len(rest) else row.top[-1]
+        row.prompt = row.prompt + row.reply + own.opening[1:]
+        row.budget = min(new_tokens, capacity - len(row.prompt) - 2)
+        row.reply, row.asking = [int(top[0][-1, 0])], None
+        if len(rest):
+            row.top.append(top)
+
     while True:
         while pool.free and (time.monotonic() <= deadline or have + len(live) < at_least):
-            nxt = take()
-            if nxt is None:
+            mine = own is not None and (started["own"] < own.share * (started["all"] + 1)
+                                        or not todo)  # fmt: skip
+            nxt = None if mine else take()
+            if nxt is None and not mine:
                 break
             slot = pool.acquire()
             assert slot is not None
+            started["all"] += 1
+            if nxt is None:
+                started["own"] += 1
+                live[slot] = ask(slot)
+                continue
             index, prompt, budget = nxt
             top = top_k_logp(forward_alone(stages, pool, slot, np.asarray(prompt, np.int64)))
             live[slot] = _Row(index, prompt, budget, [int(top[0][-1, 0])], [top])
@@ -263,10 +258,22 @@ def generate(
             return
         slots = list(live)
         step = [(slot, np.asarray(live[slot].reply[-1:], np.int64)) for slot in slots]
-        top_ids, top_logp = top_k_logp(np.concatenate(forward_batch(stages, pool, step, False)))
+        logits = forward_batch(stages, pool, step, False)
+        top_ids, top_logp = top_k_logp(np.concatenate(logits))
         for j, slot in enumerate(slots):
             row = live[slot]
             row.top.append((top_ids[j : j + 1], top_logp[j : j + 1]))
+            if row.asking is not None:  # an own prompt's user turn (own.py)
+                assert own is not None
+                verdict = own.ended(row.reply, stop, room)
+                if verdict == "drop":
+                    del live[slot]
+                    pool.release(slot)
+                elif verdict == "answer":
+                    answer(slot, row)
+                else:
+                    row.reply.append(own.sample(logits[j], row.asking))
+                continue
             if row.reply[-1] in stop or len(row.reply) >= row.budget:
                 ids = row.prompt + row.reply
                 features = pool.features[slot, : len(ids)].astype(np.float16)

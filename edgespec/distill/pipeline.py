@@ -8,7 +8,8 @@ Steps, each kept in `out` so that a stopped run (Ctrl-C: `KeyboardInterrupt`) lo
   2. replies the target answers the prompts (data.py, many at a time) until its share of the
              budget is spent or the prompts run out; with the built-in prompts each reply is
              continued as a chat (its reply and a second question, prompts.follow_up),
-             answered next: `out/distill/replies/*.npz`
+             answered next; and up to `own_share` of the replies answer prompts the
+             target writes itself (own.py): `out/distill/replies/*.npz`
   3. text    the target reads text every machine has (texts.teacher_texts, data.teacher_force)
              for its share of the budget: `out/distill/text/*.npz`, training positions at
              prefill's speed
@@ -38,8 +39,8 @@ from typing import Any
 
 from edgespec.bundle import MANIFEST, load_manifest, save_manifest
 from edgespec.distill import data
-from edgespec.distill.measure import decode_speedup
-from edgespec.distill.prompts import by_kind, conversation_kind, fitting_prompts
+from edgespec.distill.measure import decode_speedup, step_cost
+from edgespec.distill.prompts import by_kind, conversation_kind, fitting_prompts, read_prompts
 from edgespec.distill.texts import teacher_texts
 from edgespec.export.errors import ExportError
 
@@ -63,13 +64,17 @@ class Progress:
 @dataclass
 class DistillConfig:
     minutes: float = 10.0  # the whole budget: replies and training, over every run
-    prompts: Path | None = None  # a JSONL file (data.read_prompts); None: the built-in set
+    prompts: Path | None = None  # a JSONL file (prompts.read_prompts); None: the built-in set
     # at most these shares of the budget go to generating replies and to reading text; the
     # rest trains. On SmolLM2 (2 cores, 30 minutes) 0.35 for replies left the head short of
     # steps, 0.25 (loaded) short of replies. Text the target reads trained worse than replies
     # (400 steps, sources held out: 1.58 with half the windows from text, 1.66 with none)
     reply_share: float = 0.3
     text_share: float = 0.0
+    # with the built-in prompts, at most this share of the replies answer prompts the target
+    # writes itself (own.py): on SmolLM2 (400 steps) replies to its own prompts in place of 30%
+    # of the built-in ones kept 1.45 tokens a round on prompts outside both sets against 1.24
+    own_share: float = 0.5
     new_tokens: int = 192  # reply length cap
     feature_layers: tuple[int, ...] | None = None  # None: a low, a middle and the last layer
     threads: int | None = None
@@ -100,7 +105,7 @@ def distill(target: str | os.PathLike, out: str | os.PathLike, config: DistillCo
     if c.minutes <= 0:
         raise ExportError(f"--minutes {c.minutes:g}: give a budget above 0")
     conversations = (
-        data.read_prompts(c.prompts)
+        read_prompts(c.prompts)
         if c.prompts is not None
         else [[{"role": "user", "content": p}] for p in by_kind(fitting_prompts())]
     )
@@ -123,6 +128,8 @@ def distill(target: str | os.PathLike, out: str | os.PathLike, config: DistillCo
         return spent + time.monotonic() - start
 
     weights = _target_weights(state["source"])
+    from edgespec.distill.own import FIRST, OwnPrompts, held_out
+
     if c.threads:
         torch.set_num_threads(c.threads)
     model = Model.load(out, mode="lookup", threads=c.threads)
@@ -138,6 +145,8 @@ def distill(target: str | os.PathLike, out: str | os.PathLike, config: DistillCo
         _save_state(state_dir, state)
 
     reply_end = start + max(0.0, c.reply_share * budget - spent)
+    made = [int(p.stem) for p in replies.glob("[0-9]*.npz")] if replies.exists() else []
+    own = OwnPrompts.of(model, c.own_share, made) if c.prompts is None else None
     try:
         data.generate(
             model,
@@ -147,6 +156,7 @@ def distill(target: str | os.PathLike, out: str | os.PathLike, config: DistillCo
             c.new_tokens,
             on_sample,
             follow=data.chats_after(model, conversations) if c.prompts is None else None,
+            own=own,
         )
     finally:
         state.update(seconds=elapsed(), tokens=counts["tokens"])
@@ -172,7 +182,7 @@ def distill(target: str | os.PathLike, out: str | os.PathLike, config: DistillCo
     samples = data.load(replies)
     if "held_out" not in state:  # chosen once: a resumed run holds out the same replies
         state["held_out"] = data.held_out_indices(conversations, built_in=c.prompts is None)
-    held_ids = set(state["held_out"])
+    held_ids = set(state["held_out"]) | {s.index for s in samples if held_out(s.index)}
     train_set = [s for s in samples if s.index not in held_ids]
     held = [s for s in samples if s.index in held_ids] or train_set[-1:]
     if not train_set:
@@ -225,8 +235,9 @@ def distill(target: str | os.PathLike, out: str | os.PathLike, config: DistillCo
         record["held_out"] = trainer.evaluate(tokens=None, full_vocab=True)
         kinds: dict[str, list[data.Sample]] = {}
         n = len(conversations)
-        for s in held:  # a reply past the conversations is a chat (data.chats_after)
-            kind = conversation_kind(conversations[s.index]) if s.index < n else "chat"
+        for s in held:  # past the conversations: a chat (data.chats_after), an own prompt
+            kind = ("own" if s.index >= FIRST else "chat" if s.index >= n
+                    else conversation_kind(conversations[s.index]))  # fmt: skip
             kinds.setdefault(kind, []).append(s)
         record["held_out_by_kind"] = {
             k: trainer.evaluate(tokens=None, full_vocab=True, samples=v) for k, v in kinds.items()
@@ -358,34 +369,6 @@ def _write_record(out: Path, record: dict) -> None:
     manifest = load_manifest(out)
     manifest.extra["eagle"] = record
     save_manifest(manifest, out)
-
-
-def step_cost(out: Path, calls: int = 30) -> float:
-    """Median seconds of a one-token head step over a one-token target step, measured here."""
-    import numpy as np
-
-    from edgespec.runtime.graphs.kv_cache import KVCache
-    from edgespec.runtime.graphs.opener import open_bundle
-    from edgespec.runtime.graphs.protocol import Feed
-    from edgespec.runtime.graphs.stack import Stack
-
-    graphs = open_bundle(out)
-    m = graphs.manifest.target
-    full, head = Stack([graphs.open("full")]), graphs.open("eagle")
-    full.reset(calls + 4)
-    cache = KVCache.allocate([0], m.num_kv_heads, m.head_dim, calls + 4, head.kv_dtype)
-    width = len(graphs.manifest.feature_layers) * m.hidden_size
-    feed = {"features": np.zeros((1, 1, width), np.float32),
-            "state": np.zeros((1, 1, m.hidden_size), np.float32)}  # fmt: skip
-    t_full, t_head = [], []
-    for i in range(calls):
-        t0 = time.perf_counter()
-        full.forward(np.array([1 + i], np.int64), keep=1)
-        t1 = time.perf_counter()
-        head.run(cache, i, Feed(input_ids=np.array([[1 + i]], np.int64), keep=1), extra=feed)
-        t_full.append(t1 - t0)
-        t_head.append(time.perf_counter() - t1)
-    return round(float(np.median(t_head[3:]) / np.median(t_full[3:])), 3)
 
 
 def _has_bf16() -> bool:

@@ -8,7 +8,11 @@ Python and licences.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from edgespec.distill.texts import licence_texts, stdlib_functions, stdlib_texts
+from edgespec.runtime.errors import InputError
 
 TOPICS = (
     "photosynthesis",
@@ -246,4 +250,40 @@ def by_kind(prompts: list[str]) -> list[str]:
     out: list[str] = []
     for i in range(max(map(len, kinds.values()), default=0)):
         out += [k[i] for k in kinds.values() if i < len(k)]
+    return out
+
+
+def read_prompts(path: Path) -> list[list[dict[str, str]]]:
+    """A JSONL file of {"prompt": text} or {"messages": [{"role", "content"}, ...]} lines as
+    conversations; an InputError naming the line that is neither."""
+    out = []
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputError(f"--prompts {path}: cannot read it ({e})") from None
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise InputError(f"--prompts {path}, line {n}: not JSON ({e})") from None
+        if isinstance(row, dict) and isinstance(row.get("prompt"), str):
+            out.append([{"role": "user", "content": row["prompt"]}])
+        elif (
+            isinstance(row, dict)
+            and isinstance(row.get("messages"), list)
+            and all(
+                isinstance(m, dict) and isinstance(m.get("content"), str) for m in row["messages"]
+            )
+        ):
+            out.append([{"role": str(m.get("role", "user")), "content": m["content"]}
+                        for m in row["messages"]])  # fmt: skip
+        else:
+            raise InputError(
+                f'--prompts {path}, line {n}: expected {{"prompt": "..."}} or '
+                '{"messages": [{"role": "user", "content": "..."}]}'
+            )
+    if not out:
+        raise InputError(f"--prompts {path} holds no prompts")
     return out
