@@ -34,7 +34,6 @@ import { GenerationStats, type Drafter, type RoundStats, type Verifier } from ".
 import { Tokenizer } from "./tokenizer.js";
 import { RemoteVerifier, type SplitOptions } from "./remote.js";
 import { DEFAULT_SUPPORT } from "./draftq.js";
-import { int8Activations } from "./int8_activations.js";
 import { appendingOutputs, externalFiles, withoutBatchedAttention } from "./onnx_edit.js";
 
 export const MODES = ["ar", "spec", "self-spec", "eagle", "lookup", "split"] as const;
@@ -69,11 +68,6 @@ export interface LoadOptions {
    * it hands preallocated outputs back in place, else "appended" (onnxruntime-node 1.30/1.31);
    * "returned" or "concatenated" for onnxruntime-web. */
   kvOutputs?: KVOutputs;
-  /** Graphs' accuracy-level-4 MatMulNBits nodes get their activations quantized to int8 per
-   * block in the graph, as onnxruntime's native CPU kernels quantize them
-   * (`int8_activations.ts`; measured: not enough for onnxruntime-web to give the native
-   * runtimes' tokens). Default false. */
-  int8Activations?: boolean;
   /** Called with a line per step while the bundle loads. */
   onProgress?: (message: string) => void;
 }
@@ -189,12 +183,11 @@ export async function loadModel(files: BundleFiles, ort: Ort, options: LoadOptio
     const graphBytes = async () => {
       let bytes = await files.readBytes(g.file);
       if (batched) bytes = withoutBatchedAttention(bytes, g.file);
-      if (options.int8Activations) bytes = int8Activations(bytes, g.file);
       const input = g.inputs.some((t) => t.name === "hidden") ? "hidden" : "input_ids";
       return appended ? appendingOutputs(bytes, g.file, input) : bytes;
     };
     if (files.path) {
-      if (!batched && !appended && !options.int8Activations) return GraphSession.open(ort, files.path(g.file), g, modelInfo(manifest, g), sessionOptions, kv);
+      if (!batched && !appended) return GraphSession.open(ort, files.path(g.file), g, modelInfo(manifest, g), sessionOptions, kv);
       // onnxruntime-node reads the weights file itself from the bundle's folder
       const extra = (sessionOptions.extra ?? {}) as Record<string, Record<string, unknown>>;
       const session = { ...extra.session, model_external_initializers_file_folder_path: files.path(".") };

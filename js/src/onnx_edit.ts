@@ -23,7 +23,7 @@ import { BundleError } from "./errors.js";
 const ATTENTION = "GroupQueryAttention";
 const KEEP_INPUTS = 9; // query, key, value, past key, past value, seqlens_k, total_len, cos, sin
 
-export interface Field {
+interface Field {
   number: number;
   wire: number;
   start: number; // the tag's first byte
@@ -31,7 +31,7 @@ export interface Field {
   end: number;
 }
 
-export function varint(b: Uint8Array, at: number): [number, number] {
+function varint(b: Uint8Array, at: number): [number, number] {
   let value = 0, scale = 1;
   for (;;) {
     if (at >= b.length) throw new BundleError("the file ends inside a protobuf varint: re-export the bundle");
@@ -42,7 +42,7 @@ export function varint(b: Uint8Array, at: number): [number, number] {
   }
 }
 
-export function* fields(b: Uint8Array, from = 0, to = b.length): Generator<Field> {
+function* fields(b: Uint8Array, from = 0, to = b.length): Generator<Field> {
   let at = from;
   while (at < to) {
     const start = at;
@@ -63,17 +63,8 @@ export function* fields(b: Uint8Array, from = 0, to = b.length): Generator<Field
   }
 }
 
-export function encodeVarint(n: number): number[] {
+function encodeVarint(n: number): number[] {
   const out: number[] = [];
-  if (n < 0) { // an int64 below 0: its two's complement, ten bytes
-    let v = (1n << 64n) + BigInt(n);
-    while (v >= 0x80n) {
-      out.push(Number(v % 128n) | 0x80);
-      v /= 128n;
-    }
-    out.push(Number(v));
-    return out;
-  }
   while (n >= 0x80) {
     out.push((n % 128) | 0x80);
     n = Math.floor(n / 128);
@@ -82,7 +73,7 @@ export function encodeVarint(n: number): number[] {
   return out;
 }
 
-export function lengthDelimited(number: number, payload: Uint8Array): Uint8Array {
+function lengthDelimited(number: number, payload: Uint8Array): Uint8Array {
   const head = [...encodeVarint(number * 8 + 2), ...encodeVarint(payload.length)];
   const out = new Uint8Array(head.length + payload.length);
   out.set(head);
@@ -90,7 +81,7 @@ export function lengthDelimited(number: number, payload: Uint8Array): Uint8Array
   return out;
 }
 
-export function concat(parts: Uint8Array[]): Uint8Array {
+function concat(parts: Uint8Array[]): Uint8Array {
   const out = new Uint8Array(parts.reduce((n, p) => n + p.length, 0));
   let at = 0;
   for (const p of parts) {
@@ -100,15 +91,14 @@ export function concat(parts: Uint8Array[]): Uint8Array {
   return out;
 }
 
-export const text = new TextDecoder();
-export const utf8 = new TextEncoder();
+const text = new TextDecoder();
+const utf8 = new TextEncoder();
 
-/** An int, ints, or (`{ float }`) a float attribute. */
-export type Attribute = [name: string, value: number | number[] | { float: number }];
+type Attribute = [name: string, value: number | number[]];
 
 /** A NodeProto (input 1, output 2, name 3, op_type 4, attribute 5) of the default domain;
  * attributes of one int (AttributeProto i 3, type INT 2) or of ints (ints 8, type INTS 7). */
-export function encodeNode(op: string, inputs: string[], outputs: string[], name: string, attributes: Attribute[] = []): Uint8Array {
+function encodeNode(op: string, inputs: string[], outputs: string[], name: string, attributes: Attribute[] = []): Uint8Array {
   const parts = [
     ...inputs.map((n) => lengthDelimited(1, utf8.encode(n))),
     ...outputs.map((n) => lengthDelimited(2, utf8.encode(n))),
@@ -116,13 +106,6 @@ export function encodeNode(op: string, inputs: string[], outputs: string[], name
     lengthDelimited(4, utf8.encode(op)),
   ];
   for (const [key, value] of attributes) {
-    if (!(typeof value === "number" || Array.isArray(value))) { // FLOAT: f 2 (fixed32), type 1
-      const f = new Uint8Array(5);
-      f[0] = 2 * 8 + 5;
-      new DataView(f.buffer).setFloat32(1, value.float, true);
-      parts.push(lengthDelimited(5, concat([lengthDelimited(1, utf8.encode(key)), f, Uint8Array.from([...encodeVarint(20 * 8), 1])])));
-      continue;
-    }
     const one = typeof value === "number", ints = one ? [value] : value;
     const body = [lengthDelimited(1, utf8.encode(key)), ...ints.map((v) => Uint8Array.from([...encodeVarint((one ? 3 : 8) * 8), ...encodeVarint(v)]))];
     body.push(Uint8Array.from([...encodeVarint(20 * 8), one ? 2 : 7]));

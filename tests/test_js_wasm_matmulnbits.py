@@ -1,15 +1,22 @@
-"""onnxruntime-web (wasm) given onnxruntime's native numerics for MatMulNBits with
-`accuracy_level` 4 (`js/src/int8_activations.ts`).
+"""Why the browser's greedy text parts from the Python runtime's on int4/int8 and GGUF-block
+bundles (tests/test_js_browser_gguf.py): MatMulNBits with `accuracy_level` 4 (the export's
+default) is two different computations.
 
-Native onnxruntime (the Python runtime, onnxruntime-node) quantizes such a node's activations
-to int8 per block (MLAS CompInt8); onnxruntime-web's wasm kernel multiplies the float
-activations. One-node graphs (4- and 8-bit, blocks of 32 and 16, K a whole number of blocks
-or not, opset 17 and 21) get activations built to land on the rounding's edges (values at
-(k + 1/2) * amax / 127, a float ulp either side): the Python runtime's onnxruntime gives Y; in
-Node, onnxruntime-web runs the graph as it is (Y differs: the test can fail) and with the
-load-time edit (Y equal, bit for bit). The weights are one-hot, so Y is the dequantized
-activations themselves and every element's rounding is checked; random weights check the
-product. It skips without node (js/ needs Node >= 20).
+Native onnxruntime (the Python runtime, onnxruntime-node; MLAS "CompInt8") quantizes each row of
+the activations A to int8 per block of the node's `block_size` along K, `scale = amax / 127`,
+`q = round_half_even(a * (127 / amax))` (the reciprocal divided from amax itself, not 1 / scale;
+0 for a block of zeros), and dots q with B's blocks in integers. onnxruntime-web's wasm kernel
+ignores the level and multiplies the float A. One-node graphs (4- and 8-bit, blocks of 32 and
+16, K a whole number of blocks or not, opset 17 and 21) with one-hot weights (Y is the kernel's
+view of A itself) get activations on the rounding's edges (at (k + 1/2) * amax / 127, and a
+float ulp either side): the Python runtime's onnxruntime gives that formula bit for bit, and
+onnxruntime-web in Node gives A unchanged. Int8 rounding makes the two apart by more than noise:
+any ulp of difference upstream moves a value across a rounding edge, a whole int8 step, so
+even the same rounding done in graph ops before wasm's float kernel (tried, bit for bit per
+node: js/src/int8_activations.ts in git history) left a 30-layer model's logits as far from
+native's as plain float (median max |dlogit| 0.75 vs 0.71 a step). When onnxruntime-web gains
+an int8 kernel this test fails: then revisit the browser's equality with native on default
+bundles. Skips without node.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_js_conformance import JS, NODE, build_js  # noqa: E402
+from test_js_conformance import JS, NODE  # noqa: E402
 
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
@@ -37,6 +44,7 @@ CASES = [  # bits, block, K, opset, one-hot weights
     (4, 32, 80, 21, True),  # K not a whole number of blocks: MLAS pads the last with zeros
     (4, 32, 576, 21, False),  # the real model's hidden size, random weights and zero points
 ]
+pytestmark = pytest.mark.skipif(NODE is None, reason="node is not installed (Node >= 20 runs js/)")
 M = 8
 
 
@@ -92,9 +100,10 @@ def edgy_activations(k: int, block: int, rng) -> np.ndarray:
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory) -> list[tuple[np.ndarray, dict]]:
-    build_js()
-    root = tmp_path_factory.mktemp("int8")
+def results(tmp_path_factory) -> list[tuple[tuple[np.ndarray, np.ndarray], str]]:
+    if not (JS / "node_modules" / "onnxruntime-web").exists():
+        pytest.skip("js/node_modules lacks onnxruntime-web: run `npm ci` in js/")
+    root = tmp_path_factory.mktemp("matmulnbits")
     rng = np.random.default_rng(0)
     cases, expected = [], []
     for i, (bits, block, k, opset, one_hot) in enumerate(CASES):
@@ -105,11 +114,11 @@ def results(tmp_path_factory) -> list[tuple[np.ndarray, dict]]:
         options = ort.SessionOptions()
         options.intra_op_num_threads = 1
         session = ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
-        expected.append(session.run(None, {"A": a})[0])
+        expected.append((a, session.run(None, {"A": a})[0]))
         cases.append({"model": str(model), "input": str(data), "dims": [M, k]})
     (root / "cases.json").write_text(json.dumps(cases))
     run = subprocess.run(
-        [NODE, str(JS / "int8_check.mjs"), str(root / "cases.json"), str(root / "out.json")],
+        [NODE, str(JS / "wasm_matmulnbits.mjs"), str(root / "cases.json"), str(root / "out.json")],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
@@ -120,19 +129,31 @@ def decode(b64: str, like: np.ndarray) -> np.ndarray:
     return np.frombuffer(base64.b64decode(b64), np.float32).reshape(like.shape)
 
 
-def test_the_wasm_kernel_alone_computes_in_float(results):
-    for (bits, block, k, _, one_hot), (native, web) in zip(CASES, results, strict=True):
-        plain = decode(web["plain"], native)
-        assert (plain != native).any(), (bits, block, k)
-        if one_hot:  # wasm hands the float activations straight through
-            assert (np.abs(plain - native) > 0).mean() > 0.5
+def int8_blocks(a: np.ndarray, block: int) -> np.ndarray:
+    """A as MLAS CompInt8 sees it: per block, round_half_even(a * (127 / amax)) * (amax / 127)."""
+    k = a.shape[1]
+    padded = np.zeros((a.shape[0], -(-k // block) * block), np.float32)
+    padded[:, :k] = a
+    b = padded.reshape(a.shape[0], -1, block)
+    amax = np.abs(b).max(-1, keepdims=True)
+    with np.errstate(divide="ignore"):
+        inverse = np.where(amax == 0, np.float32(0), np.float32(127) / amax).astype(np.float32)
+    q = np.round((b * inverse).astype(np.float32))
+    return (q * (amax / np.float32(127))).astype(np.float32).reshape(padded.shape)[:, :k]
 
 
-def test_the_edited_graph_quantizes_as_native_does(results):
-    for (bits, block, k, _, one_hot), (native, web) in zip(CASES, results, strict=True):
-        edited = decode(web["edited"], native)
+def test_native_quantizes_activations_to_int8_blocks(results):
+    for (bits, block, k, _, one_hot), ((a, native), _) in zip(CASES, results, strict=True):
         if one_hot:  # every activation's int8 level and scale, bit for bit
-            np.testing.assert_array_equal(edited, native, err_msg=f"{bits}-bit block {block} K {k}")
-        else:  # the same products; only fp32 summation order differs
-            np.testing.assert_allclose(edited, native, rtol=0, atol=1e-5 * np.abs(native).max())
-            assert np.abs(decode(web["plain"], native) - native).max() > 100 * np.abs(edited - native).max()
+            np.testing.assert_array_equal(
+                native, int8_blocks(a, block), err_msg=f"{bits}-bit {block} {k}"
+            )
+
+
+def test_the_wasm_kernel_multiplies_float_activations(results):
+    for (bits, block, k, _, one_hot), ((a, native), web) in zip(CASES, results, strict=True):
+        plain = decode(web, native)
+        if one_hot:
+            np.testing.assert_array_equal(plain, a, err_msg=f"{bits}-bit {block} {k}")
+        else:  # random weights: the int8 rounding's error, far above fp32 noise
+            assert np.abs(plain - native).max() > 1e-3 * np.abs(native).max()
