@@ -7,11 +7,11 @@ the Q4_1 minima as a graph term, 8-bit embedding and head) loads unchanged in No
 (onnxruntime-node) and in headless Chromium (onnxruntime-web, wasm). Node runs onnxruntime's
 native kernels, as Python does: its greedy tokens equal the Python runtime's, every mode. The
 browser's wasm MatMulNBits ignores `accuracy_level` and multiplies float activations, where
-native quantizes them to int8 per block of 32 (tests/test_js_int8_activations.py pins both);
+native quantizes them to int8 per block of 32 (tests/test_js_wasm_matmulnbits.py pins both);
 the int8 rounding turns any ulp of difference into whole int8 steps a layer later, so no
-float kernel, nor the same rounding done in graph ops (`int8Activations`), follows native's
-tokens for long: on the real model's default bundle the browser's greedy tokens part from
-Python's after 5 to 54 of 128 (five prompts, `ar` and `lookup`). They are, token for token,
+float kernel, nor the same rounding done in graph ops, follows native's tokens for long: on
+the real model's default bundle the browser's greedy tokens part from Python's after 5 to 54
+of 128 (five prompts, `ar` and `lookup`: benchmarks/web_numerics.py). They are, token for token,
 the Python runtime's on the same file exported with `--accuracy-level 0` (float compute),
 which the page is checked against here; `split` (the page drafts, `edgespec serve` verifies
 natively) gives the default bundle's Python tokens in the browser. Every page's screenshot
