@@ -59,11 +59,15 @@ def bundle(tmp_path_factory) -> Path:
     return root / "b"
 
 
-@pytest.fixture(scope="module")
-def web_built() -> None:
+def build_web() -> None:
     build_js()
     npm = shutil.which("npm")
     subprocess.run([npm, "run", "build:web"], cwd=JS, check=True, timeout=300, capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def web_built() -> None:
+    build_web()
 
 
 @pytest.fixture(scope="module")
@@ -95,13 +99,15 @@ def pages(served, bundle, tmp_path_factory) -> list[dict]:
         server.stop()
 
 
-def check_pages(urls: list[str], shot: Path) -> list[dict]:
+def check_pages(urls: list[str], shot: Path, timeout: int = 120) -> list[dict]:
+    """Each URL's page result; `timeout`: seconds a page may take (several: page-N.png)."""
     run = subprocess.run(
-        [NODE, str(WEB / "check.mjs"), *urls, "--chromium", CHROMIUM, "--screenshot", str(shot)],
+        [NODE, str(WEB / "check.mjs"), *urls, "--chromium", CHROMIUM, "--screenshot", str(shot),
+         "--timeout", str(timeout)],
         capture_output=True,
         text=True,
-        timeout=300,
-    )
+        timeout=len(urls) * timeout + 180,
+    )  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
     results = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
     assert len(results) == len(urls), run.stdout[-3000:]
@@ -176,9 +182,10 @@ EAGLE_PAGES = [("eagle", "fixed:3", None), ("eagle", "fixed:4", "lookup+eagle")]
 def eagle_bundle(tmp_path_factory) -> Path:
     pytest.importorskip("torch", reason="edgespec distill trains with torch (the distill extra)")
     pytest.importorskip("gguf", reason="the tiny GGUF is written with the gguf package")
-    # float blocks: onnxruntime-web's wasm MatMulNBits rounds 4-bit blocks' int8 activations
-    # otherwise than the native kernels (a Q4_1 file's greedy tokens part from Python's after
-    # ~26, ar as much as eagle), so only a float file's tokens can be compared with Python's
+    # float blocks: onnxruntime-web's wasm MatMulNBits multiplies float activations where the
+    # native kernels quantize them to int8 (tests/test_js_wasm_matmulnbits.py; a Q4_1 file's
+    # greedy tokens part from Python's after ~20, ar as much as eagle), so only a float file's
+    # tokens can be compared with Python's (tests/test_js_browser_gguf.py: Q4_1 blocks)
     return distilled_bundle(tmp_path_factory.mktemp("js_browser_eagle"), "F32")
 
 

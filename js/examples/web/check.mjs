@@ -1,7 +1,8 @@
 // Opens the demo page in headless Chromium (Playwright, the system's browser) and prints what
 // it generated, one JSON line per URL: node examples/web/check.mjs URL... [--chromium PATH]
 // [--screenshot PNG] [--timeout SECONDS]. Each URL carries the page's query (mode, policy,
-// prompt, max, run=1, ...); the URLs open one after another in one browser.
+// prompt, max, run=1, ...); the URLs open one after another in one browser. With several URLs
+// each page's screenshot is PNG with its number before the extension (page-1.png, ...).
 import { chromium } from "playwright-core";
 
 const args = process.argv.slice(2);
@@ -17,12 +18,16 @@ const browser = await chromium.launch({
   args: ["--enable-unsafe-webgpu", "--no-sandbox"],
 });
 try {
-  for (const url of urls) console.log(JSON.stringify(await open(url)));
+  for (const [i, url] of urls.entries()) {
+    const shot = option("screenshot", null);
+    const path = shot && urls.length > 1 ? shot.replace(/(\.png)?$/, `-${i + 1}.png`) : shot;
+    console.log(JSON.stringify(await open(url, path)));
+  }
 } finally {
   await browser.close();
 }
 
-async function open(url) {
+async function open(url, shot) {
   const started = performance.now();
   const page = await browser.newPage();
   const lines = [];
@@ -41,8 +46,8 @@ async function open(url) {
   result.crossOriginIsolated = await page.evaluate(() => crossOriginIsolated);
   result.console = lines;
   result.seconds = (performance.now() - started) / 1000;
-  const shot = option("screenshot", null);
   if (shot) await page.screenshot({ path: shot, fullPage: true });
+  result.screenshot = shot;
   await page.close();
   return result;
 }
