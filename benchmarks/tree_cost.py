@@ -11,6 +11,10 @@ its interquartile range: the run's spread).
 
     python -m benchmarks.tree_cost --shape smollm2-135m --widths 1,2,4,8,16 \\
         --json benchmarks/results/tree_cost.json
+
+`--bundle B` times a bundle's own graphs instead (a real model's quantized blocks: what a
+verify round costs there against a one-token step, `over_one`); the tree columns only where
+the bundle was exported with `--tree-verify`.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ def main() -> None:
     p = flags.parser(__doc__)
     flags.add_common(p, threads=1)
     p.add_argument("--shape", default="smollm2-135m")
+    p.add_argument("--bundle", default=None, help="a bundle's graphs instead of --shape's")
     p.add_argument("--widths", default="1,2,4,8,16")
     p.add_argument("--past", type=int, default=256)
     p.add_argument("--repeats", type=int, default=30)
@@ -46,9 +51,11 @@ def main() -> None:
     from edgespec.runtime.graphs.tree_verify import tree_feed
     from edgespec.runtime.tree import TokenTree
 
-    bundle = shape_bundle(checkpoint(args.shape), "fp32", tree_verify=True)
+    bundle = args.bundle or shape_bundle(checkpoint(args.shape), "fp32", tree_verify=True)
     graphs = open_bundle(bundle, GraphOptions(threads=args.threads))
-    stack = Stack([graphs.open("full")], tree_stages=lambda: [graphs.open_tree("full")])
+    trees = bool(graphs.manifest.tree_graphs)
+    stack = Stack([graphs.open("full")],
+                  tree_stages=(lambda: [graphs.open_tree("full")]) if trees else None)  # fmt: skip
     stack.reset(args.past + 64)
     stack.forward(np.arange(args.past, dtype=np.int64) % 1000 + 5, keep=0)
 
@@ -69,27 +76,36 @@ def main() -> None:
     for w in flags.listed(args.widths, int):
         ids = np.arange(w, dtype=np.int64) + 5
         chain, tree = TokenTree.chain(ids[1:].tolist()), TokenTree(*bushy(w))
-        c, tc, tb = cpu_ms(
-            [
-                lambda ids=ids, w=w: stack.forward(ids, keep=w),
+        calls = [lambda ids=ids, w=w: stack.forward(ids, keep=w)]
+        if trees:
+            calls += [
                 lambda t=chain, w=w: stack.forward_tree(*tree_feed(5, t, start), keep=w),
                 lambda t=tree, w=w: stack.forward_tree(*tree_feed(5, t, start), keep=w),
             ]
-        )
-        ratio = [b / a for a, b in zip(c, tb, strict=True)]
-        q1, _, q3 = statistics.quantiles(ratio, n=4)
-        row = {
-            "width": w,
-            "chain_ms": statistics.median(c),
-            "tree_graph_chain_ms": statistics.median(tc),
-            "tree_graph_bushy_ms": statistics.median(tb),
-            "bushy_over_chain": statistics.median(ratio),
-            "bushy_over_chain_iqr": [q1, q3],
-        }
+        c, *more = cpu_ms(calls)
+        row = {"width": w, "chain_ms": statistics.median(c)}
+        row["over_one"] = row["chain_ms"] / rows[0]["chain_ms"] if rows else 1.0
+        if trees:
+            tc, tb = more
+            ratio = [b / a for a, b in zip(c, tb, strict=True)]
+            q1, _, q3 = statistics.quantiles(ratio, n=4)
+            row.update(
+                tree_graph_chain_ms=statistics.median(tc),
+                tree_graph_bushy_ms=statistics.median(tb),
+                bushy_over_chain=statistics.median(ratio),
+                bushy_over_chain_iqr=[q1, q3],
+            )
         rows.append(row)
         log(f"w={w}: {row}")
-    setup = f"{args.shape}, fp32, {args.threads} thread(s), past {args.past}"
+    what = f"{args.bundle}" if args.bundle else f"{args.shape}, fp32"
+    setup = f"{what}, {args.threads} thread(s), past {args.past}"
     print(f"{setup}; {cpu_name()}; {load_line()}")
+    if not trees:
+        print(table(["width", "chain graph ms", "over width 1"], "rrr",
+                    [[r["width"], f"{r['chain_ms']:.2f}", f"{r['over_one']:.2f}"]
+                     for r in rows]))  # fmt: skip
+        write_result(args.json, args, {"rows": rows})
+        return
     print(
         table(
             ["width", "chain graph ms", "tree graph, chain ms", "tree graph, bushy ms",
