@@ -146,6 +146,23 @@ def test_each_generation_starts_its_probes_afresh():
     assert chosen[-1] > 0 and chosen[:-1] == [0] * (PRIORS.probe_gap - 1)
 
 
+def test_a_new_generation_keeps_little_of_the_last_texts_acceptance():
+    """After a long text whose drafts all passed, the next prompt's rounds weigh the old
+    acceptance as `carried_rounds` rounds: a few misses of the new text shorten the drafts
+    (through a server, a JSON extraction after summaries drafted long and lost)."""
+    fresh, carried = Auto(), Auto()
+    for p in (fresh, carried):
+        rounds(p, accepted=8, drafted=8, t_draft=0.0001, t_verify=0.03, n=200)
+    long = carried.cost.acceptance.expected(8)
+    reached = carried.cost.acceptance._all[0]
+    assert reached[1] > 3 * PRIORS.carried_rounds  # ~1 / acceptance_decay rounds
+    carried.observe(RoundStats("decode", 1, 9, 0.02, drafted=8, accepted=0, index=1))
+    fresh.observe(RoundStats("decode", 1, 9, 0.02, drafted=8, accepted=0, index=5))
+    assert carried.cost.acceptance._all[0][1] <= PRIORS.carried_rounds + 1
+    assert carried.cost.acceptance.expected(8) < fresh.cost.acceptance.expected(8) < long
+    assert not carried.cost.acceptance.after_full
+
+
 def test_auto_turns_speculation_back_on_when_drafts_get_accepted():
     p = Auto()
     rounds(p, accepted=0, drafted=2, t_draft=0.004, t_verify=0.021, n=12)

@@ -90,8 +90,9 @@ class Auto:
     `clearly_losing` of plain decoding, probes stay every `probe_gap` rounds: plain rounds
     teach nothing about acceptance, and a few slow or unlucky rounds (the first rounds of a
     generation after other models ran) could otherwise leave `auto` stepping plainly for
-    hundreds of rounds where drafting paid. Each generation starts its probes afresh (one
-    model answers unrelated prompts: a question that lost says little about a summary), and
+    hundreds of rounds where drafting paid. Each generation starts its probes afresh and keeps
+    only `carried_rounds` of the acceptance measured before it (one model answers unrelated
+    prompts: a question that lost says little about a summary), and
     a probe that drafted nothing (a model-free drafter found nothing to propose) is still
     owed. The constants are the cost model's `Priors`."""
 
@@ -124,9 +125,10 @@ class Auto:
         return 0
 
     def observe(self, stats: RoundStats) -> None:
+        if stats.index == 1:  # a new generation, a new text: probes start again at probe_gap,
+            self._gap = self._plain_rounds = 0  # and the last text's acceptance weighs less
+            self.cost.acceptance.carry(self.cost.priors.carried_rounds)
         self.cost.observe(stats)
-        if stats.index == 1:  # a new generation, a new text: probes start again at probe_gap
-            self._gap = self._plain_rounds = 0
         if self._probe is not None and stats.phase == "decode":
             # a model-free drafter that found nothing to propose drafted nothing: that probe
             # taught nothing and cost a plain step, so it is still owed (the next round), and

@@ -52,6 +52,11 @@ class Priors:
     # the weight of calibrated acceptance, in drafting rounds: enough that `auto` starts
     # plain where drafting loses, little enough that the live text overrides it in ~10 rounds
     calibrated_acceptance: float = 8.0
+    # a new generation keeps at most this many rounds' weight of the acceptance measured
+    # before it: one model answers unrelated prompts, and through a server, SmolLM2's JSON
+    # extraction after summaries and a chat drafted on their acceptance and decoded at 0.8x
+    # `ar` where alone it ran at 1.0x
+    carried_rounds: float = 8.0
     # -- auto's switch to plain decoding -------------------------------------------------------
     probe_gap: int = 4  # plain rounds before the first probe when speculation loses
     max_probe_gap: int = 128  # the longest stretch of plain rounds between probes
@@ -157,6 +162,16 @@ class AcceptanceModel:
                 reached[k] += rounds * survive
                 passed[k] += rounds * share
             survive = share
+
+    def carry(self, rounds: float) -> None:
+        """A new generation: keep at most `rounds` rounds' weight of what was measured (its
+        text may be unlike the last one's), and no run going on."""
+        for reached, passed in (self._all, *self._after.values()):
+            if reached[1] > rounds:
+                scale = rounds / reached[1]
+                reached[:] = [r * scale for r in reached]
+                passed[:] = [x * scale for x in passed]
+        self.after_full = False
 
     def observe(self, drafted: int, accepted: int) -> None:
         """One round that drafted `drafted` tokens and had `accepted` of them accepted."""
