@@ -161,6 +161,14 @@ def test_a_new_generation_keeps_little_of_the_last_texts_acceptance():
     assert carried.cost.acceptance._all[0][1] <= PRIORS.carried_rounds + 1
     assert carried.cost.acceptance.expected(8) < fresh.cost.acceptance.expected(8) < long
     assert not carried.cost.acceptance.after_full
+    # a chain's members (`lookup+eagle`): the first round is one member's, both start anew
+    lookup, head = Auto(), Auto()
+    for p in (lookup, head):
+        rounds(p, accepted=8, drafted=8, t_draft=0.0001, t_verify=0.03, n=200)
+    chain = PerSource(head, {"lookup": lookup})
+    chain.observe(RoundStats("decode", 1, 9, 0.02, drafted=8, accepted=0, index=1,
+                             source="lookup"))  # fmt: skip
+    assert head.cost.acceptance._all[0][1] <= PRIORS.carried_rounds
 
 
 def test_auto_turns_speculation_back_on_when_drafts_get_accepted():

@@ -124,10 +124,14 @@ class Auto:
             return g
         return 0
 
+    def new_generation(self) -> None:
+        """A new text: probes start again at probe_gap, the last text's acceptance weighs less."""
+        self._gap = self._plain_rounds = 0
+        self.cost.acceptance.carry(self.cost.priors.carried_rounds)
+
     def observe(self, stats: RoundStats) -> None:
-        if stats.index == 1:  # a new generation, a new text: probes start again at probe_gap,
-            self._gap = self._plain_rounds = 0  # and the last text's acceptance weighs less
-            self.cost.acceptance.carry(self.cost.priors.carried_rounds)
+        if stats.index == 1:  # a new generation's first round
+            self.new_generation()
         self.cost.observe(stats)
         if self._probe is not None and stats.phase == "decode":
             # a model-free drafter that found nothing to propose drafted nothing: that probe
@@ -163,6 +167,9 @@ class PerSource:
         return self.apart.get(source or "", self.main).plan(source)
 
     def observe(self, stats: RoundStats) -> None:
+        if stats.index == 1:  # a new generation: every member's, not only the one that drafted
+            for member in (self.main, *self.apart.values()):
+                getattr(member, "new_generation", lambda: None)()
         self.apart.get(stats.source or "", self.main).observe(stats)
 
     def channel_estimates(self) -> tuple[float | None, float | None]:
