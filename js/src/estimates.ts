@@ -17,13 +17,13 @@ export interface Priors {
   acceptance: number; acceptanceDecay: number; shrink: number; statePrior: number;
   statePriorFirst: number; timeDecay: number; fitDecay: number; ridge: number; slow: number;
   tablePrior: number; warmRounds: number; coldDecay: number; probeGap: number;
-  maxProbeGap: number; clearlyLosing: number;
+  maxProbeGap: number; clearlyLosing: number; carriedRounds: number;
 }
 
 export const PRIORS: Priors = {
   acceptance: 0.6, acceptanceDecay: 0.04, shrink: 5.0, statePrior: 8.0, statePriorFirst: 2.0,
   timeDecay: 0.15, fitDecay: 0.03, ridge: 2.0, slow: 1.5, tablePrior: 4.0, warmRounds: 16,
-  coldDecay: 0.2, probeGap: 4, maxProbeGap: 128, clearlyLosing: 0.9,
+  coldDecay: 0.2, probeGap: 4, maxProbeGap: 128, clearlyLosing: 0.9, carriedRounds: 8.0,
 };
 
 type Counts = [number[], number[]]; // (drafts reached, drafts accepted) per position 1..MAX_DRAFT
@@ -36,6 +36,21 @@ export class AcceptanceModel {
   private all = counts();
   private after = new Map<boolean, Counts>([[true, counts()], [false, counts()]]);
   constructor(readonly priors: Priors = PRIORS) {}
+
+  /** A new generation: keep at most `rounds` rounds' weight of what was measured (its text
+   * may be unlike the last one's), and no run going on. */
+  carry(rounds: number): void {
+    for (const [reached, passed] of [this.all, ...this.after.values()]) {
+      if (reached[1] > rounds) {
+        const scale = rounds / reached[1];
+        for (let k = 0; k < reached.length; k++) {
+          reached[k] *= scale;
+          passed[k] *= scale;
+        }
+      }
+    }
+    this.afterFull = false;
+  }
 
   observe(drafted: number, accepted: number): void {
     drafted = Math.min(drafted, MAX_DRAFT);

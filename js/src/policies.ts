@@ -81,7 +81,14 @@ export class Auto implements DraftLengthPolicy {
     return 0;
   }
 
+  /** A new text: probes start again, the last text's acceptance weighs `carriedRounds`. */
+  newGeneration(): void {
+    this.gap = this.plainRounds = 0;
+    this.cost.acceptance.carry(this.cost.priors.carriedRounds);
+  }
+
   observe(stats: RoundStats): void {
+    if (stats.index === 1) this.newGeneration(); // a new generation's first round
     this.cost.observe(stats);
   }
 }
@@ -99,6 +106,12 @@ export class PerSource implements DraftLengthPolicy {
     return (this.apart.get(source ?? "") ?? this.main).plan(source);
   }
   observe(stats: RoundStats): void {
+    if (stats.index === 1) {
+      // a new generation: every member's, not only the one that drafted its first round
+      for (const member of [this.main, ...this.apart.values()]) {
+        if (member instanceof Auto) member.newGeneration();
+      }
+    }
     (this.apart.get(stats.source ?? "") ?? this.main).observe(stats);
   }
 }
