@@ -38,6 +38,8 @@ from test_js_conformance import JS, NODE  # noqa: E402
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 
+from edgespec.runtime.graphs.session import session_options  # noqa: E402
+
 CASES = [  # bits, block, K, opset, one-hot weights
     (4, 32, 256, 21, True),
     (4, 16, 256, 17, True),
@@ -113,8 +115,9 @@ def results(tmp_path_factory) -> list[tuple[tuple[np.ndarray, np.ndarray], str]]
         graph(model, bits, block, k, opset, one_hot, rng)
         a = edgy_activations(k, block, rng)
         a.tofile(data)
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = 1
+        # the runtime's options: the process's global thread pool may exist already, and then
+        # onnxruntime refuses sessions with their own
+        options = session_options(1)
         session = ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
         expected.append((a, session.run(None, {"A": a})[0]))
         cases.append({"model": str(model), "input": str(data), "dims": [M, k]})
