@@ -51,11 +51,8 @@ def main() -> None:
             f"{a.bundle}: its distill recorded no held-out replies (made before "
             "sources were held out): distill the bundle again"
         )
-    from edgespec.distill.own import held_out
-
-    held_ids = set(recorded["held_out"]) | {s.index for s in samples if held_out(s.index)}
-    train = [s for s in samples if s.index not in held_ids] + text
-    held = [s for s in samples if s.index in held_ids]
+    train, held = data.split(samples, recorded["held_out"])
+    train += text
     manifest = load_manifest(a.bundle)
     source = manifest.source.get("model")
     weights = _target_weights(str(source))

@@ -82,37 +82,18 @@ def page_runs(bundle: Path, new: int, timeout: int) -> list[dict]:
 def native_gap(bundle: Path, prompt: str, tokens: list[int], at: int) -> float:
     """Top-2 logit gap of the default graph (native kernels) before token `at`, fed the
     prompt and Python's tokens before it one call each, as the runtime's `ar` decodes."""
-    import onnxruntime as ort
-
-    from edgespec.runtime.graphs.session import session_options
+    from edgespec.runtime.graphs.opener import open_bundle
+    from edgespec.runtime.graphs.stack import Stack
     from edgespec.runtime.tokenizer import Tokenizer
 
     ids = Tokenizer.from_dir(bundle).encode(prompt)
-    session = ort.InferenceSession(str(bundle / "full.onnx"), session_options(None))
-    names = [i.name for i in session.get_inputs()]
-    outputs = [o.name for o in session.get_outputs()]
-    capacity = len(ids) + at + 1
-    kv = {
-        i.name: np.zeros((1, i.shape[1], capacity, i.shape[3]), np.float32)
-        for i in session.get_inputs()
-        if i.name.startswith("past_")
-    }
-    past, logits = 0, None
-    for new in [ids, *[[t] for t in tokens[:at]]]:
-        total = past + len(new)
-        feed = {
-            "input_ids": np.array([new], np.int64),
-            "seqlens_k": np.array([total - 1], np.int32),
-            "total_seq_len": np.array(total, np.int32),
-            "num_logits_to_keep": np.array(1, np.int64),
-            "query_seqlens": np.array([len(new)], np.int32),
-            **kv,
-        }
-        values = session.run(None, {k: v for k, v in feed.items() if k in names})
-        out = dict(zip(outputs, values, strict=True))
-        kv = {n: out["present_" + n[len("past_"):]] for n in kv}  # fmt: skip
-        logits, past = out["logits"].reshape(-1), total
-    top = np.sort(logits)[-2:]
+    graphs = open_bundle(bundle)
+    stack = Stack([graphs.open("full")], step_width=graphs.manifest.step_width)
+    stack.reset(len(ids) + at + 1)
+    logits = stack.forward(np.asarray(ids, np.int64))
+    for t in tokens[:at]:
+        logits = stack.forward(np.array([t], np.int64))
+    top = np.sort(logits.reshape(-1))[-2:]
     return float(top[1] - top[0])
 
 

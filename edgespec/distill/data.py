@@ -6,7 +6,7 @@ chat template when it has one, in its fastest lossless mode), then scores prompt
 call of its `full` graph: per position the target's features and its top-k next-token
 log-probabilities. Each sample is one `.npz` file in `folder`, written whole (a stopped run
 loses at most the reply in flight and resumes with the next prompt). `load(folder)` reads them
-back as `Sample`s; `held_out_indices` says which are held out.
+back as `Sample`s; `held_out_indices` says which are held out, `split` parts them.
 
 `teacher_force(model, pairs, folder, ...)` scores (prompt, reply text) pairs the target did
 not write (texts.teacher_texts) the same way, prompt and text in one call: the target's
@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from edgespec.distill.own import OwnPrompts
+from edgespec.distill.own import held_out as own_held_out
 
 TOP_K = 16  # target log-probs kept per position (the head's KL target)
 HELD_OUT_EVERY = 10  # a tenth of the prompts (of their sources) is held out
@@ -64,6 +65,14 @@ def held_out_indices(conversations: list[list[dict[str, str]]], built_in: bool) 
             held.append(i)
     first = _first_chat(conversations)
     return held + [first + i for i in held]
+
+
+def split(samples: list[Sample], listed: list[int]) -> tuple[list[Sample], list[Sample]]:
+    """(training, held-out) samples: held out are the `listed` indices (`held_out_indices`,
+    kept in the distill state) and every tenth own prompt (`own.held_out`)."""
+    out = set(listed)
+    held = [s for s in samples if s.index in out or own_held_out(s.index)]
+    return [s for s in samples if s.index not in out and not own_held_out(s.index)], held
 
 
 def _first_chat(conversations: list) -> int:

@@ -40,6 +40,7 @@ from typing import Any
 from edgespec.bundle import MANIFEST, load_manifest, save_manifest
 from edgespec.distill import data
 from edgespec.distill.measure import decode_speedup, step_cost
+from edgespec.distill.own import FIRST, OwnPrompts
 from edgespec.distill.prompts import by_kind, conversation_kind, fitting_prompts, read_prompts
 from edgespec.distill.texts import teacher_texts
 from edgespec.export.errors import ExportError
@@ -128,8 +129,6 @@ def distill(target: str | os.PathLike, out: str | os.PathLike, config: DistillCo
         return spent + time.monotonic() - start
 
     weights = _target_weights(state["source"])
-    from edgespec.distill.own import FIRST, OwnPrompts, held_out
-
     if c.threads:
         torch.set_num_threads(c.threads)
     model = Model.load(out, mode="lookup", threads=c.threads)
@@ -182,9 +181,8 @@ def distill(target: str | os.PathLike, out: str | os.PathLike, config: DistillCo
     samples = data.load(replies)
     if "held_out" not in state:  # chosen once: a resumed run holds out the same replies
         state["held_out"] = data.held_out_indices(conversations, built_in=c.prompts is None)
-    held_ids = set(state["held_out"]) | {s.index for s in samples if held_out(s.index)}
-    train_set = [s for s in samples if s.index not in held_ids]
-    held = [s for s in samples if s.index in held_ids] or train_set[-1:]
+    train_set, held = data.split(samples, state["held_out"])
+    held = held or train_set[-1:]
     if not train_set:
         raise ExportError(
             "no replies to train on: the budget ended before the first reply; give more "
